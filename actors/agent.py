@@ -1,0 +1,91 @@
+"""Agents: the unit users write. ``@agent("name")`` turns an async function into an ``Agent``.
+
+There is no global registry: an ``Agent`` is a plain object you hand to a ``Worker`` (or that
+``--app MODULE`` finds as a module-level attribute), so two test modules can define agents with
+the same name without stepping on each other.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import msgspec
+
+from sojourn.broker.names import validate_token
+
+if TYPE_CHECKING:
+    from .context import Context
+
+__all__ = ["Agent", "agent"]
+
+I = TypeVar("I")  # noqa: E741
+O = TypeVar("O")  # noqa: E741
+
+AgentFn = Callable[["Context", I], Awaitable[O]]
+
+
+class Agent(Generic[I, O]):
+    """A named, durable agent: its function plus the types of its input and output.
+
+    Args:
+        name: the agent's wire name (``sojourn.start.<name>``); a subject token.
+        fn: ``async def fn(ctx, input) -> output``.
+        version: recorded in every run it starts (``RunStarted.code_version``), so a replay on
+            different code can be told apart.
+    """
+
+    def __init__(self, name: str, fn: AgentFn[I, O], *, version: str | None = None) -> None:
+        validate_token(name, "agent name")
+        self.name = name
+        self.fn = fn
+        self.version = version
+        hints = _hints(fn)
+        params = list(inspect.signature(fn).parameters)
+        self.takes_input = len(params) > 1
+        self.input_type: Any = hints.get(params[1], Any) if self.takes_input else Any
+        self.output_type: Any = hints.get("return", Any)
+        self._input_decoder = msgspec.json.Decoder(self.input_type)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def decode_input(self, raw: bytes) -> I:
+        """Decode and validate raw JSON input. Raises ``msgspec.ValidationError``."""
+        value: I = self._input_decoder.decode(raw)
+        return value
+
+    def input_schema(self) -> dict[str, Any]:
+        try:
+            return msgspec.json.schema(self.input_type)
+        except (TypeError, ValueError):
+            return {}
+
+    def __repr__(self) -> str:
+        return f"Agent({self.name!r})"
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:
+        return {}
+
+
+def agent(name: str, *, version: str | None = None) -> Callable[[AgentFn[I, O]], Agent[I, O]]:
+    """Decorate ``async def fn(ctx, input) -> output`` into an ``Agent``.
+
+    Example:
+        >>> from sojourn.actors import agent
+        >>> @agent("echo")
+        ... async def echo(ctx, text: str) -> str:
+        ...     return text
+        >>> echo.name, echo.input_type
+        ('echo', <class 'str'>)
+    """
+
+    def wrap(fn: AgentFn[I, O]) -> Agent[I, O]:
+        return Agent(name, fn, version=version)
+
+    return wrap

@@ -1,0 +1,276 @@
+"""The Python client: start runs, await results, read status and history, cancel.
+
+Clients never write run events. ``start`` publishes a trigger on ``<prefix>.start.<agent>``,
+which the inbox stream captures: the JetStream publish ack is the durable receipt, even while no
+worker is up. Everything else reads the run's event subject.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, TypeVar
+
+import msgspec
+
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from sojourn.broker.connection import Broker
+from sojourn.broker.eventstore import Decision, EventStore
+from sojourn.broker.names import Names, validate_token
+from sojourn.broker.topology import ensure_topology
+from sojourn.schemas.codec import decode_events, decode_intake_reply, encode, from_raw
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import (
+    BrokerUnavailable,
+    PayloadTooLarge,
+    RunNotFound,
+    SojournError,
+    UnknownAgent,
+)
+from sojourn.schemas.events import ErrorInfo
+from sojourn.schemas.wire import IntakeError, IntakeOk
+
+from .intake import REPLY_HEADER
+from .state import TERMINAL, RunState, fold
+
+__all__ = ["Client", "RunCancelledError", "RunFailedError", "StartReceipt", "TriggerRejected"]
+
+T = TypeVar("T")
+
+
+class TriggerRejected(SojournError):
+    """The intake refused a trigger; ``code`` is one of ``sojourn.schemas.REJECT_CODES``."""
+
+    def __init__(self, code: str, message: str, *, run_id: str | None = None) -> None:
+        super().__init__(f"{code}: {message}", run_id=run_id)
+        self.code = code
+
+
+class RunFailedError(SojournError):
+    """The awaited run failed; ``error`` is the recorded ``ErrorInfo``."""
+
+    def __init__(self, run_id: str, error: ErrorInfo | None) -> None:
+        detail = f"{error.type}: {error.message}" if error else "unknown error"
+        super().__init__(f"run {run_id} failed: {detail}", run_id=run_id)
+        self.error = error
+
+
+class RunCancelledError(SojournError):
+    """The awaited run was cancelled."""
+
+
+class StartReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``Client.trigger`` learned: the run id and, if the intake answered in time,
+    whether this call created the run (``queued`` means no worker answered yet)."""
+
+    run_id: str
+    created: bool | None
+    queued: bool
+
+
+class Client:
+    """Talks to a sojourn deployment over NATS.
+
+    Example:
+        >>> async def main():                                         # doctest: +SKIP
+        ...     async with await Client.connect() as client:
+        ...         run_id = await client.start("greeter", {"name": "Ada"})
+        ...         print(await client.result(run_id, timeout=30))
+    """
+
+    def __init__(self, broker: Broker, settings: Settings | None = None,
+                 *, owns_broker: bool = False) -> None:
+        self.broker = broker
+        self.settings = settings or Settings()
+        self.names = Names(self.settings.prefix)
+        self.store = EventStore(broker, self.names, self.settings)
+        self._owns = owns_broker
+        self._ready = False
+
+    @classmethod
+    async def connect(cls, nats: str | None = None, *, settings: Settings | None = None) -> Client:
+        """Connect to ``nats`` (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``).
+
+        Raises:
+            BrokerUnavailable: no server answered.
+        """
+        broker = await Broker.connect(nats, name="sojourn-client", reconnect=False)
+        return cls(broker, settings, owns_broker=True)
+
+    async def close(self) -> None:
+        if self._owns:
+            await self.broker.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _ensure(self) -> None:
+        if not self._ready:
+            await ensure_topology(self.broker, self.names, self.settings, consumers=False)
+            self._ready = True
+
+    # --- starting runs -----------------------------------------------------------------------
+
+    async def start(self, agent: str, input: Any = None, *, run_id: str | None = None,  # noqa: A002
+                    wait: bool = False, timeout: float = 5.0) -> str:
+        """Start a run of ``agent`` and return its run id.
+
+        Idempotent: the same ``run_id`` started twice is one run, forever. Without ``run_id``
+        a fresh one is generated here. With ``wait=True`` this waits up to ``timeout`` for the
+        intake's answer and raises ``TriggerRejected`` if the trigger was refused.
+
+        Raises:
+            InvalidName: ``agent`` or ``run_id`` is not a valid name.
+            PayloadTooLarge: the encoded trigger exceeds ``settings.max_payload``.
+            TriggerRejected: (``wait=True``) the intake refused it.
+            BrokerUnavailable: the broker did not take the trigger.
+        """
+        receipt = await self.trigger(agent, input, run_id=run_id, wait=wait, timeout=timeout)
+        return receipt.run_id
+
+    async def trigger(self, agent: str, input: Any = None, *,  # noqa: A002
+                      run_id: str | None = None, wait: bool = True,
+                      timeout: float = 5.0) -> StartReceipt:
+        """Like ``start`` but returns the intake's full answer (see ``StartReceipt``)."""
+        validate_token(agent, "agent name")
+        run_id = validate_token(run_id, "run_id") if run_id is not None else _new_run_id()
+        body = encode({"input": input, "run_id": run_id})
+        if len(body) > self.settings.max_payload:
+            raise PayloadTooLarge(
+                f"trigger is {len(body)} bytes; the limit is {self.settings.max_payload} "
+                "(Settings.max_payload): store large inputs elsewhere and pass a reference",
+                run_id=run_id)
+        await self._ensure()
+        headers = {"Nats-Msg-Id": f"start:{agent}:{run_id}"}
+        if not wait:
+            await self._publish(self.names.start(agent), body, headers)
+            return StartReceipt(run_id=run_id, created=None, queued=True)
+        inbox = self.broker.nc.new_inbox()
+        sub = await self.broker.nc.subscribe(inbox, max_msgs=1)
+        try:
+            headers[REPLY_HEADER] = inbox
+            if await self._publish(self.names.start(agent), body, headers):
+                # The inbox already holds this exact trigger (a retry inside the dedup window):
+                # the intake answers only once, so answer from the run's history instead.
+                exists = await self.store.last_seq(run_id) > 0
+                return StartReceipt(run_id=run_id, created=False if exists else None,
+                                    queued=not exists)
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except (TimeoutError, asyncio.TimeoutError):
+                return StartReceipt(run_id=run_id, created=None, queued=True)
+        finally:
+            await sub.unsubscribe()
+        reply = decode_intake_reply(msg.data)
+        if isinstance(reply, IntakeError):
+            if reply.error.code == "unknown_agent":
+                raise UnknownAgent(reply.error.message)
+            raise TriggerRejected(reply.error.code, reply.error.message, run_id=run_id)
+        assert isinstance(reply, IntakeOk)
+        return StartReceipt(run_id=reply.run_id, created=reply.created, queued=False)
+
+    async def _publish(self, subject: str, body: bytes, headers: dict[str, str]) -> bool:
+        """Publish to the inbox; ``True`` when the broker says it is a duplicate."""
+        try:
+            ack = await self.broker.publish_raw(subject, body, headers)
+        except (TimeoutError, NatsTimeoutError) as e:
+            raise BrokerUnavailable("the inbox did not acknowledge the trigger in time") from e
+        err = ack.get("error")
+        if err:
+            raise BrokerUnavailable(
+                f"the inbox did not store the trigger: {err.get('description')}")
+        return bool(ack.get("duplicate"))
+
+    async def cancel(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
+        """Ask for a run to be cancelled (durable: takes effect even if no worker is up)."""
+        validate_token(run_id, "run_id")
+        await self._ensure()
+        body = encode({"reason": reason, "by": by})
+        await self._publish(self.names.cancel(run_id), body,
+                            {"Nats-Msg-Id": f"cancel:{run_id}:{uuid.uuid4().hex}"})
+
+    # --- reading runs ------------------------------------------------------------------------
+
+    async def history(self, run_id: str) -> list[Decision]:
+        """Every stored decision of the run, oldest first (empty if it does not exist)."""
+        validate_token(run_id, "run_id")
+        return await self.store.load(run_id)
+
+    async def state(self, run_id: str) -> RunState:
+        """The run's current state (the fold of its history).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        history = await self.history(run_id)
+        if not history:
+            raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
+        return fold(e for d in history for e in d.events)
+
+    async def status(self, run_id: str) -> str:
+        """``pending``, ``running``, ``waiting``, ``suspended``, ``completed``, ``failed`` or
+        ``cancelled``."""
+        return (await self.state(run_id)).status
+
+    async def result(self, run_id: str, *, timeout: float | None = None,
+                     type: Any = Any) -> Any:  # noqa: A002
+        """Wait for the run to end and return its output, decoded as ``type``.
+
+        Works for runs that ended long ago and runs that have not started yet.
+
+        Raises:
+            RunFailedError / RunCancelledError: the run ended without output.
+            TimeoutError: it did not end within ``timeout`` seconds.
+        """
+        validate_token(run_id, "run_id")
+        ended = asyncio.get_running_loop().create_future()
+
+        async def on_event(msg: Any) -> None:
+            try:
+                if any(e.__struct_config__.tag in _TERMINAL_TAGS for e in decode_events(msg.data)):
+                    if not ended.done():
+                        ended.set_result(None)
+            except msgspec.MsgspecError:
+                pass
+
+        sub = await self.broker.nc.subscribe(self.names.events(run_id), cb=on_event)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                history = await self.store.load(run_id)
+                state = fold(e for d in history for e in d.events)
+                if state.status in TERMINAL:
+                    return _outcome(state, type)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"run {run_id} did not finish within {timeout}s")
+                # Re-read now and then too: a core subscription misses what is published
+                # while the connection is down.
+                wait = 5.0 if remaining is None else min(remaining, 5.0)
+                try:
+                    await asyncio.wait_for(asyncio.shield(ended), wait)
+                except TimeoutError:
+                    continue
+        finally:
+            await sub.unsubscribe()
+
+
+_TERMINAL_TAGS = frozenset({"run.completed.v1", "run.failed.v1", "run.cancelled.v1"})
+
+
+def _outcome(state: RunState, tp: Any) -> Any:
+    if state.status == "completed":
+        return from_raw(state.output or b"null", tp)
+    if state.status == "failed":
+        raise RunFailedError(state.run_id, state.error)
+    raise RunCancelledError(f"run {state.run_id} was cancelled: {state.cancel_requested}",
+                            run_id=state.run_id)
+
+
+def _new_run_id() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,201 @@
+"""``Context``: what agent code uses to do anything that must survive a crash.
+
+Every method here is journaled. On replay a recorded step returns its recorded result without
+running; a recorded ``now()``/``uuid()``/``random()`` returns the recorded value. Code *between*
+these calls must be deterministic and side-effect free: it runs again on every replay.
+
+Replay hazards (they raise ``NondeterminismError`` at the next journaled call, or corrupt
+nothing but behave differently): reading the wall clock or ``random`` directly, iterating a
+``set`` whose order depends on hashing of str, branching on environment variables or on the
+current time, or calling steps in a different order after a deploy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import random as _random
+import time
+import traceback
+import typing
+import uuid as _uuid
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from sojourn.schemas.codec import from_raw, to_raw
+from sojourn.schemas.errors import NondeterminismError, StepError
+from sojourn.schemas.events import ErrorInfo, StepCompleted, StepFailed, StepStarted, ValueRecorded
+
+from .journal import Execute, Recorded, RecordedFailure
+
+if TYPE_CHECKING:
+    from .executor import Activation
+
+__all__ = ["Context", "StepInfo", "current_step"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What a running step may know about itself.
+
+    ``idempotency_key`` is ``<run_id>/<position>``: the same on every attempt, on every worker,
+    after every restart. Pass it to external APIs (``Idempotency-Key`` header, a unique column)
+    so that a step re-run after a crash does not act twice.
+    """
+
+    run_id: str
+    position: int
+    name: str
+    attempt: int
+    idempotency_key: str
+    in_doubt: bool
+
+
+_current: ContextVar[StepInfo | None] = ContextVar("sojourn_current_step", default=None)
+
+
+def current_step() -> StepInfo:
+    """The step being executed by the calling code (inside a step function only).
+
+    Raises:
+        RuntimeError: called outside a step.
+    """
+    info = _current.get()
+    if info is None:
+        raise RuntimeError("current_step() is only available inside a function run by ctx.step")
+    return info
+
+
+@functools.lru_cache(maxsize=4096)
+def _return_type(fn: Callable[..., Any]) -> Any:
+    try:
+        return typing.get_type_hints(fn).get("return", Any)
+    except Exception:
+        return Any
+
+
+def step_name(fn: Callable[..., Any]) -> str:
+    """The journaled name of a step function (its ``__name__``, or ``@step(name=...)``)."""
+    explicit = getattr(fn, "__sojourn_step_name__", None)
+    if isinstance(explicit, str):
+        return explicit
+    inner = getattr(fn, "func", None)  # functools.partial
+    if inner is not None and not hasattr(fn, "__name__"):
+        return step_name(inner)
+    return str(getattr(fn, "__name__", type(fn).__name__))
+
+
+class Context:
+    """The handle an agent run gets as its first argument."""
+
+    def __init__(self, activation: Activation) -> None:
+        self._act = activation
+        self._journal = activation.journal
+
+    @property
+    def run_id(self) -> str:
+        return self._act.run_id
+
+    @property
+    def agent(self) -> str:
+        return self._act.agent.name
+
+    @property
+    def replaying(self) -> bool:
+        """True while the code re-executes recorded history (e.g. to skip logging)."""
+        return self._journal.replaying
+
+    async def step(self, fn: Callable[P, Awaitable[R]] | Callable[P, R],
+                   /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``fn(*args, **kwargs)`` once, durably, and return its result.
+
+        The start is recorded before ``fn`` runs and the result after, so a crash in between
+        re-runs ``fn`` with the same ``current_step().idempotency_key``. Sync functions run in
+        a thread so they cannot stall heartbeats. The result must be JSON-encodable by msgspec;
+        the code receives it decoded to ``fn``'s return annotation, identical on replay.
+
+        Raises:
+            StepError: ``fn`` raised (recorded; replay raises the same error).
+            NondeterminismError: history recorded a different operation at this position.
+        """
+        self._act.check_cancelled()
+        name = step_name(fn)
+        try:
+            plan = self._journal.step(name)
+        except NondeterminismError as e:
+            self._act.note_nondeterminism(e)
+            raise
+        rtype = _return_type(fn)
+        if isinstance(plan, Recorded):
+            return from_raw(plan.result, rtype)  # type: ignore[no-any-return]
+        if isinstance(plan, RecordedFailure):
+            raise StepError(f"step '{name}' failed: {plan.error.type}: {plan.error.message}",
+                            error_type=plan.error.type, run_id=self.run_id, step=name)
+        assert isinstance(plan, Execute)
+        await self._act.commit([StepStarted(position=plan.position, name=name,
+                                            attempt=plan.attempt, at=time.time())])
+        info = StepInfo(run_id=self.run_id, position=plan.position, name=name,
+                        attempt=plan.attempt, idempotency_key=f"{self.run_id}/{plan.position}",
+                        in_doubt=plan.in_doubt)
+        token = _current.set(info)
+        t0 = time.perf_counter()
+        try:
+            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+                getattr(fn, "__call__", None)  # noqa: B004
+            ):
+                result: Any = await fn(*args, **kwargs)  # type: ignore[misc]
+            else:
+                result = await asyncio.to_thread(fn, *args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            raw = to_raw(result)
+        except Exception as e:
+            err = ErrorInfo(type=type(e).__name__, message=str(e),
+                            traceback="".join(traceback.format_exception(e))[-4000:])
+            self._act.buffer(StepFailed(position=plan.position, name=name, attempt=plan.attempt,
+                                        error=err, duration=time.perf_counter() - t0,
+                                        at=time.time()))
+            raise StepError(f"step '{name}' failed: {err.type}: {err.message}",
+                            error_type=err.type, run_id=self.run_id, step=name) from e
+        finally:
+            _current.reset(token)
+        self._act.buffer(StepCompleted(position=plan.position, name=name, attempt=plan.attempt,
+                                       result=raw, duration=time.perf_counter() - t0,
+                                       at=time.time()))
+        return from_raw(raw, rtype)  # type: ignore[no-any-return]
+
+    def _value(self, kind: str, make: Callable[[], Any], tp: Any) -> Any:
+        self._act.check_cancelled()
+        try:
+            plan = self._journal.value(kind)
+        except NondeterminismError as e:
+            self._act.note_nondeterminism(e)
+            raise
+        if isinstance(plan, Recorded):
+            return from_raw(plan.result, tp)
+        raw = to_raw(make())
+        self._act.buffer(ValueRecorded(position=plan.position, kind=kind,  # type: ignore[arg-type]
+                                       value=raw, at=time.time()))
+        return from_raw(raw, tp)
+
+    def now(self) -> datetime:
+        """The current time (UTC), journaled: replay returns the recorded instant."""
+        value: datetime = self._value("now", lambda: datetime.now(UTC), datetime)
+        return value
+
+    def uuid(self) -> _uuid.UUID:
+        """A random UUID4, journaled."""
+        value: _uuid.UUID = self._value("uuid", _uuid.uuid4, _uuid.UUID)
+        return value
+
+    def random(self) -> float:
+        """A float in [0, 1), journaled."""
+        value: float = self._value("random", _random.random, float)
+        return value

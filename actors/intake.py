@@ -1,0 +1,207 @@
+"""The intake: turns inbound messages (starts, cancels, signals) into run events, or rejects them.
+
+Every inbound message ends in exactly one of two places: an event in a run's history (plus a
+wake), or a dead-letter record on ``<prefix>.dlq.<kind>`` with the reason and the original
+bytes. It is acknowledged only after that write, so a crash in between redelivers it, and the
+writes are idempotent (deterministic Msg-Ids, sequence fences), so a redelivery lands once.
+
+A ``Sojourn-Reply-To`` header names a subject to answer on: ``{"run_id", "created"}`` or
+``{"error": {"code", "message"}}`` (docs/wire.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+
+import msgspec
+
+from sojourn.broker.connection import Broker, Msg, header
+from sojourn.broker.eventstore import EventStore
+from sojourn.broker.names import Names, validate_token
+from sojourn.broker.registry import AgentRegistry
+from sojourn.broker.wake import publish_wake
+from sojourn.schemas.codec import decode_events, decode_start, encode
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import ConcurrencyConflict, InvalidName
+from sojourn.schemas.events import (
+    CancelRequested,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    TriggerInfo,
+)
+from sojourn.schemas.wire import DeadLetter, ErrorBody, IntakeError, IntakeOk
+
+from .agent import Agent
+
+__all__ = ["REPLY_HEADER", "Intake", "Rejected"]
+
+log = logging.getLogger("sojourn.intake")
+
+REPLY_HEADER = "Sojourn-Reply-To"
+
+
+class Rejected(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _CancelBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    reason: str = ""
+    by: str | None = None
+
+
+_cancel_decoder = msgspec.json.Decoder(_CancelBody)
+
+
+class Intake:
+    """Processes inbox messages for the agents one worker serves."""
+
+    def __init__(self, *, broker: Broker, store: EventStore, names: Names, settings: Settings,
+                 registry: AgentRegistry, agents: Mapping[str, Agent[object, object]],
+                 writer: str) -> None:
+        self.broker = broker
+        self.store = store
+        self.names = names
+        self.settings = settings
+        self.registry = registry
+        self.agents = agents
+        self.writer = writer
+
+    async def handle(self, msg: Msg) -> None:
+        """Process one inbox message and settle it (ack, or nak to retry later)."""
+        kind = self.names.subject_token(msg.subject, 0)
+        try:
+            if len(msg.data) > self.settings.max_payload:
+                raise Rejected("payload_too_large",
+                               f"payload is {len(msg.data)} bytes; the limit is "
+                               f"{self.settings.max_payload} bytes (Settings.max_payload)")
+            if kind == "start":
+                handled = await self._start(msg)
+            elif kind == "cancel":
+                handled = await self._cancel(msg)
+            else:
+                raise Rejected("invalid_trigger",
+                               f"{kind} messages are not supported by this worker version")
+            if handled is None:
+                return
+            await self._reply(msg, encode(handled))
+            await msg.ack()
+        except Rejected as r:
+            await self._reject(msg, kind, r.code, r.message)
+
+    # --- start -------------------------------------------------------------------------------
+
+    async def _start(self, msg: Msg) -> IntakeOk | None:
+        agent_name = self.names.subject_token(msg.subject, 1)
+        try:
+            trigger = decode_start(msg.data)
+        except msgspec.ValidationError as e:
+            raise Rejected("invalid_trigger",
+                           f"trigger must be {{\"input\": ..., \"run_id\": optional}}: {e}") from e
+        except msgspec.DecodeError as e:
+            raise Rejected("invalid_json", f"trigger is not valid JSON: {e}") from e
+        agent = self.agents.get(agent_name)
+        if agent is None:
+            if await self.registry.is_known(agent_name):
+                await msg.nak(delay=1.0)  # another worker serves it
+                return None
+            raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
+        meta = msg.metadata
+        inbox_seq = meta.sequence.stream
+        run_id = trigger.run_id or _derived_run_id(agent_name, inbox_seq, meta.timestamp)
+        try:
+            validate_token(run_id, "run_id")
+        except InvalidName as e:
+            raise Rejected("invalid_run_id", e.message) from e
+        try:
+            agent.decode_input(bytes(trigger.input))
+        except msgspec.ValidationError as e:
+            raise Rejected("invalid_input",
+                           f"input does not match agent '{agent_name}': {e}") from e
+        started = RunStarted(
+            run_id=run_id, agent=agent_name, input=trigger.input, code_version=agent.version,
+            trigger=TriggerInfo(inbox_seq=inbox_seq, msg_id=header(msg, "Nats-Msg-Id") or None,
+                                received_at=time.time()),
+            at=time.time())
+        try:
+            await self.store.append(run_id, [started], expected_seq=0, writer=self.writer,
+                                    msg_id=f"{run_id}:start:{inbox_seq}")
+            created = True
+        except ConcurrencyConflict:
+            first = await self.store.first(run_id)
+            created = bool(first and first.events and isinstance(first.events[0], RunStarted)
+                           and first.events[0].trigger.inbox_seq == inbox_seq)
+        if created:
+            await publish_wake(self.broker, self.names, run_id, "start")
+        return IntakeOk(run_id=run_id, created=created)
+
+    # --- cancel ------------------------------------------------------------------------------
+
+    async def _cancel(self, msg: Msg) -> IntakeOk | None:
+        run_id = self.names.subject_token(msg.subject, 1)
+        body = _CancelBody()
+        if msg.data.strip():
+            try:
+                body = _cancel_decoder.decode(msg.data)
+            except msgspec.ValidationError as e:
+                raise Rejected("invalid_trigger", f"cancel body must be {{\"reason\": ...}}: {e}"
+                               ) from e
+            except msgspec.DecodeError as e:
+                raise Rejected("invalid_json", f"cancel body is not valid JSON: {e}") from e
+        inbox_seq = msg.metadata.sequence.stream
+        for _ in range(20):
+            last = await self.broker.direct_get_last(self.names.events_stream,
+                                                     self.names.events(run_id))
+            if last is None:
+                raise Rejected("unknown_run", f"no run with id '{run_id}'")
+            if any(isinstance(e, (RunCompleted, RunFailed, RunCancelled))
+                   for e in decode_events(last.data)):
+                return IntakeOk(run_id=run_id, created=False)  # already over: nothing to do
+            try:
+                await self.store.append(
+                    run_id, [CancelRequested(reason=body.reason, by=body.by, at=time.time())],
+                    expected_seq=int(header(last, "Nats-Sequence")), writer=self.writer,
+                    msg_id=f"{run_id}:cancel:{inbox_seq}")
+                break
+            except ConcurrencyConflict:
+                continue
+        else:
+            await msg.nak(delay=0.5)
+            return None
+        await publish_wake(self.broker, self.names, run_id, "cancel")
+        return IntakeOk(run_id=run_id, created=False)
+
+    # --- replies and rejections --------------------------------------------------------------
+
+    async def _reply(self, msg: Msg, body: bytes) -> None:
+        reply_to = header(msg, REPLY_HEADER)
+        if not reply_to:
+            return
+        try:
+            await self.broker.nc.publish(reply_to, body)
+        except Exception as e:  # a bad reply subject must not block the trigger
+            log.warning("cannot answer on %r: %s", reply_to, e)
+
+    async def _reject(self, msg: Msg, kind: str, code: str, message: str) -> None:
+        dl = DeadLetter(
+            code=code, message=message, subject=msg.subject, data=msg.data,
+            headers={k: v for k, v in (msg.headers or {}).items()},
+            inbox_seq=msg.metadata.sequence.stream, rejected_at=time.time(),
+            kind=kind if kind in ("start", "signal", "cancel") else "other")  # type: ignore[arg-type]
+        await self.broker.publish(self.names.dlq(dl.kind), encode(dl))
+        log.info("rejected %s: %s: %s", msg.subject, code, message)
+        await self._reply(msg, encode(IntakeError(error=ErrorBody(code=code, message=message))))
+        await msg.ack()
+
+
+def _derived_run_id(agent: str, inbox_seq: int, timestamp: float) -> str:
+    """A run id that is the same on every redelivery of the same inbox message."""
+    digest = hashlib.blake2b(f"{agent}:{inbox_seq}:{timestamp!r}".encode(), digest_size=10)
+    return f"r{digest.hexdigest()}"

@@ -1,0 +1,107 @@
+"""Replay: match the operations an agent's code performs against what its history recorded.
+
+Sans-I/O. The ``Journal`` is handed the folded state of a run and answers, for each operation
+the code makes in order, "here is the recorded outcome" or "this is new: execute it (attempt
+n)". It is also where non-determinism is caught: if position 3 was recorded as step ``send``
+and the code now calls ``compose`` at position 3, that is a ``NondeterminismError`` naming both
+(the DBOS-style check). Nothing is ever written on a mismatch; the executor parks the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from sojourn.schemas.errors import NondeterminismError
+from sojourn.schemas.events import ErrorInfo
+
+from .state import OpRecord, RunState
+
+__all__ = ["Execute", "Journal", "Recorded", "RecordedFailure"]
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """The operation already completed: return this recorded result without running it."""
+
+    position: int
+    result: msgspec.Raw
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedFailure:
+    """The step already failed for good: raise this recorded error without running it."""
+
+    position: int
+    error: ErrorInfo
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """New work: run it live. ``attempt`` > 1 means an earlier attempt may have run (in doubt)."""
+
+    position: int
+    attempt: int
+    in_doubt: bool
+
+
+class Journal:
+    """Hands out positions in call order and checks them against recorded history."""
+
+    def __init__(self, state: RunState) -> None:
+        self._ops = state.ops
+        self._run_id = state.run_id
+        self.position = 0
+
+    @property
+    def replaying(self) -> bool:
+        """True while the code has not yet passed the last recorded operation."""
+        return self.position < len(self._ops)
+
+    def _take(self) -> tuple[int, OpRecord | None]:
+        p = self.position
+        self.position += 1
+        return p, (self._ops[p] if p < len(self._ops) else None)
+
+    def _mismatch(self, p: int, rec: OpRecord, wanted: str) -> NondeterminismError:
+        was = f"step '{rec.name}'" if rec.kind == "step" else f"ctx.{rec.kind}()"
+        return NondeterminismError(
+            f"run {self._run_id}: operation {p} was recorded as {was} but the code now "
+            f"calls {wanted}; the agent's code changed in a way that does not replay "
+            "(version it, or finish old runs on the old code)",
+            run_id=self._run_id, step=wanted, seq=p)
+
+    def step(self, name: str) -> Recorded | RecordedFailure | Execute:
+        p, rec = self._take()
+        if rec is None:
+            return Execute(position=p, attempt=1, in_doubt=False)
+        if rec.kind != "step" or rec.name != name:
+            raise self._mismatch(p, rec, f"step '{name}'")
+        if rec.status == "completed":
+            assert rec.result is not None
+            return Recorded(position=p, result=rec.result)
+        if rec.status == "failed":
+            assert rec.error is not None
+            return RecordedFailure(position=p, error=rec.error, attempts=rec.attempts)
+        return Execute(position=p, attempt=rec.attempts + 1, in_doubt=True)
+
+    def value(self, kind: str) -> Recorded | Execute:
+        p, rec = self._take()
+        if rec is None:
+            return Execute(position=p, attempt=1, in_doubt=False)
+        if rec.kind != kind:
+            raise self._mismatch(p, rec, f"ctx.{kind}()")
+        assert rec.result is not None
+        return Recorded(position=p, result=rec.result)
+
+    def finish(self) -> None:
+        """The code returned: every recorded operation must have been replayed."""
+        if self.position < len(self._ops):
+            rec = self._ops[self.position]
+            was = f"step '{rec.name}'" if rec.kind == "step" else f"ctx.{rec.kind}()"
+            raise NondeterminismError(
+                f"run {self._run_id}: the code finished after {self.position} operations but "
+                f"history records {len(self._ops)} (next: {was} at {self.position})",
+                run_id=self._run_id, seq=self.position)

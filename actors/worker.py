@@ -1,0 +1,249 @@
+"""The worker host: takes triggers and wakes from JetStream and executes runs.
+
+Two durable pull consumers feed it: ``intake`` (the inbox: starts, cancels, signals) and
+``workers`` (wakes). For each wake it takes the run's lease, loads and folds the history, and
+runs an ``Activation`` while it keeps the lease and the wake's ack deadline alive. A worker that
+dies simply stops renewing: after ``lease_ttl`` the wake is redelivered to another worker, which
+takes the expired lease and continues from the last recorded event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from sojourn.broker.connection import Broker, Msg, PullConsumer
+from sojourn.broker.eventstore import EventStore
+from sojourn.broker.leases import Lease, LeaseStore
+from sojourn.broker.names import Names
+from sojourn.broker.registry import AgentRecord, AgentRegistry
+from sojourn.broker.topology import ensure_topology
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import SojournError
+
+from .agent import Agent
+from .executor import Activation
+from .intake import Intake
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("sojourn.worker")
+
+
+class Worker:
+    """Serves a set of agents.
+
+    Args:
+        agents: the agents this worker executes (explicit registration; no globals).
+        nats: server URL (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``).
+        settings: deployment settings; every worker and client of a deployment uses the same.
+        concurrency: how many runs this worker executes at once.
+        worker_id: stable name for logs and leases (default ``host-pid-random``).
+
+    Example:
+        >>> async def main():                                   # doctest: +SKIP
+        ...     async with Worker([greeter]) as w:
+        ...         await w.wait_closed()
+    """
+
+    def __init__(
+        self,
+        agents: Iterable[Agent[Any, Any]],
+        *,
+        nats: str | None = None,
+        broker: Broker | None = None,
+        settings: Settings | None = None,
+        concurrency: int = 256,
+        worker_id: str | None = None,
+        flush_delay: float = 0.02,
+    ) -> None:
+        self.agents: dict[str, Agent[Any, Any]] = {}
+        for a in agents:
+            if a.name in self.agents and self.agents[a.name] is not a:
+                raise ValueError(f"two different agents are named '{a.name}'")
+            self.agents[a.name] = a
+        if not self.agents:
+            raise ValueError("a Worker needs at least one agent")
+        self.settings = settings or Settings()
+        self.names = Names(self.settings.prefix)
+        self.concurrency = concurrency
+        self.flush_delay = flush_delay
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._url = nats
+        self._broker = broker
+        self._owns_broker = broker is None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._active: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(concurrency)
+        self._stopping = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._activation_ids = itertools.count(1)
+        self.activations_completed = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> Worker:
+        if self._broker is None:
+            self._broker = await Broker.connect(self._url, name=f"sojourn-worker {self.worker_id}")
+        b = self._broker
+        await ensure_topology(b, self.names, self.settings)
+        self.store = EventStore(b, self.names, self.settings)
+        self.leases = LeaseStore(b, self.names)
+        self.registry = AgentRegistry(b, self.names)
+        for a in self.agents.values():
+            await self.registry.register(AgentRecord(name=a.name, input_schema=a.input_schema(),
+                                                     code_version=a.version))
+        self.intake = Intake(broker=b, store=self.store, names=self.names, settings=self.settings,
+                             registry=self.registry, agents=self.agents,
+                             writer=f"intake:{self.worker_id}")
+        intake_sub = await b.pull(self.names.inbox_stream, self.names.intake_consumer)
+        wake_sub = await b.pull(self.names.wake_stream, self.names.wake_consumer)
+        self._tasks = [
+            asyncio.create_task(self._intake_loop(intake_sub), name="sojourn-intake"),
+            asyncio.create_task(self._wake_loop(wake_sub), name="sojourn-wakes"),
+        ]
+        log.info("worker %s serving %s on %s", self.worker_id, sorted(self.agents), b.url)
+        return self
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop taking work, let running activations finish for ``grace`` seconds, then cancel
+        the rest (their runs are resumed elsewhere from their last recorded event)."""
+        if self._stopping.is_set():
+            await self._closed.wait()
+            return
+        self._stopping.set()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        active = list(self._active.values())
+        if active:
+            _, still = await asyncio.wait(active, timeout=grace)
+            for t in still:
+                t.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
+        if self._owns_broker and self._broker is not None:
+            await self._broker.close()
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def __aenter__(self) -> Worker:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- loops -------------------------------------------------------------------------------
+
+    async def _intake_loop(self, sub: PullConsumer) -> None:
+        while not self._stopping.is_set():
+            try:
+                msgs = await sub.fetch(batch=64, timeout=1.0)
+                for m in msgs:
+                    try:
+                        await self.intake.handle(m)
+                    except SojournError as e:  # broker trouble: retry the message later
+                        log.warning("intake: %s; will retry %s", e, m.subject)
+                        with contextlib.suppress(Exception):
+                            await m.nak(delay=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("intake loop error; continuing")
+                await asyncio.sleep(0.5)
+
+    async def _wake_loop(self, sub: PullConsumer) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self._slots.acquire()
+                self._slots.release()
+                free = max(1, min(256, self._free_slots()))
+                msgs = await sub.fetch(batch=free, timeout=1.0)
+                for m in msgs:
+                    run_id = self.names.subject_token(m.subject, 1)
+                    if run_id in self._active:
+                        await m.nak(delay=0.25)  # busy here; look again once this one rests
+                        continue
+                    await self._slots.acquire()
+                    task = asyncio.create_task(self._activate(run_id, m), name=f"run {run_id}")
+                    self._active[run_id] = task
+                    task.add_done_callback(lambda _t, r=run_id: self._done(r))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("wake loop error; continuing")
+                await asyncio.sleep(0.5)
+
+    def _free_slots(self) -> int:
+        return self.concurrency - len(self._active)
+
+    def _done(self, run_id: str) -> None:
+        self._active.pop(run_id, None)
+        self._slots.release()
+
+    # --- one activation ----------------------------------------------------------------------
+
+    async def _activate(self, run_id: str, wake: Msg) -> None:
+        ttl = self.settings.lease_ttl
+        writer = f"{self.worker_id}.{next(self._activation_ids)}"
+        lease: Lease | None = None
+        keepalive: asyncio.Task[None] | None = None
+        try:
+            got = await self.leases.acquire(run_id, writer, ttl)
+            if not isinstance(got, Lease):
+                delay = min(max(got.expires_at - time.time(), 0.05), ttl)
+                await wake.nak(delay=delay)
+                return
+            lease = got
+            keepalive = asyncio.create_task(self._keepalive(lease, wake))
+            history = await self.store.load(run_id)
+            first = history[0].events[0] if history and history[0].events else None
+            agent_name = getattr(first, "agent", None)
+            agent = self.agents.get(agent_name) if agent_name else None
+            if agent is None:
+                # Not ours (or not created yet): leave it for a worker that serves it.
+                await wake.nak(delay=1.0) if history else await wake.ack()
+                return
+            act = Activation(agent=agent, run_id=run_id, store=self.store, history=history,
+                             writer=writer, flush_delay=self.flush_delay)
+            outcome = await act.run()
+            log.debug("run %s: %s", run_id, outcome)
+            self.activations_completed += 1
+            await wake.ack()
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await wake.nak()
+            raise
+        except Exception as e:
+            log.warning("run %s: activation error %s: %s; retrying later", run_id,
+                        type(e).__name__, e)
+            with contextlib.suppress(Exception):
+                await wake.nak(delay=1.0)
+        finally:
+            if keepalive is not None:
+                keepalive.cancel()
+            if lease is not None:
+                with contextlib.suppress(Exception):
+                    await self.leases.release(lease)
+
+    async def _keepalive(self, lease: Lease, wake: Msg) -> None:
+        """Renew the lease and the wake's ack deadline while the activation runs."""
+        period = max(self.settings.lease_ttl / 3, 0.1)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                if not await self.leases.renew(lease, self.settings.lease_ttl):
+                    log.warning("run %s: lease lost", lease.run_id)
+                    return
+                await wake.in_progress()
+            except Exception as e:
+                log.debug("run %s: keepalive failed: %s", lease.run_id, e)

@@ -1,0 +1,152 @@
+"""The event store: append-only, fenced, per-run event subjects in one JetStream stream.
+
+One stream message holds one *decision*: the list of events a single step of the run produced
+(for example "step 3 completed" and "step 4 started"), so several events land atomically under
+one sequence number. Every append carries:
+
+- ``Nats-Expected-Last-Subject-Sequence``: the fence. Only a writer that has seen the run's
+  latest message may write; anyone else gets ``ConcurrencyConflict``.
+- ``Nats-Msg-Id``: unique per (run, expected sequence, writer activation), so an append that
+  timed out and is retried is not stored twice.
+
+The trap (NATS.md): a retry carrying both headers is answered "wrong last sequence" (10071), not
+"duplicate", when the first attempt did land. So on 10071 we read the message right after the
+expected sequence: if it carries our Msg-Id, the append landed and we return its sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import msgspec
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from sojourn.schemas.codec import decode_events, encode_events
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import BrokerUnavailable, ConcurrencyConflict, HistoryError
+from sojourn.schemas.events import RunEvent
+
+from .connection import Broker, JetStreamError, Msg, header
+from .names import Names
+
+__all__ = ["Decision", "EventStore", "WRONG_LAST_SEQUENCE"]
+
+WRONG_LAST_SEQUENCE = 10071
+WRITER_HEADER = "Sojourn-Writer"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One stored message of a run's history."""
+
+    seq: int
+    events: tuple[RunEvent, ...]
+    writer: str
+    msg_id: str
+
+
+class EventStore:
+    """Append to and read from run histories. Holds no per-run state."""
+
+    def __init__(self, broker: Broker, names: Names, settings: Settings) -> None:
+        self.broker = broker
+        self.names = names
+        self.settings = settings
+
+    async def append(
+        self,
+        run_id: str,
+        events: list[RunEvent] | tuple[RunEvent, ...],
+        *,
+        expected_seq: int,
+        writer: str,
+        msg_id: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Append one decision after ``expected_seq``; return its stream sequence.
+
+        Retries through broker outages (same Msg-Id, so at most one copy lands) until
+        ``timeout`` (default ``settings.append_timeout``).
+
+        Raises:
+            ConcurrencyConflict: another writer appended since ``expected_seq``.
+            BrokerUnavailable: the broker stayed unreachable for ``timeout`` seconds.
+        """
+        subject = self.names.events(run_id)
+        data = encode_events(events)
+        mid = msg_id or f"{run_id}:{expected_seq}:{writer}"
+        headers = {
+            "Nats-Expected-Last-Subject-Sequence": str(expected_seq),
+            "Nats-Msg-Id": mid,
+            WRITER_HEADER: writer,
+        }
+        deadline = time.monotonic() + (self.settings.append_timeout if timeout is None else timeout)
+        pause = 0.05
+        while True:
+            try:
+                ack = await self.broker.publish_raw(subject, data, headers, timeout=2.0)
+            except (NatsTimeoutError, TimeoutError, NoRespondersError) as e:
+                if time.monotonic() > deadline:
+                    raise BrokerUnavailable(
+                        f"append to {subject} not acknowledged: {type(e).__name__}",
+                        run_id=run_id, seq=expected_seq) from e
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                continue
+            except ConnectionClosedError as e:
+                raise BrokerUnavailable("connection to NATS is closed", run_id=run_id) from e
+            err = ack.get("error")
+            if not err:
+                return int(ack["seq"])
+            if int(err.get("err_code", 0)) == WRONG_LAST_SEQUENCE:
+                landed = await self._landed_seq(run_id, expected_seq, mid)
+                if landed is not None:
+                    return landed
+                raise ConcurrencyConflict(
+                    f"run {run_id}: another writer appended after seq {expected_seq}",
+                    run_id=run_id, expected=expected_seq)
+            if int(err.get("code", 0)) == 503 and time.monotonic() < deadline:
+                await asyncio.sleep(pause)  # stream still recovering after a restart
+                pause = min(pause * 2, 1.0)
+                continue
+            raise JetStreamError(f"append to {subject}: {err.get('description')}",
+                                 code=int(err.get("code", 0)),
+                                 err_code=int(err.get("err_code", 0)))
+
+    async def _landed_seq(self, run_id: str, expected_seq: int, msg_id: str) -> int | None:
+        nxt = await self.broker.direct_get_next(
+            self.names.events_stream, self.names.events(run_id), expected_seq + 1)
+        if nxt is not None and header(nxt, "Nats-Msg-Id") == msg_id:
+            return int(header(nxt, "Nats-Sequence"))
+        return None
+
+    async def load(self, run_id: str, after_seq: int = 0) -> list[Decision]:
+        """Every decision of ``run_id`` with a sequence above ``after_seq``, in order."""
+        msgs = await self.broker.direct_get_range(
+            self.names.events_stream, self.names.events(run_id), after_seq + 1)
+        return [self._decode(run_id, m) for m in msgs]
+
+    async def first(self, run_id: str) -> Decision | None:
+        """The first decision of a run (its ``RunStarted``), or ``None`` if it does not exist."""
+        m = await self.broker.direct_get_next(
+            self.names.events_stream, self.names.events(run_id), 1)
+        return None if m is None else self._decode(run_id, m)
+
+    async def last_seq(self, run_id: str) -> int:
+        """The sequence of the run's latest message; 0 when the run does not exist."""
+        m = await self.broker.direct_get_last(self.names.events_stream, self.names.events(run_id))
+        return 0 if m is None else int(header(m, "Nats-Sequence"))
+
+    @staticmethod
+    def _decode(run_id: str, m: Msg) -> Decision:
+        seq = int(header(m, "Nats-Sequence"))
+        try:
+            events = tuple(decode_events(m.data))
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise HistoryError(f"run {run_id}: event message {seq} cannot be decoded: {e}",
+                               run_id=run_id, seq=seq) from e
+        return Decision(seq=seq, events=events, writer=header(m, WRITER_HEADER),
+                        msg_id=header(m, "Nats-Msg-Id"))

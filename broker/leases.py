@@ -1,0 +1,107 @@
+"""Run leases: which worker executes a run right now.
+
+A lease is the single message on ``<prefix>.lease.<run_id>`` in a stream that keeps one message
+per subject. Taking or renewing it is a compare-and-set on that subject's sequence, so two
+workers can never both believe they won. Leases make conflicts rare and take-over fast; they
+are *not* what correctness rests on: the event store's sequence fence is (DESIGN.md). A worker
+that was paused past its lease (SIGSTOP, a long GC) is refused at its next append.
+
+Expiry compares wall clocks of different workers; keep them NTP-synced. Skew only delays a
+take-over or causes a refused append, never two histories.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from sojourn.schemas.codec import encode
+
+from .connection import Broker, header
+from .names import Names
+
+__all__ = ["Lease", "LeaseHolder", "LeaseStore"]
+
+_EXPECT = "Nats-Expected-Last-Subject-Sequence"
+
+
+class LeaseHolder(msgspec.Struct, frozen=True, kw_only=True):
+    """The lease message body."""
+
+    owner: str | None
+    expires_at: float = 0.0
+    acquired_at: float = 0.0
+
+
+@dataclass(slots=True)
+class Lease:
+    """A lease this process holds (mutable: ``seq`` moves on every renewal)."""
+
+    run_id: str
+    owner: str
+    seq: int
+    expires_at: float
+
+
+class LeaseStore:
+    """Acquire, renew and release run leases."""
+
+    def __init__(self, broker: Broker, names: Names) -> None:
+        self.broker = broker
+        self.names = names
+        self._decoder = msgspec.json.Decoder(LeaseHolder)
+        # The sequence we last wrote for a run we released: lets the same worker take the run
+        # again with one round trip (no read) in the common steady state.
+        self._released: dict[str, int] = {}
+
+    async def holder(self, run_id: str) -> tuple[int, LeaseHolder | None]:
+        m = await self.broker.direct_get_last(self.names.leases_stream, self.names.lease(run_id))
+        if m is None:
+            return 0, None
+        return int(header(m, "Nats-Sequence")), self._decoder.decode(m.data)
+
+    async def acquire(self, run_id: str, owner: str, ttl: float) -> Lease | LeaseHolder:
+        """Take the lease; return it, or the live holder that has it."""
+        cached = self._released.pop(run_id, None)
+        if cached is not None:
+            lease = await self._write(run_id, owner, ttl, cached)
+            if lease is not None:
+                return lease
+        seq, current = await self.holder(run_id)
+        now = time.time()
+        if current is not None and current.owner not in (None, owner) and current.expires_at > now:
+            return current
+        lease = await self._write(run_id, owner, ttl, seq)
+        if lease is not None:
+            return lease
+        seq, current = await self.holder(run_id)
+        return current or LeaseHolder(owner="?", expires_at=now + ttl)
+
+    async def renew(self, lease: Lease, ttl: float) -> bool:
+        """Extend a held lease; ``False`` means it was lost (someone else took it)."""
+        renewed = await self._write(lease.run_id, lease.owner, ttl, lease.seq)
+        if renewed is None:
+            return False
+        lease.seq, lease.expires_at = renewed.seq, renewed.expires_at
+        return True
+
+    async def release(self, lease: Lease) -> None:
+        """Give the run up so any worker can take it at once (best effort)."""
+        body = encode(LeaseHolder(owner=None, expires_at=0.0))
+        ack = await self.broker.publish_raw(self.names.lease(lease.run_id), body,
+                                            {_EXPECT: str(lease.seq)})
+        if "seq" in ack:
+            self._released[lease.run_id] = int(ack["seq"])
+            if len(self._released) > 10_000:
+                self._released.pop(next(iter(self._released)))
+
+    async def _write(self, run_id: str, owner: str, ttl: float, expected: int) -> Lease | None:
+        now = time.time()
+        body = encode(LeaseHolder(owner=owner, expires_at=now + ttl, acquired_at=now))
+        ack = await self.broker.publish_raw(self.names.lease(run_id), body,
+                                            {_EXPECT: str(expected)})
+        if "seq" not in ack:
+            return None
+        return Lease(run_id=run_id, owner=owner, seq=int(ack["seq"]), expires_at=now + ttl)

@@ -1,0 +1,121 @@
+"""Subject, stream and consumer names for one sojourn deployment.
+
+Everything hangs off one prefix (``sojourn`` by default) so several deployments, or every test in
+a suite, can share one NATS server without seeing each other. Names users type (agents, run ids,
+signal names) must be single subject tokens: a ``.`` would silently change which subject a
+message lands on, and ``*``/``>`` would turn it into a wildcard.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sojourn.schemas.errors import InvalidName
+
+__all__ = ["TOKEN_PATTERN", "Names", "validate_token"]
+
+TOKEN_PATTERN = r"[A-Za-z0-9_-]{1,128}"
+_TOKEN = re.compile(rf"^{TOKEN_PATTERN}$")
+
+
+def validate_token(value: object, what: str) -> str:
+    """Return ``value`` if it is a valid name token, else raise ``InvalidName`` saying why."""
+    if not isinstance(value, str) or not _TOKEN.match(value):
+        raise InvalidName(
+            f"invalid {what} {value!r}: use 1-128 characters from A-Z a-z 0-9 _ - "
+            "(it becomes one NATS subject token)"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """All names derived from a deployment prefix."""
+
+    prefix: str = "sojourn"
+
+    def __post_init__(self) -> None:
+        validate_token(self.prefix, "prefix")
+
+    def _stream(self, kind: str) -> str:
+        return f"{self.prefix.upper().replace('-', '_')}_{kind}"
+
+    # streams
+    @property
+    def events_stream(self) -> str:
+        return self._stream("EVENTS")
+
+    @property
+    def inbox_stream(self) -> str:
+        return self._stream("INBOX")
+
+    @property
+    def wake_stream(self) -> str:
+        return self._stream("WAKE")
+
+    @property
+    def dlq_stream(self) -> str:
+        return self._stream("DLQ")
+
+    @property
+    def leases_stream(self) -> str:
+        return self._stream("LEASES")
+
+    @property
+    def agents_stream(self) -> str:
+        return self._stream("AGENTS")
+
+    # durable consumers
+    @property
+    def intake_consumer(self) -> str:
+        return "intake"
+
+    @property
+    def wake_consumer(self) -> str:
+        return "workers"
+
+    # subjects
+    def events(self, run_id: str) -> str:
+        return f"{self.prefix}.ev.{run_id}"
+
+    @property
+    def events_all(self) -> str:
+        return f"{self.prefix}.ev.*"
+
+    def start(self, agent: str) -> str:
+        return f"{self.prefix}.start.{agent}"
+
+    def signal(self, run_id: str, name: str) -> str:
+        return f"{self.prefix}.signal.{run_id}.{name}"
+
+    def cancel(self, run_id: str) -> str:
+        return f"{self.prefix}.cancel.{run_id}"
+
+    @property
+    def inbox_subjects(self) -> list[str]:
+        p = self.prefix
+        return [f"{p}.start.*", f"{p}.signal.*.*", f"{p}.cancel.*"]
+
+    def wake(self, run_id: str) -> str:
+        return f"{self.prefix}.wake.{run_id}"
+
+    def timer(self, run_id: str, timer_id: str) -> str:
+        return f"{self.prefix}.timer.{run_id}.{timer_id}"
+
+    @property
+    def wake_subjects(self) -> list[str]:
+        return [f"{self.prefix}.wake.*", f"{self.prefix}.timer.*.*"]
+
+    def dlq(self, kind: str) -> str:
+        return f"{self.prefix}.dlq.{kind}"
+
+    def lease(self, run_id: str) -> str:
+        return f"{self.prefix}.lease.{run_id}"
+
+    def agent(self, name: str) -> str:
+        return f"{self.prefix}.agent.{name}"
+
+    def subject_token(self, subject: str, index: int) -> str:
+        """The ``index``-th token after the prefix (``sojourn.start.greeter`` -> 1 -> greeter)."""
+        return subject[len(self.prefix) + 1 :].split(".")[index]

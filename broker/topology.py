@@ -1,0 +1,123 @@
+"""Creating sojourn's streams and durable consumers, idempotently.
+
+Called by every worker at start-up and by the client before its first publish, so a fresh
+server needs no manual setup. See DESIGN.md "Streams and subjects" and docs/wire.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sojourn.schemas.config import Settings
+
+from .connection import Broker
+from .names import Names
+
+__all__ = ["ensure_topology", "stream_configs"]
+
+_NS = 1_000_000_000
+_DAY = 86_400
+
+
+def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
+    """The stream configs of a deployment (JetStream API JSON)."""
+    dedup = int(settings.dedup_window * _NS)
+    return [
+        {   # the source of truth: one subject per run, never deleted, never purged
+            "name": names.events_stream,
+            "subjects": [names.events_all],
+            "retention": "limits",
+            "storage": "file",
+            "discard": "old",
+            "max_msgs": -1, "max_bytes": -1, "max_age": 0,
+            "deny_delete": True,
+            "deny_purge": True,
+            "allow_direct": True,
+            "duplicate_window": dedup,
+            "num_replicas": 1,
+        },
+        {   # what the outside world publishes; the publish ack is the durable receipt
+            "name": names.inbox_stream,
+            "subjects": names.inbox_subjects,
+            "retention": "workqueue",
+            "storage": "file",
+            "discard": "old",
+            "max_age": 0,
+            "duplicate_window": dedup,
+            "num_replicas": 1,
+        },
+        {   # "this run has something to do"; timers are schedules that target wake subjects
+            "name": names.wake_stream,
+            "subjects": names.wake_subjects,
+            "retention": "limits",
+            "storage": "file",
+            "max_msgs_per_subject": 1,
+            "allow_msg_schedules": True,
+            "allow_msg_ttl": True,
+            "allow_rollup_hdrs": True,
+            "allow_direct": True,
+            "duplicate_window": dedup,
+            "num_replicas": 1,
+        },
+        {   # every rejected inbound message, verbatim, with the reason
+            "name": names.dlq_stream,
+            "subjects": [f"{names.prefix}.dlq.*"],
+            "retention": "limits",
+            "storage": "file",
+            "max_age": 30 * _DAY * _NS,
+            "allow_direct": True,
+            "num_replicas": 1,
+        },
+        {   # one lease message per run; CAS on the subject sequence decides ownership
+            "name": names.leases_stream,
+            "subjects": [f"{names.prefix}.lease.*"],
+            "retention": "limits",
+            "storage": "file",
+            "max_msgs_per_subject": 1,
+            "max_age": _DAY * _NS,
+            "allow_direct": True,
+            "num_replicas": 1,
+        },
+        {   # agents any worker has ever served (what "unknown agent" means)
+            "name": names.agents_stream,
+            "subjects": [f"{names.prefix}.agent.*"],
+            "retention": "limits",
+            "storage": "file",
+            "max_msgs_per_subject": 1,
+            "allow_direct": True,
+            "num_replicas": 1,
+        },
+    ]
+
+
+def consumer_configs(names: Names, settings: Settings) -> list[tuple[str, dict[str, Any]]]:
+    ack_wait = int(max(settings.lease_ttl, 1.0) * _NS)
+    return [
+        (names.inbox_stream, {
+            "durable_name": names.intake_consumer,
+            "ack_policy": "explicit",
+            "deliver_policy": "all",
+            "ack_wait": 30 * _NS,
+            "max_deliver": -1,
+            "max_ack_pending": 10_000,
+        }),
+        (names.wake_stream, {
+            "durable_name": names.wake_consumer,
+            "filter_subject": f"{names.prefix}.wake.*",
+            "ack_policy": "explicit",
+            "deliver_policy": "all",
+            "ack_wait": ack_wait,
+            "max_deliver": -1,
+            "max_ack_pending": 100_000,
+        }),
+    ]
+
+
+async def ensure_topology(broker: Broker, names: Names, settings: Settings,
+                          *, consumers: bool = True) -> None:
+    """Create or update every stream (and the workers' durable consumers)."""
+    for cfg in stream_configs(names, settings):
+        await broker.ensure_stream(cfg)
+    if consumers:
+        for stream, ccfg in consumer_configs(names, settings):
+            await broker.ensure_consumer(stream, ccfg)

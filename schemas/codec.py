@@ -1,0 +1,78 @@
+"""The one place that turns sojourn messages into bytes and back.
+
+Encoders and decoders are built once and reused (msgspec's fast path). Nobody else in the code
+base calls ``msgspec.json.decode`` on wire data: a schema change then touches one module.
+
+A run-event *message* holds one decision: a JSON array of one or more events, appended
+atomically with a single sequence number (see docs/decisions/0002-one-message-per-decision.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from .events import RunEvent
+from .wire import DeadLetter, IntakeError, IntakeOk, StartTrigger
+
+__all__ = [
+    "decode_dead_letter",
+    "decode_events",
+    "decode_intake_reply",
+    "decode_start",
+    "encode",
+    "encode_events",
+    "from_raw",
+    "to_raw",
+]
+
+T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
+_events_decoder = msgspec.json.Decoder(list[RunEvent])
+_start_decoder = msgspec.json.Decoder(StartTrigger)
+_dlq_decoder = msgspec.json.Decoder(DeadLetter)
+
+
+def encode(obj: Any) -> bytes:
+    """Encode any msgspec-supported value as JSON."""
+    return _encoder.encode(obj)
+
+
+def encode_events(events: list[RunEvent] | tuple[RunEvent, ...]) -> bytes:
+    """Encode one decision (a list of events) as the body of one stream message."""
+    return _encoder.encode(events)
+
+
+def decode_events(data: bytes) -> list[RunEvent]:
+    """Decode one stream message into its events. Raises ``msgspec.DecodeError``."""
+    return _events_decoder.decode(data)
+
+
+def decode_start(data: bytes) -> StartTrigger:
+    """Decode a start trigger. Raises ``msgspec.DecodeError`` (bad JSON) or
+    ``msgspec.ValidationError`` (wrong shape, unknown field)."""
+    return _start_decoder.decode(data)
+
+
+def decode_intake_reply(data: bytes) -> IntakeOk | IntakeError:
+    """Decode the intake's answer; the two shapes are told apart by the ``error`` key."""
+    raw = msgspec.json.decode(data)
+    if isinstance(raw, dict) and "error" in raw:
+        return msgspec.convert(raw, IntakeError)
+    return msgspec.convert(raw, IntakeOk)
+
+
+def decode_dead_letter(data: bytes) -> DeadLetter:
+    return _dlq_decoder.decode(data)
+
+
+def to_raw(value: Any) -> msgspec.Raw:
+    """Encode a user value (struct, dataclass, dict, ...) to raw JSON for an event field."""
+    return msgspec.Raw(_encoder.encode(value))
+
+
+def from_raw(raw: msgspec.Raw | bytes, type: type[T] | Any = Any) -> T:  # noqa: A002
+    """Decode raw JSON from an event field into ``type`` (``Any`` gives plain JSON values)."""
+    return msgspec.json.decode(bytes(raw), type=type)  # type: ignore[no-any-return]

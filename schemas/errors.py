@@ -1,0 +1,117 @@
+"""The exception tree every sojourn package raises from.
+
+It lives in ``schemas`` because ``schemas`` imports nothing of ours, so the broker, the actors
+and the projections can all share one root without import cycles. Errors carry the run id,
+step and sequence where they apply so a log line alone says which run broke.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerUnavailable",
+    "BrokerVersionError",
+    "ConcurrencyConflict",
+    "Fenced",
+    "HistoryError",
+    "InvalidName",
+    "NondeterminismError",
+    "PayloadTooLarge",
+    "RunNotFound",
+    "ServerStartError",
+    "SojournError",
+    "StepError",
+    "UnknownAgent",
+]
+
+
+class SojournError(Exception):
+    """Root of every error sojourn raises on purpose."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        step: str | None = None,
+        seq: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.run_id = run_id
+        self.step = step
+        self.seq = seq
+
+
+class ServerStartError(SojournError):
+    """The embedded ``nats-server`` could not be found or did not become ready."""
+
+
+class BrokerUnavailable(SojournError):
+    """No NATS server answered at the configured URL (or it went away mid-call)."""
+
+
+class BrokerVersionError(SojournError):
+    """The NATS server is too old: sojourn needs message schedules (nats-server >= 2.12)."""
+
+
+class ConcurrencyConflict(SojournError):
+    """An append lost the sequence fence: someone else wrote to the run since we last read it.
+
+    Attributes:
+        expected: the last subject sequence the writer believed in.
+    """
+
+    def __init__(self, message: str, *, run_id: str, expected: int) -> None:
+        super().__init__(message, run_id=run_id, seq=expected)
+        self.expected = expected
+
+
+class InvalidName(SojournError, ValueError):
+    """A run id, agent name or signal name is not a valid NATS subject token."""
+
+
+class PayloadTooLarge(SojournError, ValueError):
+    """A trigger or signal payload exceeds the configured limit."""
+
+
+class UnknownAgent(SojournError, LookupError):
+    """No worker serves (or ever served) an agent by this name."""
+
+
+class RunNotFound(SojournError, LookupError):
+    """The run id has no history."""
+
+
+class StepError(SojournError):
+    """A step raised; the agent sees this (the same on first execution and on replay).
+
+    The original exception is recorded as data (type name and message), never pickled, so
+    the error a replay raises is identical to the one the first execution raised.
+    """
+
+    def __init__(self, message: str, *, error_type: str, run_id: str, step: str) -> None:
+        super().__init__(message, run_id=run_id, step=step)
+        self.error_type = error_type
+
+
+class NondeterminismError(SojournError):
+    """Replaying a run's history against the agent code diverged from what was recorded.
+
+    The run is parked (suspended) with this message; its history is left untouched.
+    """
+
+
+class Fenced(BaseException):
+    """Raised inside agent code when this worker lost the run to another writer.
+
+    A ``BaseException`` on purpose: an agent's ``except Exception`` must not swallow it, or a
+    worker that lost its lease could keep executing steps.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id}: another worker owns this run now")
+        self.run_id = run_id
+
+
+class HistoryError(SojournError):
+    """A run's history cannot be decoded (a poison message); the run needs a human."""

@@ -1,0 +1,42 @@
+"""JSON Schemas of the wire messages, for clients written in other languages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .events import RunEvent
+from .wire import DeadLetter, IntakeError, IntakeOk, StartTrigger
+
+__all__ = ["WIRE_SCHEMAS", "export_schemas", "schema_of"]
+
+WIRE_SCHEMAS: dict[str, Any] = {
+    "start-trigger": StartTrigger,
+    "intake-reply-ok": IntakeOk,
+    "intake-reply-error": IntakeError,
+    "dead-letter": DeadLetter,
+    "run-event": RunEvent,
+    "run-event-message": list[RunEvent],
+}
+"""Schema file stem -> type. ``run-event-message`` is the body of one ``sojourn.ev.<run>`` message."""
+
+
+def schema_of(tp: Any) -> dict[str, Any]:
+    return msgspec.json.schema(tp)
+
+
+def export_schemas(out_dir: str | Path) -> list[Path]:
+    """Write ``<name>.schema.json`` for every wire type into ``out_dir``; return the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, tp in WIRE_SCHEMAS.items():
+        path = out / f"{name}.schema.json"
+        schema = schema_of(tp)
+        schema.setdefault("$schema", "https://json-schema.org/draft/2020-12/schema")
+        schema.setdefault("title", name)
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(schema), indent=2) + b"\n")
+        written.append(path)
+    return written

@@ -1,0 +1,91 @@
+"""Messages that cross the wire between clients, the intake and dead-letter readers.
+
+Commands (what the outside world publishes) are closed: an unknown field is an error, so a
+typo such as ``{"inptu": ...}`` is rejected loudly instead of starting a run with no input.
+The contract is written down in docs/wire.md; JSON Schemas are exported with
+``sojourn schemas --out DIR``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "DeadLetter",
+    "ErrorBody",
+    "IntakeError",
+    "IntakeOk",
+    "REJECT_CODES",
+    "RejectCode",
+    "StartTrigger",
+]
+
+
+class StartTrigger(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Body of a message on ``sojourn.start.<agent>``.
+
+    ``run_id`` makes starting idempotent forever: the same id started twice is one run.
+    Omit it and the intake derives one from the inbox message (stable across redelivery).
+    """
+
+    input: msgspec.Raw
+    run_id: str | None = None
+
+
+RejectCode = Literal[
+    "invalid_json",
+    "invalid_trigger",
+    "invalid_input",
+    "invalid_run_id",
+    "unknown_agent",
+    "payload_too_large",
+    "unknown_run",
+    "internal",
+]
+REJECT_CODES: tuple[str, ...] = (
+    "invalid_json",
+    "invalid_trigger",
+    "invalid_input",
+    "invalid_run_id",
+    "unknown_agent",
+    "payload_too_large",
+    "unknown_run",
+    "internal",
+)
+
+
+class IntakeOk(msgspec.Struct, frozen=True, kw_only=True):
+    """The intake's answer on ``Sojourn-Reply-To`` when a trigger was accepted."""
+
+    run_id: str
+    created: bool
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    message: str
+
+
+class IntakeError(msgspec.Struct, frozen=True, kw_only=True):
+    """The intake's answer on ``Sojourn-Reply-To`` when a trigger was rejected."""
+
+    error: ErrorBody
+
+
+class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
+    """What the intake keeps on ``sojourn.dlq.<kind>`` for every inbound message it rejected.
+
+    The original bytes are kept verbatim (base64 in JSON) so nothing is lost: an operator can
+    fix and republish.
+    """
+
+    code: str
+    message: str
+    subject: str
+    data: bytes
+    headers: dict[str, str] = {}
+    inbox_seq: int = 0
+    rejected_at: float = 0.0
+    kind: Literal["start", "signal", "cancel", "other"] = "other"
