@@ -8,7 +8,7 @@ tests assert it always equals ``functools.reduce(evolve, events, RunState())``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import msgspec
@@ -81,16 +81,6 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
         return self.ops[position] if 0 <= position < len(self.ops) else None
 
 
-def _set_op(ops: tuple[OpRecord, ...], rec: OpRecord) -> tuple[OpRecord, ...] | None:
-    """Place ``rec`` at its position; ``None`` when that would leave a gap (an anomaly)."""
-    p = rec.position
-    if p == len(ops):
-        return (*ops, rec)
-    if 0 <= p < len(ops):
-        return (*ops[:p], rec, *ops[p + 1 :])
-    return None
-
-
 def _anomaly(state: RunState, text: str) -> RunState:
     return msgspec.structs.replace(state, anomalies=(*state.anomalies, text))
 
@@ -107,39 +97,13 @@ def evolve(state: RunState, event: RunEvent) -> RunState:  # noqa: C901 - one ca
             return msgspec.structs.replace(
                 s, run_id=event.run_id, agent=event.agent, code_version=event.code_version,
                 input=event.input, status="pending", started_at=event.at)
-        case StepStarted():
-            prev = s.op(event.position)
-            rec = OpRecord(position=event.position, kind="step", name=event.name,
-                           status="started", attempts=event.attempt)
-            if prev is not None and (prev.kind != "step" or prev.status == "completed"):
-                return _anomaly(s, f"step {event.position} started again after {prev.status}")
-            ops = _set_op(s.ops, rec)
-            if ops is None:
-                return _anomaly(s, f"step {event.position} started out of order")
-            return msgspec.structs.replace(s, ops=ops, status=_active(s),
-                                           step_attempts=s.step_attempts + 1)
-        case StepCompleted():
-            rec = OpRecord(position=event.position, kind="step", name=event.name,
-                           status="completed", attempts=event.attempt, result=event.result)
-            ops = _set_op(s.ops, rec)
-            if ops is None:
-                return _anomaly(s, f"step {event.position} completed out of order")
-            return msgspec.structs.replace(s, ops=ops, status=_active(s),
-                                           steps_completed=s.steps_completed + 1)
-        case StepFailed():
-            rec = OpRecord(position=event.position, kind="step", name=event.name,
-                           status="failed", attempts=event.attempt, error=event.error)
-            ops = _set_op(s.ops, rec)
-            if ops is None:
-                return _anomaly(s, f"step {event.position} failed out of order")
-            return msgspec.structs.replace(s, ops=ops, status=_active(s))
-        case ValueRecorded():
-            rec = OpRecord(position=event.position, kind=event.kind, name=event.kind,
-                           status="recorded", result=event.value)
-            ops = _set_op(s.ops, rec)
-            if ops is None:
-                return _anomaly(s, f"value {event.position} recorded out of order")
-            return msgspec.structs.replace(s, ops=ops)
+        case StepStarted() | StepCompleted() | StepFailed() | ValueRecorded():
+            why = _misplaced(s.ops, event)
+            if why is not None:
+                return _anomaly(s, why)
+            ops = list(s.ops)
+            s = _apply_op(s, ops, event)
+            return msgspec.structs.replace(s, ops=tuple(ops))
         case CancelRequested():
             if s.terminal:
                 return s
@@ -168,6 +132,9 @@ def _active(s: RunState) -> RunStatus:
     return "suspended" if s.status == "suspended" else "running"
 
 
+_OP_EVENTS = (StepStarted, StepCompleted, StepFailed, ValueRecorded)
+
+
 def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
     """Fold many events. Equal to ``reduce(evolve, events, state)``, in linear time.
 
@@ -177,35 +144,68 @@ def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
     """
     s = state or RunState()
     ops = list(s.ops)
-    dirty = False
+    synced = True  # whether ``s.ops`` holds what ``ops`` holds
     for event in events:
-        if isinstance(event, (StepStarted, StepCompleted, StepFailed, ValueRecorded)):
-            if not s.terminal and _fast_ok(ops, event):
-                s = _fast_apply(s, ops, event)
-                dirty = True
+        if isinstance(event, _OP_EVENTS):
+            if not s.terminal and _misplaced(ops, event) is None:
+                s = msgspec.structs.replace(s, events=s.events + 1, updated_at=event.at)
+                s = _apply_op(s, ops, event)
+                synced = False
                 continue
-        if dirty:
-            s = msgspec.structs.replace(s, ops=tuple(ops))
-            dirty = False
+            # An anomaly: ``evolve`` describes it from the operation index, so sync that first.
+            # (An anomaly never changes the index, so ``ops`` stays right afterwards.)
+            if not synced:
+                s = msgspec.structs.replace(s, ops=tuple(ops))
+                synced = True
+        # Run-level events neither read nor change the operation index, so ``s.ops`` may be
+        # stale here: rebuilding the tuple for each of them made interleaved histories
+        # quadratic.
         s = evolve(s, event)
-        ops = list(s.ops)
-    if dirty:
+    if not synced:
         s = msgspec.structs.replace(s, ops=tuple(ops))
     return s
 
 
-def _fast_ok(ops: list[OpRecord], event: RunEvent) -> bool:
-    """True when ``event`` is an ordinary, in-order operation event (no anomaly to record)."""
-    p = event.position  # type: ignore[union-attr]
-    if not 0 <= p <= len(ops):
-        return False
-    if isinstance(event, StepStarted) and p < len(ops):
-        prev = ops[p]
-        return prev.kind == "step" and prev.status != "completed"
-    return True
+def _misplaced(
+    ops: Sequence[OpRecord], event: StepStarted | StepCompleted | StepFailed | ValueRecorded
+) -> str | None:
+    """Why ``event`` does not fit the operation index (an anomaly), or ``None`` if it does.
+
+    Positions are contiguous: an event opens the next position or revisits an earlier one. A
+    step may start again (attempt n+1) while in doubt or after a failure; a completion or a
+    failure closes the step started at its position, under the same name; a value is recorded
+    once. Anything else would silently rewrite what replay already handed to the code.
+    """
+    verb = _VERB[type(event)]
+    p = event.position
+    if p == len(ops):
+        return None
+    if not 0 <= p < len(ops):
+        return f"{'value' if isinstance(event, ValueRecorded) else 'step'} {p} {verb} out of order"
+    prev = ops[p]
+    was = f"step '{prev.name}'" if prev.kind == "step" else f"value {prev.kind}"
+    if isinstance(event, ValueRecorded):
+        return f"value {p} recorded again over {was} ({prev.status})"
+    if prev.kind != "step" or prev.name != event.name:
+        return f"step {p} '{event.name}' {verb} over {was} ({prev.status})"
+    if isinstance(event, StepStarted):
+        ok = prev.status != "completed"
+    else:
+        ok = prev.status == "started"
+    return None if ok else f"step {p} {verb} again after {prev.status}"
 
 
-def _fast_apply(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
+_VERB: dict[type, str] = {
+    StepStarted: "started",
+    StepCompleted: "completed",
+    StepFailed: "failed",
+    ValueRecorded: "recorded",
+}
+
+
+def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
+    """Apply an operation event that fits (see ``_misplaced``) to ``ops`` in place; return ``s``
+    with status and counters updated (its ``ops`` field is the caller's to set)."""
     match event:
         case StepStarted():
             rec = OpRecord(position=event.position, kind="step", name=event.name,
@@ -223,10 +223,10 @@ def _fast_apply(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
         case ValueRecorded():
             rec = OpRecord(position=event.position, kind=event.kind, name=event.kind,
                            status="recorded", result=event.value)
-        case _:  # pragma: no cover - guarded by the caller
+        case _:  # pragma: no cover - guarded by the callers
             raise AssertionError(event)
     if rec.position == len(ops):
         ops.append(rec)
     else:
         ops[rec.position] = rec
-    return msgspec.structs.replace(s, events=s.events + 1, updated_at=event.at)
+    return s

@@ -1,0 +1,140 @@
+"""Small helpers for the benchmarks: percentiles, CPU clocks, machine facts, formatting."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "cpu_process",
+    "cpu_server",
+    "fmt_ms",
+    "fmt_rate",
+    "fmt_us",
+    "git_state",
+    "machine_facts",
+    "median",
+    "pct",
+    "summarize",
+]
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation; NaN for no data."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    k = (len(s) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(xs: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/mean of ``xs``."""
+    return {
+        "p50": pct(xs, 50),
+        "p90": pct(xs, 90),
+        "p99": pct(xs, 99),
+        "mean": statistics.fmean(xs) if xs else float("nan"),
+        "n": float(len(xs)),
+    }
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def cpu_process() -> float:
+    """CPU seconds (user+system) used by this Python process so far."""
+    return time.process_time()
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_server(pid: int | None) -> float:
+    """CPU seconds (user+system) used by process ``pid`` so far (Linux /proc); NaN elsewhere."""
+    if pid is None:
+        return float("nan")
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return float("nan")
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:
+        return "?"
+
+
+def git_state(root: Path) -> str:
+    head = _run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"])
+    dirty = _run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
+    return f"{head}{' (+uncommitted changes)' if dirty else ''}"
+
+
+def machine_facts(nats_binary: str, store_dir: Path) -> dict[str, str]:
+    """What the figures were measured on."""
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    fs = _run(["df", "-T", str(store_dir)]).splitlines()
+    fstype = fs[-1].split()[1] if len(fs) > 1 else "?"
+    try:
+        import nats
+
+        nats_py = getattr(nats, "__version__", None) or _nats_py_version()
+    except Exception:
+        nats_py = "?"
+    try:
+        import uvloop
+
+        uv = uvloop.__version__
+    except Exception:
+        uv = "not installed"
+    return {
+        "cpus (nproc)": _run(["nproc"]),
+        "cpu model": cpu,
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "nats-server": _run([nats_binary, "--version"]),
+        "nats-py": nats_py,
+        "uvloop": uv,
+        "store filesystem": fstype,
+    }
+
+
+def _nats_py_version() -> str:
+    from importlib.metadata import version
+
+    return version("nats-py")
+
+
+def fmt_us(seconds: float) -> str:
+    return "—" if seconds != seconds else f"{seconds * 1e6:,.0f} µs"
+
+
+def fmt_ms(seconds: float) -> str:
+    return "—" if seconds != seconds else f"{seconds * 1e3:,.2f} ms"
+
+
+def fmt_rate(per_s: float, unit: str) -> str:
+    return "—" if per_s != per_s else f"{per_s:,.0f} {unit}/s"

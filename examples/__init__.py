@@ -1,0 +1,1 @@
+"""Example agents: ``greeter`` (the smallest agent) and ``welcome`` (what ``sojourn demo`` runs)."""
