@@ -55,8 +55,10 @@ def module_name(spec: str) -> str:
     if spec.endswith(".py"):
         path = Path(spec)
         if path.is_absolute() or ".." in path.parts:
-            raise AppError(f"--app takes a module name (like myapp.agents), not the path {spec!r}:"
-                           " run from the directory that contains the package")
+            raise AppError(
+                f"--app takes a module name (like myapp.agents), not the path {spec!r}:"
+                " run from the directory that contains the package"
+            )
         return ".".join(path.with_suffix("").parts)
     return spec
 
@@ -85,11 +87,13 @@ def _import(name: str) -> ModuleType:
             raise AppError(
                 f"cannot import app module '{name}': no module named '{missing}' (looked in "
                 f"{cwd} and sys.path; run from the directory that contains it, or set "
-                "PYTHONPATH)") from None
+                "PYTHONPATH)"
+            ) from None
         raise AppError(f"importing app module '{name}' failed: {e}{_where(e)}") from None
     except Exception as e:
-        raise AppError(f"importing app module '{name}' failed: {type(e).__name__}: {e}"
-                       f"{_where(e)}") from None
+        raise AppError(
+            f"importing app module '{name}' failed: {type(e).__name__}: {e}{_where(e)}"
+        ) from None
 
 
 def load_app(spec: str) -> App:
@@ -107,8 +111,9 @@ def load_app(spec: str) -> App:
     """
     name = module_name(spec)
     if not name or any(not part.isidentifier() for part in name.split(".")):
-        raise AppError(f"--app {spec!r} is not a module name (expected something like "
-                       "myapp.agents)")
+        raise AppError(
+            f"--app {spec!r} is not a module name (expected something like myapp.agents)"
+        )
     module = _import(name)
     found: dict[str, tuple[str, Agent[Any, Any]]] = {}
     for attr, value in vars(module).items():
@@ -116,12 +121,15 @@ def load_app(spec: str) -> App:
             continue
         seen = found.get(value.name)
         if seen is not None and seen[1] is not value:
-            raise AppError(f"app module '{name}' defines two different agents named "
-                           f"'{value.name}' ({seen[0]} and {attr})")
+            raise AppError(
+                f"app module '{name}' defines two different agents named "
+                f"'{value.name}' ({seen[0]} and {attr})"
+            )
         found.setdefault(value.name, (attr, value))
     if not found:
         raise AppError(
             f"app module '{name}' defines no agent: decorate an async function with "
-            "@agent(\"name\") (from sojourn.actors) at module level")
+            '@agent("name") (from sojourn.actors) at module level'
+        )
     agents = tuple(found[n][1] for n in sorted(found))
     return App(module=module, agents=agents)

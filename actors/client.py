@@ -29,11 +29,11 @@ from sojourn.schemas.errors import (
     SojournError,
     UnknownAgent,
 )
-from sojourn.schemas.events import ErrorInfo
+from sojourn.schemas.events import ErrorInfo, RunCancelled, RunCompleted, RunEvent, RunFailed
 from sojourn.schemas.wire import IntakeError, IntakeOk
 
 from .intake import REPLY_HEADER
-from .state import TERMINAL, RunState, fold
+from .state import RunState, fold
 
 __all__ = ["Client", "RunCancelledError", "RunFailedError", "StartReceipt", "TriggerRejected"]
 
@@ -228,24 +228,31 @@ class Client:
             TimeoutError: it did not end within ``timeout`` seconds.
         """
         validate_token(run_id, "run_id")
-        ended = asyncio.get_running_loop().create_future()
+        ended: asyncio.Future[RunEvent] = asyncio.get_running_loop().create_future()
+
+        def terminal_in(data: bytes) -> RunEvent | None:
+            try:
+                events = decode_events(data)
+            except msgspec.MsgspecError:
+                return None
+            return next((e for e in events if isinstance(e, _TERMINAL)), None)
 
         async def on_event(msg: Any) -> None:
-            try:
-                if any(e.__struct_config__.tag in _TERMINAL_TAGS for e in decode_events(msg.data)):
-                    if not ended.done():
-                        ended.set_result(None)
-            except msgspec.MsgspecError:
-                pass
+            event = terminal_in(msg.data)
+            if event is not None and not ended.done():
+                ended.set_result(event)
 
+        # Subscribe first, then look at the last stored message: whichever way the end
+        # arrives, it is seen, and only one message is read (not the whole history).
         sub = await self.broker.nc.subscribe(self.names.events(run_id), cb=on_event)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                history = await self.store.load(run_id)
-                state = fold(e for d in history for e in d.events)
-                if state.status in TERMINAL:
-                    return _outcome(state, type)
+                last = await self.broker.direct_get_last(self.names.events_stream,
+                                                         self.names.events(run_id))
+                event = terminal_in(last.data) if last is not None else None
+                if event is not None:
+                    return _outcome(run_id, event, type)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"run {run_id} did not finish within {timeout}s")
@@ -253,23 +260,24 @@ class Client:
                 # while the connection is down.
                 wait = 5.0 if remaining is None else min(remaining, 5.0)
                 try:
-                    await asyncio.wait_for(asyncio.shield(ended), wait)
+                    event = await asyncio.wait_for(asyncio.shield(ended), wait)
                 except TimeoutError:
                     continue
+                return _outcome(run_id, event, type)
         finally:
             await sub.unsubscribe()
 
 
-_TERMINAL_TAGS = frozenset({"run.completed.v1", "run.failed.v1", "run.cancelled.v1"})
+_TERMINAL = (RunCompleted, RunFailed, RunCancelled)
 
 
-def _outcome(state: RunState, tp: Any) -> Any:
-    if state.status == "completed":
-        return from_raw(state.output or b"null", tp)
-    if state.status == "failed":
-        raise RunFailedError(state.run_id, state.error)
-    raise RunCancelledError(f"run {state.run_id} was cancelled: {state.cancel_requested}",
-                            run_id=state.run_id)
+def _outcome(run_id: str, event: RunEvent, tp: Any) -> Any:
+    if isinstance(event, RunCompleted):
+        return from_raw(event.output, tp)
+    if isinstance(event, RunFailed):
+        raise RunFailedError(run_id, event.error)
+    assert isinstance(event, RunCancelled)
+    raise RunCancelledError(f"run {run_id} was cancelled: {event.reason}", run_id=run_id)
 
 
 def _new_run_id() -> str:

@@ -73,12 +73,37 @@ def current_step() -> StepInfo:
     return info
 
 
-@functools.lru_cache(maxsize=4096)
-def _return_type(fn: Callable[..., Any]) -> Any:
+def _return_type_uncached(fn: Callable[..., Any]) -> Any:
     try:
         return typing.get_type_hints(fn).get("return", Any)
     except Exception:
         return Any
+
+
+_return_type_cached = functools.lru_cache(maxsize=4096)(_return_type_uncached)
+
+
+def _return_type(fn: Callable[..., Any]) -> Any:
+    try:
+        return _return_type_cached(fn)
+    except TypeError:  # unhashable callable
+        return _return_type_uncached(fn)
+
+
+def _is_async_uncached(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    )
+
+
+_is_async_cached = functools.lru_cache(maxsize=4096)(_is_async_uncached)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    try:
+        return _is_async_cached(fn)
+    except TypeError:  # unhashable callable
+        return _is_async_uncached(fn)
 
 
 def step_name(fn: Callable[..., Any]) -> str:
@@ -147,9 +172,7 @@ class Context:
         token = _current.set(info)
         t0 = time.perf_counter()
         try:
-            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-                getattr(fn, "__call__", None)  # noqa: B004
-            ):
+            if _is_async(fn):
                 result: Any = await fn(*args, **kwargs)  # type: ignore[misc]
             else:
                 result = await asyncio.to_thread(fn, *args, **kwargs)

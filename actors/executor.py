@@ -30,7 +30,10 @@ from sojourn.schemas.events import (
     RunEvent,
     RunFailed,
     RunSuspended,
+    StepCompleted,
+    StepFailed,
     StepStarted,
+    ValueRecorded,
 )
 
 from .agent import Agent
@@ -44,6 +47,9 @@ Outcome = Literal["completed", "failed", "cancelled", "suspended", "fenced", "no
 
 EXTERNAL_EVENTS = (CancelRequested,)
 """Events other parties append to a run without owning it; they commute with our decisions."""
+
+
+_OP_EVENTS = (StepStarted, StepCompleted, StepFailed, ValueRecorded)
 
 
 class RunCancelledInterrupt(BaseException):
@@ -89,9 +95,15 @@ class Activation:
 
     def _flush_soon(self) -> None:
         self._flush_handle = None
-        if self.pending and not self.fenced:
-            task = asyncio.get_running_loop().create_task(self._flush_quietly())
-            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        if not self.pending or self.fenced:
+            return
+        if self._lock.locked():
+            # An append is in flight and did not take these events: look again shortly.
+            self._flush_handle = asyncio.get_running_loop().call_later(
+                self.flush_delay, self._flush_soon)
+            return
+        task = asyncio.get_running_loop().create_task(self._flush_quietly())
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     async def _flush_quietly(self) -> None:
         try:
@@ -111,11 +123,19 @@ class Activation:
             raise RunCancelledInterrupt()
 
     async def commit(self, events: list[RunEvent]) -> None:
-        """Append the buffered events plus ``events`` as one decision, fenced."""
+        """Append the buffered events plus ``events`` as one decision, fenced.
+
+        Buffered events are taken when the append starts; events buffered while it is in flight
+        wait for the next decision (or the flush timer).
+        """
         async with self._lock:
             if self.fenced:
                 raise Fenced(self.run_id)
-            batch = [*self.pending, *events]
+            taken, self.pending = self.pending, []
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+                self._flush_handle = None
+            batch = [*taken, *events]
             if not batch:
                 return
             interrupted = False
@@ -129,18 +149,19 @@ class Activation:
                         isinstance(e, StepStarted) for e in events
                     ):
                         # Cancelled while we were about to start a step: record what already
-                        # happened, but do not start anything new.
-                        events = []
-                        batch = list(self.pending)
-                        interrupted = True
+                        # happened, but start nothing new.
+                        events, batch, interrupted = [], list(taken), True
                         if not batch:
                             raise RunCancelledInterrupt() from None
                     continue
                 break
             self.appends += 1
             self.last_seq = seq
-            del self.pending[: len(batch) - len(events)]
-            self.state = fold(batch, self.state)
+            # Live operations need no folding (the journal only consults what was recorded
+            # before this activation); folding them would copy the op index on every step.
+            others = [e for e in batch if not isinstance(e, _OP_EVENTS)]
+            if others:
+                self.state = fold(others, self.state)
             if interrupted:
                 raise RunCancelledInterrupt()
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 
 from sojourn.broker.connection import Broker, Msg, header
-from sojourn.broker.eventstore import EventStore
+from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.names import Names, validate_token
 from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.wake import publish_wake
@@ -44,6 +44,10 @@ log = logging.getLogger("sojourn.intake")
 
 REPLY_HEADER = "Sojourn-Reply-To"
 
+OnCreated = Callable[[str, Decision, Msg], Awaitable[bool]]
+"""Called with a freshly created run: return True to run it at once (then the callee settles
+the inbox message), False to have the intake wake it through the wake stream."""
+
 
 class Rejected(Exception):
     def __init__(self, code: str, message: str) -> None:
@@ -65,7 +69,7 @@ class Intake:
 
     def __init__(self, *, broker: Broker, store: EventStore, names: Names, settings: Settings,
                  registry: AgentRegistry, agents: Mapping[str, Agent[object, object]],
-                 writer: str) -> None:
+                 writer: str, on_created: OnCreated | None = None) -> None:
         self.broker = broker
         self.store = store
         self.names = names
@@ -73,6 +77,7 @@ class Intake:
         self.registry = registry
         self.agents = agents
         self.writer = writer
+        self.on_created = on_created
 
     async def handle(self, msg: Msg) -> None:
         """Process one inbox message and settle it (ack, or nak to retry later)."""
@@ -83,8 +88,20 @@ class Intake:
                                f"payload is {len(msg.data)} bytes; the limit is "
                                f"{self.settings.max_payload} bytes (Settings.max_payload)")
             if kind == "start":
-                handled = await self._start(msg)
-            elif kind == "cancel":
+                started = await self._start(msg)
+                if started is None:
+                    return
+                answer, created, wake = started
+                await self._reply(msg, encode(answer))
+                if created is not None and self.on_created is not None and await self.on_created(
+                    answer.run_id, created, msg
+                ):
+                    return  # the worker runs it now and settles msg when the run rests
+                if wake:
+                    await publish_wake(self.broker, self.names, answer.run_id, "start")
+                await msg.ack()
+                return
+            if kind == "cancel":
                 handled = await self._cancel(msg)
             else:
                 raise Rejected("invalid_trigger",
@@ -98,7 +115,12 @@ class Intake:
 
     # --- start -------------------------------------------------------------------------------
 
-    async def _start(self, msg: Msg) -> IntakeOk | None:
+    async def _start(self, msg: Msg) -> tuple[IntakeOk, Decision | None, bool] | None:
+        """Create the run. Returns the answer, the run's whole history when this call created
+        it (so it can run at once), and whether the run needs a wake.
+
+        ``None`` means the message was handed back (nak) for another worker.
+        """
         agent_name = self.names.subject_token(msg.subject, 1)
         try:
             trigger = decode_start(msg.data)
@@ -130,17 +152,21 @@ class Intake:
             trigger=TriggerInfo(inbox_seq=inbox_seq, msg_id=header(msg, "Nats-Msg-Id") or None,
                                 received_at=time.time()),
             at=time.time())
+        msg_id = f"{run_id}:start:{inbox_seq}"
         try:
-            await self.store.append(run_id, [started], expected_seq=0, writer=self.writer,
-                                    msg_id=f"{run_id}:start:{inbox_seq}")
-            created = True
+            seq, earlier = await self.store.append_once(
+                run_id, [started], expected_seq=0, writer=self.writer, msg_id=msg_id)
         except ConcurrencyConflict:
             first = await self.store.first(run_id)
-            created = bool(first and first.events and isinstance(first.events[0], RunStarted)
-                           and first.events[0].trigger.inbox_seq == inbox_seq)
-        if created:
-            await publish_wake(self.broker, self.names, run_id, "start")
-        return IntakeOk(run_id=run_id, created=created)
+            ours = bool(first and first.events and isinstance(first.events[0], RunStarted)
+                        and first.events[0].trigger.inbox_seq == inbox_seq)
+            # ours: a redelivery of the trigger that created this run. The worker that took it
+            # may have died before the run rested, so wake it (a wake is only a hint).
+            return IntakeOk(run_id=run_id, created=ours), None, ours
+        if earlier:  # we created it before and crashed or lost the ack: history may have grown
+            return IntakeOk(run_id=run_id, created=True), None, True
+        created = Decision(seq=seq, events=(started,), writer=self.writer, msg_id=msg_id)
+        return IntakeOk(run_id=run_id, created=True), created, True
 
     # --- cancel ------------------------------------------------------------------------------
 

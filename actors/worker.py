@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sojourn.broker.connection import Broker, Msg, PullConsumer
-from sojourn.broker.eventstore import EventStore
+from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.leases import Lease, LeaseStore
 from sojourn.broker.names import Names
 from sojourn.broker.registry import AgentRecord, AgentRegistry
@@ -103,7 +103,7 @@ class Worker:
                                                      code_version=a.version))
         self.intake = Intake(broker=b, store=self.store, names=self.names, settings=self.settings,
                              registry=self.registry, agents=self.agents,
-                             writer=f"intake:{self.worker_id}")
+                             writer=f"intake:{self.worker_id}", on_created=self._run_new)
         intake_sub = await b.pull(self.names.inbox_stream, self.names.intake_consumer)
         wake_sub = await b.pull(self.names.wake_stream, self.names.wake_consumer)
         self._tasks = [
@@ -145,21 +145,60 @@ class Worker:
     # --- loops -------------------------------------------------------------------------------
 
     async def _intake_loop(self, sub: PullConsumer) -> None:
+        """Fetch inbox messages and handle them concurrently; messages about the same run
+        (same subject) are handled in arrival order."""
+        inflight = asyncio.Semaphore(64)
+        tails: dict[str, asyncio.Task[None]] = {}
         while not self._stopping.is_set():
             try:
                 msgs = await sub.fetch(batch=64, timeout=1.0)
                 for m in msgs:
-                    try:
-                        await self.intake.handle(m)
-                    except SojournError as e:  # broker trouble: retry the message later
-                        log.warning("intake: %s; will retry %s", e, m.subject)
-                        with contextlib.suppress(Exception):
-                            await m.nak(delay=1.0)
+                    await inflight.acquire()
+                    prev = tails.get(m.subject)
+                    task = asyncio.create_task(self._intake_one(m, prev, inflight))
+                    tails[m.subject] = task
+                    task.add_done_callback(
+                        lambda t, k=m.subject: tails.pop(k, None) if tails.get(k) is t else None)
             except asyncio.CancelledError:
+                for t in list(tails.values()):
+                    t.cancel()
                 raise
             except Exception:
                 log.exception("intake loop error; continuing")
                 await asyncio.sleep(0.5)
+
+    async def _intake_one(self, m: Msg, after: asyncio.Task[None] | None,
+                          inflight: asyncio.Semaphore) -> None:
+        try:
+            if after is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(after)
+            await self.intake.handle(m)
+        except SojournError as e:  # broker trouble: retry the message later
+            log.warning("intake: %s; will retry %s", e, m.subject)
+            with contextlib.suppress(Exception):
+                await m.nak(delay=1.0)
+        except Exception:
+            log.exception("intake: unexpected error on %s; will retry", m.subject)
+            with contextlib.suppress(Exception):
+                await m.nak(delay=1.0)
+        finally:
+            inflight.release()
+
+    async def _run_new(self, run_id: str, first: Decision, msg: Msg) -> bool:
+        """Run a run this worker's intake just created, at once, without a wake round trip.
+
+        The inbox message stays unacknowledged (kept alive like a wake) until the run rests;
+        if this worker dies first, its redelivery makes the intake wake the run.
+        """
+        if self._stopping.is_set() or run_id in self._active or self._free_slots() <= 0:
+            return False
+        await self._slots.acquire()
+        task = asyncio.create_task(self._activate(run_id, msg, history=[first]),
+                                   name=f"run {run_id}")
+        self._active[run_id] = task
+        task.add_done_callback(lambda _t, r=run_id: self._done(r))
+        return True
 
     async def _wake_loop(self, sub: PullConsumer) -> None:
         while not self._stopping.is_set():
@@ -192,20 +231,24 @@ class Worker:
 
     # --- one activation ----------------------------------------------------------------------
 
-    async def _activate(self, run_id: str, wake: Msg) -> None:
+    async def _activate(self, run_id: str, wake: Msg,
+                        history: list[Decision] | None = None) -> None:
+        """Execute ``run_id`` until it rests. ``wake`` is the message that asked for it (a wake,
+        or the trigger that created the run); it is settled when we are done."""
         ttl = self.settings.lease_ttl
         writer = f"{self.worker_id}.{next(self._activation_ids)}"
         lease: Lease | None = None
         keepalive: asyncio.Task[None] | None = None
         try:
-            got = await self.leases.acquire(run_id, writer, ttl)
+            got = await self.leases.acquire(run_id, writer, ttl, fresh=history is not None)
             if not isinstance(got, Lease):
                 delay = min(max(got.expires_at - time.time(), 0.05), ttl)
                 await wake.nak(delay=delay)
                 return
             lease = got
             keepalive = asyncio.create_task(self._keepalive(lease, wake))
-            history = await self.store.load(run_id)
+            if history is None:
+                history = await self.store.load(run_id)
             first = history[0].events[0] if history and history[0].events else None
             agent_name = getattr(first, "agent", None)
             agent = self.agents.get(agent_name) if agent_name else None
@@ -237,7 +280,9 @@ class Worker:
 
     async def _keepalive(self, lease: Lease, wake: Msg) -> None:
         """Renew the lease and the wake's ack deadline while the activation runs."""
-        period = max(self.settings.lease_ttl / 3, 0.1)
+        # A third of the lease, and never longer than 10 s: the inbox consumer's ack deadline
+        # (30 s) must be kept alive too when the message is a trigger.
+        period = min(max(self.settings.lease_ttl / 3, 0.1), 10.0)
         while True:
             await asyncio.sleep(period)
             try:

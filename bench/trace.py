@@ -70,7 +70,7 @@ class TracedBroker:
         orig_publish = nc.publish
         orig_batch = broker._direct_batch
 
-        async def request(subject: str, payload: bytes = b"", timeout: float = 0.5,
+        async def request(subject: str, payload: bytes = b"", timeout: float = 0.5,  # noqa: ASYNC109
                           old_style: bool = False, headers: Any = None) -> Any:
             tok = _nested.set(True)
             t0 = time.perf_counter()
@@ -92,7 +92,7 @@ class TracedBroker:
                 self._record(t0, "pub", subject)
 
         async def direct_batch(stream: str, subject: str, seq: int, batch: int,
-                               timeout: float) -> Any:
+                               timeout: float) -> Any:  # noqa: ASYNC109
             tok = _nested.set(True)
             t0 = time.perf_counter()
             try:
@@ -101,13 +101,30 @@ class TracedBroker:
                 _nested.reset(tok)
                 self._record(t0, "rt", "$JS.API.DIRECT.GET (batch: history load)")
 
+        orig_pull = broker.pull
+
+        async def pull(stream: str, consumer: str) -> Any:
+            pc = await orig_pull(stream, consumer)
+            orig_fetch = pc.fetch
+
+            async def fetch(batch: int, timeout: float) -> Any:  # noqa: ASYNC109
+                t0 = time.perf_counter()
+                msgs = await orig_fetch(batch, timeout)
+                if msgs:  # an idle long poll that returns nothing is not interesting
+                    self._record(t0, "fetch", f"fetch {consumer}: {len(msgs)} msg(s)")
+                return msgs
+
+            pc.fetch = fetch  # type: ignore[method-assign]
+            return pc
+
+        broker.pull = pull  # type: ignore[method-assign]
         nc.request = request  # type: ignore[method-assign]
         nc.publish = publish  # type: ignore[method-assign]
         broker._direct_batch = direct_batch  # type: ignore[method-assign]
 
     def _record(self, t0: float, kind: str, subject: str) -> None:
         if self.enabled:
-            cat = categorize(self.prefix, subject)
+            cat = subject if kind == "fetch" else categorize(self.prefix, subject)
             if "history load" in subject:
                 cat = "history load (batch direct get)"
             self.ops.append(Op(t0, time.perf_counter() - t0, kind, cat, subject))

@@ -93,7 +93,9 @@ class Broker:
                 name=name,
                 connect_timeout=connect_timeout,
                 allow_reconnect=reconnect,
-                max_reconnect_attempts=-1 if reconnect else 0,
+                # nats-py treats 0 as "retry forever" at first connect: try twice, fail fast,
+                # then (for long-lived processes) reconnect forever once we are in.
+                max_reconnect_attempts=1,
                 reconnect_time_wait=0.25,
                 error_cb=_quiet_error,
                 pending_size=64 * 1024 * 1024,
@@ -103,6 +105,8 @@ class Broker:
                 f"no NATS server answered at {url} ({type(e).__name__}); start one with "
                 "`sojourn dev`, or point --nats / SOJOURN_NATS_URL at yours"
             ) from e
+        if reconnect:
+            nc.options["max_reconnect_attempts"] = -1
         version = nc._server_info.get("version", "0.0.0")
         if _parse_version(version) < MIN_SERVER_VERSION:
             await nc.close()

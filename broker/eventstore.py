@@ -68,6 +68,28 @@ class EventStore:
     ) -> int:
         """Append one decision after ``expected_seq``; return its stream sequence.
 
+        See ``append_once`` for the retry and fencing rules.
+        """
+        seq, _ = await self.append_once(run_id, events, expected_seq=expected_seq,
+                                        writer=writer, msg_id=msg_id, timeout=timeout)
+        return seq
+
+    async def append_once(
+        self,
+        run_id: str,
+        events: list[RunEvent] | tuple[RunEvent, ...],
+        *,
+        expected_seq: int,
+        writer: str,
+        msg_id: str | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, bool]:
+        """Append one decision after ``expected_seq``; return ``(seq, earlier)``.
+
+        ``earlier`` is True when the message was already stored by an earlier attempt with
+        the same Msg-Id (a retry after a lost ack, or a redelivered command): the caller must
+        then assume more may have been appended since.
+
         Retries through broker outages (same Msg-Id, so at most one copy lands) until
         ``timeout`` (default ``settings.append_timeout``).
 
@@ -100,11 +122,11 @@ class EventStore:
                 raise BrokerUnavailable("connection to NATS is closed", run_id=run_id) from e
             err = ack.get("error")
             if not err:
-                return int(ack["seq"])
+                return int(ack["seq"]), bool(ack.get("duplicate"))
             if int(err.get("err_code", 0)) == WRONG_LAST_SEQUENCE:
                 landed = await self._landed_seq(run_id, expected_seq, mid)
                 if landed is not None:
-                    return landed
+                    return landed, True
                 raise ConcurrencyConflict(
                     f"run {run_id}: another writer appended after seq {expected_seq}",
                     run_id=run_id, expected=expected_seq)

@@ -62,9 +62,14 @@ class LeaseStore:
             return 0, None
         return int(header(m, "Nats-Sequence")), self._decoder.decode(m.data)
 
-    async def acquire(self, run_id: str, owner: str, ttl: float) -> Lease | LeaseHolder:
-        """Take the lease; return it, or the live holder that has it."""
-        cached = self._released.pop(run_id, None)
+    async def acquire(self, run_id: str, owner: str, ttl: float,
+                      *, fresh: bool = False) -> Lease | LeaseHolder:
+        """Take the lease; return it, or the live holder that has it.
+
+        ``fresh=True`` says the run was just created, so its lease subject is most likely
+        empty: try a create-only write first and skip the read.
+        """
+        cached = 0 if fresh else self._released.pop(run_id, None)
         if cached is not None:
             lease = await self._write(run_id, owner, ttl, cached)
             if lease is not None:

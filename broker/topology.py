@@ -97,7 +97,9 @@ def consumer_configs(names: Names, settings: Settings) -> list[tuple[str, dict[s
             "durable_name": names.intake_consumer,
             "ack_policy": "explicit",
             "deliver_policy": "all",
-            "ack_wait": 30 * _NS,
+            # Like a wake, a trigger whose run is executing at once is kept alive by the
+            # worker's keepalive; if the worker dies it comes back after one lease period.
+            "ack_wait": ack_wait,
             "max_deliver": -1,
             "max_ack_pending": 10_000,
         }),

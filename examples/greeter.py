@@ -1,9 +1,8 @@
-"""The smallest sojourn agent. Try: ``sojourn dev --app examples.greeter``, then
-``sojourn start greeter --input '{"name": "Ada"}' --wait``."""
+"""The smallest agent. Run: ``sojourn dev --app examples.greeter``."""
 
 import msgspec
 
-from sojourn.actors import Context, agent
+from sojourn.actors import Context, agent, current_step
 
 
 class Greeting(msgspec.Struct):
@@ -14,13 +13,12 @@ def compose(name: str) -> str:
     return f"Hello, {name}!"
 
 
-async def deliver(text: str) -> int:
-    print(text)  # a real agent calls an API here, passing current_step().idempotency_key
-    return len(text)
+async def deliver(text: str) -> None:
+    print(text, current_step().idempotency_key)  # a real agent calls an API with this key
 
 
 @agent("greeter")
 async def greeter(ctx: Context, req: Greeting) -> str:
-    text = await ctx.step(compose, req.name)  # recorded: never composed twice
+    text = await ctx.step(compose, req.name)  # journaled: a replay returns the recorded text
     await ctx.step(deliver, text)
     return text

@@ -3,7 +3,7 @@
 ``welcome`` takes ``{"name", "email"}`` and runs four steps of about a second each:
 ``draft_email``, ``send_email`` ("Welcome!"), ``provision_account``, ``send_email`` again
 ("Your account is ready"). The effects land in the directory named by ``$SOJOURN_DEMO_OUTBOX``
-(default ``./outbox``):
+(default: ``sojourn-outbox`` in the system's temporary directory):
 
 - ``<run_id>_<position>.eml``: one file per email, created only if it does not exist yet,
   which is what an email provider does with an ``Idempotency-Key`` header;
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,7 +48,7 @@ class Welcomed(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def outbox() -> Path:
-    path = Path(os.environ.get(OUTBOX_ENV) or "outbox")
+    path = Path(os.environ.get(OUTBOX_ENV) or Path(tempfile.gettempdir()) / "sojourn-outbox")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -107,6 +108,10 @@ async def welcome(ctx: Context, signup: Signup) -> Welcomed:
     body = await ctx.step(draft_email, signup.name)
     first = await ctx.step(send_email, signup.email, "Welcome!", body)
     account_id = await ctx.step(provision_account, signup.email)
-    second = await ctx.step(send_email, signup.email, "Your account is ready",
-                            f"Hi {signup.name},\n\nyour account {account_id} is ready.\n")
+    second = await ctx.step(
+        send_email,
+        signup.email,
+        "Your account is ready",
+        f"Hi {signup.name},\n\nyour account {account_id} is ready.\n",
+    )
     return Welcomed(welcome_email=first, account_id=account_id, ready_email=second)

@@ -1,0 +1,1 @@
+"""Small agent modules that subprocess tests serve with ``sojourn worker --app tests.apps.X``."""

@@ -1,0 +1,749 @@
+"""The ``sojourn`` command line.
+
+Serve agents (``dev``, ``worker``), start and inspect runs (``start``, ``status``, ``history``,
+``cancel``), export the wire schemas (``schemas``) and watch a worker die mid-step without
+anything happening twice (``demo``). Run ``sojourn COMMAND --help`` for each command's options.
+
+User errors print one line on stderr (``error: ...``) and exit non-zero, never a traceback:
+1 for errors, 2 for bad arguments, 130 when interrupted.
+
+Example:
+    $ sojourn dev --app examples.greeter
+    $ sojourn start greeter --input '{"name": "Ada"}' --wait
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import json
+import logging
+import signal
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats.errors
+
+from sojourn.broker.connection import Broker, JetStreamError, resolve_url
+from sojourn.broker.names import validate_token
+from sojourn.broker.server import EmbeddedServer
+from sojourn.schemas.codec import encode
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import BrokerUnavailable, RunNotFound, SojournError, UnknownAgent
+from sojourn.schemas.events import (
+    CancelRequested,
+    RunCancelled,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    RunSuspended,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    ValueRecorded,
+)
+from sojourn.schemas.export import export_schemas
+
+from .app import load_app
+from .client import Client, TriggerRejected
+from .state import RunState
+from .worker import Worker
+
+__all__ = ["build_parser", "describe_event", "main"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEFAULT_PREFIX = "sojourn"
+CONNECT_TIMEOUT = 5.0
+INTAKE_WAIT = 2.0
+"""Seconds ``start`` waits for the intake's answer when ``--wait`` is not given."""
+
+T = TypeVar("T")
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+class UsageError(Exception):
+    """A bad argument value found after parsing (exit code 2)."""
+
+
+# --- small formatting helpers ------------------------------------------------------------------
+
+
+def out(*parts: object) -> None:
+    print(*parts, flush=True)
+
+
+def clock(at: float) -> str:
+    """``HH:MM:SS.mmm`` (UTC) of a unix time."""
+    return datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _stamp(at: float | None) -> str:
+    if not at:
+        return "-"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _iso(at: float | None) -> str | None:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds") if at else None
+
+
+def _short(raw: Any, limit: int = 60) -> str:
+    text = bytes(raw).decode(errors="replace") if raw is not None else "null"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def one_line(text: str) -> str:
+    return " | ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def describe_event(e: RunEvent) -> tuple[str, str]:
+    """An event's type name and its key fields, for timelines."""
+    match e:
+        case RunStarted():
+            version = f" version={e.code_version}" if e.code_version else ""
+            detail = f"agent={e.agent}{version} input={_short(e.input)}"
+        case StepStarted():
+            detail = f"{e.name} pos={e.position} attempt={e.attempt}"
+        case StepCompleted():
+            detail = (
+                f"{e.name} pos={e.position} attempt={e.attempt} took={e.duration:.3f}s"
+                f" -> {_short(e.result, 40)}"
+            )
+        case StepFailed():
+            detail = (
+                f"{e.name} pos={e.position} attempt={e.attempt} took={e.duration:.3f}s"
+                f" error={e.error.type}: {one_line(e.error.message)}"
+            )
+        case ValueRecorded():
+            detail = f"ctx.{e.kind}() pos={e.position} = {_short(e.value, 40)}"
+        case RunCompleted():
+            detail = f"output={_short(e.output)}"
+        case RunFailed():
+            detail = f"error={e.error.type}: {one_line(e.error.message)}"
+        case CancelRequested():
+            detail = f"reason={e.reason!r}" + (f" by={e.by}" if e.by else "")
+        case RunCancelled():
+            detail = f"reason={e.reason!r}"
+        case RunSuspended():
+            detail = f"reason={e.reason}: {one_line(e.detail)}"
+        case RunResumed():
+            detail = (f"by={e.by} " if e.by else "") + (f"note={e.note!r}" if e.note else "")
+        case _:  # pragma: no cover - the union is closed
+            detail = ""
+    return type(e).__name__, detail.strip()
+
+
+def _public_status(state: RunState) -> str:
+    return "pending" if state.status == "new" else state.status
+
+
+# --- plumbing shared by commands ---------------------------------------------------------------
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    prefix = args.prefix or DEFAULT_PREFIX
+    validate_token(prefix, "prefix")
+    return Settings(prefix=prefix, **extra)
+
+
+async def bounded(connect: Awaitable[T], url: str | None) -> T:
+    """``connect`` or ``BrokerUnavailable`` after ``CONNECT_TIMEOUT``: nats-py retries a dead
+    address forever even when reconnects are off (see ``Broker.connect``)."""
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            return await connect
+    except TimeoutError:
+        raise BrokerUnavailable(
+            f"no NATS server answered at {resolve_url(url)} within {CONNECT_TIMEOUT:g}s; start "
+            "one with `sojourn dev`, or point --nats / SOJOURN_NATS_URL at yours"
+        ) from None
+
+
+async def _connect(args: argparse.Namespace) -> Client:
+    settings = _settings(args)
+    return await bounded(Client.connect(args.nats, settings=settings), args.nats)
+
+
+async def _probe(url: str) -> None:
+    """Fail fast when nothing answers: a worker's own connect would retry forever."""
+    broker = await bounded(Broker.connect(url, name="sojourn-cli probe", reconnect=False), url)
+    await broker.close()
+
+
+async def _require_deployment(client: Client, run_id: str) -> None:
+    """A missing events stream means nothing ever ran under this prefix: say so plainly."""
+    try:
+        await client.broker.api(f"$JS.API.STREAM.INFO.{client.names.events_stream}")
+    except JetStreamError as e:
+        if e.code != 404:
+            raise
+        raise RunNotFound(
+            f"no run with id '{run_id}': nothing has run with prefix "
+            f"'{client.settings.prefix}' on {client.broker.url} (check --prefix/--nats)",
+            run_id=run_id,
+        ) from None
+
+
+def _parse_input(text: str) -> Any:
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"--input {text}: cannot read: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(
+            f'--input is not valid JSON: {e} (quote it: --input \'{{"name": "Ada"}}\')'
+        ) from None
+
+
+class _StopSignal:
+    """SIGINT/SIGTERM set an event instead of raising, so we can shut down in order."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.name = ""
+        self._loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            self._loop.add_signal_handler(sig, self._fire, sig)
+
+    def _fire(self, sig: int) -> None:
+        if self.event.is_set():
+            print(
+                "still stopping; waiting for running steps to finish", file=sys.stderr, flush=True
+            )
+            return
+        self.name = signal.Signals(sig).name
+        self.event.set()
+
+    async def wait(self, server: EmbeddedServer | None = None) -> None:
+        while not self.event.is_set():
+            if server is not None and not server.running:
+                raise SojournError(f"nats-server exited unexpectedly; see {server.log_file}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.event.wait(), 0.5)
+
+    def remove(self) -> None:
+        for sig in self.SIGNALS:
+            with contextlib.suppress(Exception):
+                self._loop.remove_signal_handler(sig)
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
+    _configure_logging(args.log_level)
+    app = load_app(args.app)
+    settings = _settings(args, lease_ttl=args.lease_ttl)
+    stopper = _StopSignal()
+    server: EmbeddedServer | None = None
+    try:
+        if dev and args.nats is None:
+            server = EmbeddedServer(store_dir=args.data_dir, port=args.port)
+            await server.start()
+            url = server.url
+            version = ".".join(map(str, server.version or ()))
+            out(f"nats: {url}")
+            out(f"nats-server {version}, data in {server.store_dir} (log: {server.log_file})")
+        else:
+            url = resolve_url(args.nats)
+            await _probe(url)
+            if dev:
+                out(f"nats: {url}")
+        worker = Worker(
+            app.agents,
+            nats=url,
+            settings=settings,
+            concurrency=args.concurrency,
+            worker_id=args.worker_id,
+        )
+        await worker.start()
+        try:
+            out(
+                f"serving: {', '.join(app.agent_names)} (app {app.name}, prefix "
+                f"{settings.prefix}, worker {worker.worker_id})"
+            )
+            out("ready; press Ctrl-C to stop")
+            await stopper.wait(server)
+            out(f"{stopper.name} received: stopping the worker")
+        finally:
+            await worker.stop()
+    finally:
+        try:
+            if server is not None:
+                await server.stop()
+        finally:
+            stopper.remove()
+    out("stopped")
+    return EXIT_OK
+
+
+async def cmd_dev(args: argparse.Namespace) -> int:
+    return await _serve(args, dev=True)
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    return await _serve(args, dev=False)
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    payload = _parse_input(args.input)
+    validate_token(args.agent, "agent name")
+    if args.run_id is not None:
+        validate_token(args.run_id, "run_id")
+    timeout: float | None = args.timeout
+    intake_timeout = (timeout or 86_400.0) if args.wait else (timeout or INTAKE_WAIT)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    run_id = args.run_id or uuid.uuid4().hex
+    async with await _connect(args) as client:
+        trigger = asyncio.ensure_future(
+            client.trigger(args.agent, payload, run_id=run_id, wait=True, timeout=intake_timeout)
+        )
+        out(f"run_id: {run_id}")
+        if args.wait:
+            done, _ = await asyncio.wait({trigger}, timeout=INTAKE_WAIT)
+            if not done:
+                out(
+                    f"queued: no worker answered yet; waiting for a worker serving "
+                    f"{args.agent} (the trigger is stored: Ctrl-C stops only the waiting)"
+                )
+        try:
+            receipt = await trigger
+        except UnknownAgent as e:
+            raise TriggerRejected("unknown_agent", e.message, run_id=run_id) from None
+        if receipt.queued:
+            out(
+                f"queued: no worker answered yet; the trigger is stored and will run when a "
+                f"worker serving {args.agent} starts"
+            )
+        elif receipt.created:
+            out("accepted: new run")
+        else:
+            out("accepted: a run with this id already exists (it was not started again)")
+        if not args.wait:
+            return EXIT_OK
+        remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+        try:
+            result = await client.result(receipt.run_id, timeout=remaining)
+        except TimeoutError:
+            raise SojournError(
+                f"run {receipt.run_id} did not finish within {timeout:g}s; it keeps going "
+                f"(see `sojourn status {receipt.run_id}`)",
+                run_id=receipt.run_id,
+            ) from None
+        out(f"output: {encode(result).decode()}")
+    return EXIT_OK
+
+
+def _status_json(state: RunState, run_id: str) -> dict[str, Any]:
+    error = state.error
+    return {
+        "run_id": state.run_id or run_id,
+        "agent": state.agent,
+        "status": _public_status(state),
+        "steps_completed": state.steps_completed,
+        "step_attempts": state.step_attempts,
+        "events": state.events,
+        "output": state.output,
+        "error": None
+        if error is None
+        else {"type": error.type, "message": error.message, "traceback": error.traceback},
+        "started_at": _iso(state.started_at),
+        "ended_at": _iso(state.ended_at),
+        "updated_at": _iso(state.updated_at),
+        "code_version": state.code_version,
+        "cancel_requested": state.cancel_requested,
+        "suspended_reason": state.suspended_reason,
+        "suspended_detail": state.suspended_detail,
+        "anomalies": list(state.anomalies),
+    }
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    async with await _connect(args) as client:
+        await _require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)
+    if args.json:
+        out(encode(_status_json(state, args.run_id)).decode())
+        return EXIT_OK
+    rows: list[tuple[str, str]] = [
+        ("run", state.run_id or args.run_id),
+        ("agent", state.agent + (f" (version {state.code_version})" if state.code_version else "")),
+        ("status", _public_status(state)),
+        ("steps", f"{state.steps_completed} completed, {state.step_attempts} attempts"),
+    ]
+    last = state.ops[-1] if state.ops else None
+    if not state.terminal and last is not None and last.status == "started":
+        rows.append(("executing", f"{last.name} pos={last.position} attempt={last.attempts}"))
+    rows.append(("started", _stamp(state.started_at)))
+    ended = _stamp(state.ended_at)
+    if state.ended_at and state.started_at:
+        ended += f" (after {state.ended_at - state.started_at:.3f}s)"
+    rows.append(("ended", ended))
+    if state.cancel_requested is not None and state.status != "cancelled":
+        rows.append(("cancel", f"requested: {state.cancel_requested}"))
+    if state.suspended_reason:
+        rows.append(
+            ("suspended", f"{state.suspended_reason}: {one_line(state.suspended_detail or '')}")
+        )
+    rows.append(
+        ("error", f"{state.error.type}: {one_line(state.error.message)}" if state.error else "-")
+    )
+    rows.append(("output", bytes(state.output).decode() if state.output is not None else "-"))
+    for key, value in rows:
+        out(f"{key:<10} {value}")
+    return EXIT_OK
+
+
+async def cmd_history(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    async with await _connect(args) as client:
+        await _require_deployment(client, args.run_id)
+        history = await client.history(args.run_id)
+    if not history:
+        raise RunNotFound(f"no run with id '{args.run_id}'", run_id=args.run_id)
+    if args.json:
+        out(
+            encode(
+                [{"seq": d.seq, "writer": d.writer, "events": list(d.events)} for d in history]
+            ).decode()
+        )
+        return EXIT_OK
+    width = max(len("writer"), *(len(d.writer) for d in history))
+    out(f"{'seq':>5}  {'time (UTC)':<12}  {'writer':<{width}}  event")
+    for d in history:
+        for e in d.events:
+            name, detail = describe_event(e)
+            out(f"{d.seq:>5}  {clock(e.at):<12}  {d.writer:<{width}}  {name:<15} {detail}")
+    return EXIT_OK
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    async with await _connect(args) as client:
+        await _require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)
+        if state.terminal:
+            out(f"run {args.run_id} already ended ({state.status}): nothing to cancel")
+            return EXIT_OK
+        try:
+            by = f"cli:{getpass.getuser()}"
+        except Exception:
+            by = "cli"
+        await client.cancel(args.run_id, args.reason, by=by)
+    out(
+        f"cancel requested for run {args.run_id}: it stops before its next step "
+        f"(see `sojourn status {args.run_id}`)"
+    )
+    return EXIT_OK
+
+
+async def cmd_schemas(args: argparse.Namespace) -> int:
+    for path in export_schemas(args.out):
+        out(path)
+    return EXIT_OK
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo  # demo imports this module; import it only when needed
+
+    return await run_demo(nats=args.nats, prefix=args.prefix, keep=args.keep)
+
+
+# --- the parser --------------------------------------------------------------------------------
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("sojourn")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown"
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sojourn`` argument parser (exposed for tests and docs)."""
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("deployment")
+    g.add_argument(
+        "--nats",
+        metavar="URL",
+        default=None,
+        help="NATS server URL (default: $SOJOURN_NATS_URL or nats://127.0.0.1:4222)",
+    )
+    g.add_argument(
+        "--prefix",
+        metavar="NAME",
+        default=None,
+        help=f"deployment prefix of subjects and streams (default: {DEFAULT_PREFIX})",
+    )
+
+    serve = argparse.ArgumentParser(add_help=False)
+    s = serve.add_argument_group("worker")
+    s.add_argument(
+        "--app",
+        metavar="MODULE",
+        required=True,
+        help="module whose module-level agents to serve, imported with the current "
+        "directory on sys.path (e.g. examples.greeter)",
+    )
+    s.add_argument(
+        "--concurrency",
+        metavar="N",
+        type=_positive_int,
+        default=256,
+        help="runs executed at once (default: 256)",
+    )
+    s.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=30.0,
+        help="seconds before another worker may take over a run of a worker that "
+        "died (default: 30)",
+    )
+    s.add_argument(
+        "--worker-id",
+        metavar="ID",
+        default=None,
+        help="name in logs and history (default: host-pid-random)",
+    )
+    s.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="log level on stderr (default: info)",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="sojourn",
+        formatter_class=_Formatter,
+        description="sojourn: durable, event-sourced AI agents on NATS JetStream.",
+        epilog="examples:\n"
+        "  sojourn demo                                  see a crash recovered\n"
+        "  sojourn dev --app examples.greeter            server + worker, locally\n"
+        '  sojourn start greeter --input \'{"name": "Ada"}\' --wait\n\n'
+        "user errors print one line and exit 1 (2 for bad arguments).",
+    )
+    parser.add_argument("--version", action="version", version=f"sojourn {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(
+        name: str,
+        handler: Handler,
+        summary: str,
+        example: str,
+        parents: Sequence[argparse.ArgumentParser] = (),
+        detail: str = "",
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            parents=[*parents, common],
+            help=summary,
+            description=summary + (f"\n\n{detail}" if detail else ""),
+            epilog=f"example:\n  {example}",
+            formatter_class=_Formatter,
+        )
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command(
+        "dev",
+        cmd_dev,
+        "Run a local NATS server and a worker for an app, until Ctrl-C.",
+        "sojourn dev --app examples.greeter --port 4222",
+        parents=[serve],
+        detail="With --nats, no server is started: only the worker, on that server.",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=4222,
+        help="client port of the local server; 0 picks a free one (default: 4222)",
+    )
+    p.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        default=".sojourn",
+        help="where the local server keeps its data (default: .sojourn)",
+    )
+
+    command(
+        "worker",
+        cmd_worker,
+        "Serve an app's agents on an existing NATS server.",
+        "sojourn worker --app myapp.agents --nats nats://nats:4222 --concurrency 64",
+        parents=[serve],
+        detail="Stops cleanly on SIGINT or SIGTERM: running steps get a "
+        "few seconds to finish, the rest resume on another worker.",
+    )
+
+    p = command(
+        "start",
+        cmd_start,
+        "Start a run of an agent and print its run id.",
+        'sojourn start greeter --input \'{"name": "Ada"}\' --wait',
+        detail="Prints the run id and the intake's answer. Without a worker serving the "
+        "agent the trigger is stored and runs when one starts.",
+    )
+    p.add_argument("agent", metavar="AGENT", help="agent name")
+    p.add_argument(
+        "--input",
+        metavar="JSON",
+        default="null",
+        help="the run's input as JSON, or @FILE to read it from a file (default: null)",
+    )
+    p.add_argument(
+        "--run-id",
+        metavar="ID",
+        default=None,
+        help="idempotency: starting the same run id twice is one run (default: a fresh id)",
+    )
+    p.add_argument(
+        "--wait", action="store_true", help="wait for the run's result and print its output"
+    )
+    p.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
+        help="give up waiting after this long (default: 2 for the intake's answer; "
+        "no limit with --wait)",
+    )
+
+    p = command(
+        "status",
+        cmd_status,
+        "Show a run's status, steps, times, error and output.",
+        "sojourn status 5f0c9e2d --json",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = command(
+        "history",
+        cmd_history,
+        "Show a run's history, one line per event.",
+        "sojourn history 5f0c9e2d",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument(
+        "--json", action="store_true", help="print a JSON array of {seq, writer, events}"
+    )
+
+    p = command(
+        "cancel",
+        cmd_cancel,
+        "Ask a run to stop; it ends before its next step.",
+        "sojourn cancel 5f0c9e2d --reason 'wrong customer'",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("--reason", metavar="TEXT", default="", help="recorded in the history")
+
+    p = command(
+        "schemas",
+        cmd_schemas,
+        "Write JSON Schemas of the wire messages into a directory.",
+        "sojourn schemas --out ./schemas-json",
+    )
+    p.add_argument("--out", metavar="DIR", required=True, help="directory to write into")
+
+    p = command(
+        "demo",
+        cmd_demo,
+        "Kill a worker in the middle of a step and watch nothing happen twice.",
+        "sojourn demo --keep",
+        detail="Starts a NATS server in a temporary directory (or uses --nats, under a fresh "
+        "prefix unless --prefix is given), two "
+        "worker processes for examples/welcome.py and one run; SIGKILLs the first "
+        "worker mid-step, lets the second finish, and checks every effect.",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    return parser
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a Linux dependency
+        return None
+    return uvloop.new_event_loop
+
+
+def _error(message: str) -> None:
+    print(f"error: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (the console script exits with it)."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(handler(args))
+    except UsageError as e:
+        _error(str(e))
+        return EXIT_USAGE
+    except TriggerRejected as e:
+        _error(f"{e.code}: {e.message.split(': ', 1)[-1]}")
+        return EXIT_ERROR
+    except SojournError as e:
+        _error(e.message)
+        return EXIT_ERROR
+    except nats.errors.Error as e:
+        _error(f"NATS: {type(e).__name__}: {e}")
+        return EXIT_ERROR
+    except OSError as e:
+        _error(str(e))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

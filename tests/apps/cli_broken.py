@@ -1,0 +1,3 @@
+"""An app module that fails to import: ``--app`` must report it in one line."""
+
+raise RuntimeError("this app is broken on purpose")

@@ -1,0 +1,3 @@
+"""An app module without agents: ``--app`` must say so."""
+
+GREETING = "hello"
