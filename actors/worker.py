@@ -237,30 +237,37 @@ class Worker:
         or the trigger that created the run); it is settled when we are done."""
         ttl = self.settings.lease_ttl
         writer = f"{self.worker_id}.{next(self._activation_ids)}"
-        lease: Lease | None = None
-        keepalive: asyncio.Task[None] | None = None
+        leases: list[Lease] = []
+        keepalive: list[asyncio.Task[None]] = []
+        lease_task: asyncio.Task[None] | None = None
         try:
-            got = await self.leases.acquire(run_id, writer, ttl, fresh=history is not None)
-            if not isinstance(got, Lease):
-                delay = min(max(got.expires_at - time.time(), 0.05), ttl)
-                await wake.nak(delay=delay)
-                return
-            lease = got
-            keepalive = asyncio.create_task(self._keepalive(lease, wake))
             if history is None:
+                got = await self.leases.acquire(run_id, writer, ttl)
+                if not isinstance(got, Lease):
+                    delay = min(max(got.expires_at - time.time(), 0.05), ttl)
+                    await wake.nak(delay=delay)
+                    return
+                leases.append(got)
+                keepalive.append(asyncio.create_task(self._keepalive(got, wake)))
                 history = await self.store.load(run_id)
-            first = history[0].events[0] if history and history[0].events else None
-            agent_name = getattr(first, "agent", None)
-            agent = self.agents.get(agent_name) if agent_name else None
+            agent = self._agent_of(history)
             if agent is None:
                 # Not ours (or not created yet): leave it for a worker that serves it.
                 await wake.nak(delay=1.0) if history else await wake.ack()
                 return
             act = Activation(agent=agent, run_id=run_id, store=self.store, history=history,
                              writer=writer, flush_delay=self.flush_delay)
+            if not leases:
+                # A run our intake just created: nobody else can be running it, so take the
+                # lease in parallel with the first steps instead of before them. Should it
+                # be held after all, the activation is fenced at its next append.
+                lease_task = asyncio.create_task(
+                    self._lease_late(act, run_id, writer, wake, leases, keepalive))
             outcome = await act.run()
             log.debug("run %s: %s", run_id, outcome)
             self.activations_completed += 1
+            if lease_task is not None:
+                await lease_task
             await wake.ack()
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
@@ -272,11 +279,27 @@ class Worker:
             with contextlib.suppress(Exception):
                 await wake.nak(delay=1.0)
         finally:
-            if keepalive is not None:
-                keepalive.cancel()
-            if lease is not None:
+            if lease_task is not None and not lease_task.done():
+                lease_task.cancel()
+            for t in keepalive:
+                t.cancel()
+            for lease in leases:
                 with contextlib.suppress(Exception):
                     await self.leases.release(lease)
+
+    def _agent_of(self, history: list[Decision]) -> Agent[Any, Any] | None:
+        first = history[0].events[0] if history and history[0].events else None
+        name = getattr(first, "agent", None)
+        return self.agents.get(name) if isinstance(name, str) else None
+
+    async def _lease_late(self, act: Activation, run_id: str, writer: str, wake: Msg,
+                          leases: list[Lease], keepalive: list[asyncio.Task[None]]) -> None:
+        got = await self.leases.acquire(run_id, writer, self.settings.lease_ttl, fresh=True)
+        if isinstance(got, Lease):
+            leases.append(got)
+            keepalive.append(asyncio.create_task(self._keepalive(got, wake)))
+        else:
+            act.fenced = True
 
     async def _keepalive(self, lease: Lease, wake: Msg) -> None:
         """Renew the lease and the wake's ack deadline while the activation runs."""
