@@ -13,7 +13,6 @@ import uuid
 from typing import Any, TypeVar
 
 import msgspec
-
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from sojourn.broker.connection import Broker
@@ -80,8 +79,9 @@ class Client:
         ...         print(await client.result(run_id, timeout=30))
     """
 
-    def __init__(self, broker: Broker, settings: Settings | None = None,
-                 *, owns_broker: bool = False) -> None:
+    def __init__(
+        self, broker: Broker, settings: Settings | None = None, *, owns_broker: bool = False
+    ) -> None:
         self.broker = broker
         self.settings = settings or Settings()
         self.names = Names(self.settings.prefix)
@@ -116,8 +116,15 @@ class Client:
 
     # --- starting runs -----------------------------------------------------------------------
 
-    async def start(self, agent: str, input: Any = None, *, run_id: str | None = None,  # noqa: A002
-                    wait: bool = False, timeout: float = 5.0) -> str:
+    async def start(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        wait: bool = False,
+        timeout: float = 5.0,
+    ) -> str:
         """Start a run of ``agent`` and return its run id.
 
         Idempotent: the same ``run_id`` started twice is one run, forever. Without ``run_id``
@@ -133,9 +140,15 @@ class Client:
         receipt = await self.trigger(agent, input, run_id=run_id, wait=wait, timeout=timeout)
         return receipt.run_id
 
-    async def trigger(self, agent: str, input: Any = None, *,  # noqa: A002
-                      run_id: str | None = None, wait: bool = True,
-                      timeout: float = 5.0) -> StartReceipt:
+    async def trigger(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        wait: bool = True,
+        timeout: float = 5.0,
+    ) -> StartReceipt:
         """Like ``start`` but returns the intake's full answer (see ``StartReceipt``)."""
         validate_token(agent, "agent name")
         run_id = validate_token(run_id, "run_id") if run_id is not None else _new_run_id()
@@ -144,7 +157,8 @@ class Client:
             raise PayloadTooLarge(
                 f"trigger is {len(body)} bytes; the limit is {self.settings.max_payload} "
                 "(Settings.max_payload): store large inputs elsewhere and pass a reference",
-                run_id=run_id)
+                run_id=run_id,
+            )
         await self._ensure()
         headers = {"Nats-Msg-Id": f"start:{agent}:{run_id}"}
         if not wait:
@@ -158,11 +172,12 @@ class Client:
                 # The inbox already holds this exact trigger (a retry inside the dedup window):
                 # the intake answers only once, so answer from the run's history instead.
                 exists = await self.store.last_seq(run_id) > 0
-                return StartReceipt(run_id=run_id, created=False if exists else None,
-                                    queued=not exists)
+                return StartReceipt(
+                    run_id=run_id, created=False if exists else None, queued=not exists
+                )
             try:
                 msg = await sub.next_msg(timeout=timeout)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 return StartReceipt(run_id=run_id, created=None, queued=True)
         finally:
             await sub.unsubscribe()
@@ -183,7 +198,8 @@ class Client:
         err = ack.get("error")
         if err:
             raise BrokerUnavailable(
-                f"the inbox did not store the trigger: {err.get('description')}")
+                f"the inbox did not store the trigger: {err.get('description')}"
+            )
         return bool(ack.get("duplicate"))
 
     async def cancel(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
@@ -191,8 +207,9 @@ class Client:
         validate_token(run_id, "run_id")
         await self._ensure()
         body = encode({"reason": reason, "by": by})
-        await self._publish(self.names.cancel(run_id), body,
-                            {"Nats-Msg-Id": f"cancel:{run_id}:{uuid.uuid4().hex}"})
+        await self._publish(
+            self.names.cancel(run_id), body, {"Nats-Msg-Id": f"cancel:{run_id}:{uuid.uuid4().hex}"}
+        )
 
     # --- reading runs ------------------------------------------------------------------------
 
@@ -217,8 +234,7 @@ class Client:
         ``cancelled``."""
         return (await self.state(run_id)).status
 
-    async def result(self, run_id: str, *, timeout: float | None = None,
-                     type: Any = Any) -> Any:  # noqa: A002
+    async def result(self, run_id: str, *, timeout: float | None = None, type: Any = Any) -> Any:
         """Wait for the run to end and return its output, decoded as ``type``.
 
         Works for runs that ended long ago and runs that have not started yet.
@@ -248,8 +264,9 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                last = await self.broker.direct_get_last(self.names.events_stream,
-                                                         self.names.events(run_id))
+                last = await self.broker.direct_get_last(
+                    self.names.events_stream, self.names.events(run_id)
+                )
                 event = terminal_in(last.data) if last is not None else None
                 if event is not None:
                     return _outcome(run_id, event, type)

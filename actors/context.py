@@ -137,8 +137,9 @@ class Context:
         """True while the code re-executes recorded history (e.g. to skip logging)."""
         return self._journal.replaying
 
-    async def step(self, fn: Callable[P, Awaitable[R]] | Callable[P, R],
-                   /, *args: P.args, **kwargs: P.kwargs) -> R:
+    async def step(
+        self, fn: Callable[P, Awaitable[R]] | Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
         """Run ``fn(*args, **kwargs)`` once, durably, and return its result.
 
         The start is recorded before ``fn`` runs and the result after, so a crash in between
@@ -161,14 +162,24 @@ class Context:
         if isinstance(plan, Recorded):
             return from_raw(plan.result, rtype)  # type: ignore[no-any-return]
         if isinstance(plan, RecordedFailure):
-            raise StepError(f"step '{name}' failed: {plan.error.type}: {plan.error.message}",
-                            error_type=plan.error.type, run_id=self.run_id, step=name)
+            raise StepError(
+                f"step '{name}' failed: {plan.error.type}: {plan.error.message}",
+                error_type=plan.error.type,
+                run_id=self.run_id,
+                step=name,
+            )
         assert isinstance(plan, Execute)
-        await self._act.commit([StepStarted(position=plan.position, name=name,
-                                            attempt=plan.attempt, at=time.time())])
-        info = StepInfo(run_id=self.run_id, position=plan.position, name=name,
-                        attempt=plan.attempt, idempotency_key=f"{self.run_id}/{plan.position}",
-                        in_doubt=plan.in_doubt)
+        await self._act.commit(
+            [StepStarted(position=plan.position, name=name, attempt=plan.attempt, at=time.time())]
+        )
+        info = StepInfo(
+            run_id=self.run_id,
+            position=plan.position,
+            name=name,
+            attempt=plan.attempt,
+            idempotency_key=f"{self.run_id}/{plan.position}",
+            in_doubt=plan.in_doubt,
+        )
         token = _current.set(info)
         t0 = time.perf_counter()
         try:
@@ -180,18 +191,39 @@ class Context:
                     result = await result
             raw = to_raw(result)
         except Exception as e:
-            err = ErrorInfo(type=type(e).__name__, message=str(e),
-                            traceback="".join(traceback.format_exception(e))[-4000:])
-            self._act.buffer(StepFailed(position=plan.position, name=name, attempt=plan.attempt,
-                                        error=err, duration=time.perf_counter() - t0,
-                                        at=time.time()))
-            raise StepError(f"step '{name}' failed: {err.type}: {err.message}",
-                            error_type=err.type, run_id=self.run_id, step=name) from e
+            err = ErrorInfo(
+                type=type(e).__name__,
+                message=str(e),
+                traceback="".join(traceback.format_exception(e))[-4000:],
+            )
+            self._act.buffer(
+                StepFailed(
+                    position=plan.position,
+                    name=name,
+                    attempt=plan.attempt,
+                    error=err,
+                    duration=time.perf_counter() - t0,
+                    at=time.time(),
+                )
+            )
+            raise StepError(
+                f"step '{name}' failed: {err.type}: {err.message}",
+                error_type=err.type,
+                run_id=self.run_id,
+                step=name,
+            ) from e
         finally:
             _current.reset(token)
-        self._act.buffer(StepCompleted(position=plan.position, name=name, attempt=plan.attempt,
-                                       result=raw, duration=time.perf_counter() - t0,
-                                       at=time.time()))
+        self._act.buffer(
+            StepCompleted(
+                position=plan.position,
+                name=name,
+                attempt=plan.attempt,
+                result=raw,
+                duration=time.perf_counter() - t0,
+                at=time.time(),
+            )
+        )
         return from_raw(raw, rtype)  # type: ignore[no-any-return]
 
     def _value(self, kind: str, make: Callable[[], Any], tp: Any) -> Any:
@@ -204,8 +236,14 @@ class Context:
         if isinstance(plan, Recorded):
             return from_raw(plan.result, tp)
         raw = to_raw(make())
-        self._act.buffer(ValueRecorded(position=plan.position, kind=kind,  # type: ignore[arg-type]
-                                       value=raw, at=time.time()))
+        self._act.buffer(
+            ValueRecorded(
+                position=plan.position,
+                kind=kind,  # type: ignore[arg-type]
+                value=raw,
+                at=time.time(),
+            )
+        )
         return from_raw(raw, tp)
 
     def now(self) -> datetime:

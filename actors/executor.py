@@ -100,7 +100,8 @@ class Activation:
         if self._lock.locked():
             # An append is in flight and did not take these events: look again shortly.
             self._flush_handle = asyncio.get_running_loop().call_later(
-                self.flush_delay, self._flush_soon)
+                self.flush_delay, self._flush_soon
+            )
             return
         task = asyncio.get_running_loop().create_task(self._flush_quietly())
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
@@ -141,8 +142,9 @@ class Activation:
             interrupted = False
             while True:
                 try:
-                    seq = await self.store.append(self.run_id, batch, expected_seq=self.last_seq,
-                                                  writer=self.writer)
+                    seq = await self.store.append(
+                        self.run_id, batch, expected_seq=self.last_seq, writer=self.writer
+                    )
                 except ConcurrencyConflict:
                     await self._rebase()
                     if self.state.cancel_requested is not None and any(
@@ -200,15 +202,20 @@ class Activation:
             self.fenced = True
             return "fenced"
         except RunCancelledInterrupt:
-            return await self._end([RunCancelled(reason=self.state.cancel_requested or "",
-                                                 at=time.time())], "cancelled")
+            return await self._end(
+                [RunCancelled(reason=self.state.cancel_requested or "", at=time.time())],
+                "cancelled",
+            )
         except NondeterminismError as e:
             return await self._suspend_nondeterminism(e)
         except Exception as e:
             if self._nondeterminism is not None:
                 return await self._suspend_nondeterminism(self._nondeterminism)
-            err = ErrorInfo(type=type(e).__name__, message=str(e),
-                            traceback="".join(traceback.format_exception(e))[-4000:])
+            err = ErrorInfo(
+                type=type(e).__name__,
+                message=str(e),
+                traceback="".join(traceback.format_exception(e))[-4000:],
+            )
             return await self._end([RunFailed(error=err, at=time.time())], "failed")
         finally:
             if self._flush_handle is not None:
@@ -217,8 +224,8 @@ class Activation:
 
     async def _suspend_nondeterminism(self, e: NondeterminismError) -> Outcome:
         return await self._end(
-            [RunSuspended(reason="nondeterminism", detail=e.message, at=time.time())],
-            "suspended")
+            [RunSuspended(reason="nondeterminism", detail=e.message, at=time.time())], "suspended"
+        )
 
     async def _end(self, events: list[RunEvent], outcome: Outcome) -> Outcome:
         try:

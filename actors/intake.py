@@ -15,6 +15,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Literal
 
 import msgspec
 
@@ -63,13 +64,28 @@ class _CancelBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 _cancel_decoder = msgspec.json.Decoder(_CancelBody)
 
+_DLQ_KINDS: dict[str, Literal["start", "signal", "cancel", "other"]] = {
+    "start": "start",
+    "signal": "signal",
+    "cancel": "cancel",
+}
+
 
 class Intake:
     """Processes inbox messages for the agents one worker serves."""
 
-    def __init__(self, *, broker: Broker, store: EventStore, names: Names, settings: Settings,
-                 registry: AgentRegistry, agents: Mapping[str, Agent[object, object]],
-                 writer: str, on_created: OnCreated | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        broker: Broker,
+        store: EventStore,
+        names: Names,
+        settings: Settings,
+        registry: AgentRegistry,
+        agents: Mapping[str, Agent[object, object]],
+        writer: str,
+        on_created: OnCreated | None = None,
+    ) -> None:
         self.broker = broker
         self.store = store
         self.names = names
@@ -84,17 +100,21 @@ class Intake:
         kind = self.names.subject_token(msg.subject, 0)
         try:
             if len(msg.data) > self.settings.max_payload:
-                raise Rejected("payload_too_large",
-                               f"payload is {len(msg.data)} bytes; the limit is "
-                               f"{self.settings.max_payload} bytes (Settings.max_payload)")
+                raise Rejected(
+                    "payload_too_large",
+                    f"payload is {len(msg.data)} bytes; the limit is "
+                    f"{self.settings.max_payload} bytes (Settings.max_payload)",
+                )
             if kind == "start":
                 started = await self._start(msg)
                 if started is None:
                     return
                 answer, created, wake = started
                 await self._reply(msg, encode(answer))
-                if created is not None and self.on_created is not None and await self.on_created(
-                    answer.run_id, created, msg
+                if (
+                    created is not None
+                    and self.on_created is not None
+                    and await self.on_created(answer.run_id, created, msg)
                 ):
                     return  # the worker runs it now and settles msg when the run rests
                 if wake:
@@ -104,8 +124,9 @@ class Intake:
             if kind == "cancel":
                 handled = await self._cancel(msg)
             else:
-                raise Rejected("invalid_trigger",
-                               f"{kind} messages are not supported by this worker version")
+                raise Rejected(
+                    "invalid_trigger", f"{kind} messages are not supported by this worker version"
+                )
             if handled is None:
                 return
             await self._reply(msg, encode(handled))
@@ -125,8 +146,9 @@ class Intake:
         try:
             trigger = decode_start(msg.data)
         except msgspec.ValidationError as e:
-            raise Rejected("invalid_trigger",
-                           f"trigger must be {{\"input\": ..., \"run_id\": optional}}: {e}") from e
+            raise Rejected(
+                "invalid_trigger", f'trigger must be {{"input": ..., "run_id": optional}}: {e}'
+            ) from e
         except msgspec.DecodeError as e:
             raise Rejected("invalid_json", f"trigger is not valid JSON: {e}") from e
         agent = self.agents.get(agent_name)
@@ -137,7 +159,9 @@ class Intake:
             raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
         meta = msg.metadata
         inbox_seq = meta.sequence.stream
-        run_id = trigger.run_id or _derived_run_id(agent_name, inbox_seq, meta.timestamp)
+        run_id = trigger.run_id or _derived_run_id(
+            agent_name, inbox_seq, meta.timestamp.isoformat()
+        )
         try:
             validate_token(run_id, "run_id")
         except InvalidName as e:
@@ -145,21 +169,34 @@ class Intake:
         try:
             agent.decode_input(bytes(trigger.input))
         except msgspec.ValidationError as e:
-            raise Rejected("invalid_input",
-                           f"input does not match agent '{agent_name}': {e}") from e
+            raise Rejected(
+                "invalid_input", f"input does not match agent '{agent_name}': {e}"
+            ) from e
         started = RunStarted(
-            run_id=run_id, agent=agent_name, input=trigger.input, code_version=agent.version,
-            trigger=TriggerInfo(inbox_seq=inbox_seq, msg_id=header(msg, "Nats-Msg-Id") or None,
-                                received_at=time.time()),
-            at=time.time())
+            run_id=run_id,
+            agent=agent_name,
+            input=trigger.input,
+            code_version=agent.version,
+            trigger=TriggerInfo(
+                inbox_seq=inbox_seq,
+                msg_id=header(msg, "Nats-Msg-Id") or None,
+                received_at=time.time(),
+            ),
+            at=time.time(),
+        )
         msg_id = f"{run_id}:start:{inbox_seq}"
         try:
             seq, earlier = await self.store.append_once(
-                run_id, [started], expected_seq=0, writer=self.writer, msg_id=msg_id)
+                run_id, [started], expected_seq=0, writer=self.writer, msg_id=msg_id
+            )
         except ConcurrencyConflict:
             first = await self.store.first(run_id)
-            ours = bool(first and first.events and isinstance(first.events[0], RunStarted)
-                        and first.events[0].trigger.inbox_seq == inbox_seq)
+            ours = bool(
+                first
+                and first.events
+                and isinstance(first.events[0], RunStarted)
+                and first.events[0].trigger.inbox_seq == inbox_seq
+            )
             # ours: a redelivery of the trigger that created this run. The worker that took it
             # may have died before the run rested, so wake it (a wake is only a hint).
             return IntakeOk(run_id=run_id, created=ours), None, ours
@@ -177,24 +214,31 @@ class Intake:
             try:
                 body = _cancel_decoder.decode(msg.data)
             except msgspec.ValidationError as e:
-                raise Rejected("invalid_trigger", f"cancel body must be {{\"reason\": ...}}: {e}"
-                               ) from e
+                raise Rejected(
+                    "invalid_trigger", f'cancel body must be {{"reason": ...}}: {e}'
+                ) from e
             except msgspec.DecodeError as e:
                 raise Rejected("invalid_json", f"cancel body is not valid JSON: {e}") from e
         inbox_seq = msg.metadata.sequence.stream
         for _ in range(20):
-            last = await self.broker.direct_get_last(self.names.events_stream,
-                                                     self.names.events(run_id))
+            last = await self.broker.direct_get_last(
+                self.names.events_stream, self.names.events(run_id)
+            )
             if last is None:
                 raise Rejected("unknown_run", f"no run with id '{run_id}'")
-            if any(isinstance(e, (RunCompleted, RunFailed, RunCancelled))
-                   for e in decode_events(last.data)):
+            if any(
+                isinstance(e, (RunCompleted, RunFailed, RunCancelled))
+                for e in decode_events(last.data)
+            ):
                 return IntakeOk(run_id=run_id, created=False)  # already over: nothing to do
             try:
                 await self.store.append(
-                    run_id, [CancelRequested(reason=body.reason, by=body.by, at=time.time())],
-                    expected_seq=int(header(last, "Nats-Sequence")), writer=self.writer,
-                    msg_id=f"{run_id}:cancel:{inbox_seq}")
+                    run_id,
+                    [CancelRequested(reason=body.reason, by=body.by, at=time.time())],
+                    expected_seq=int(header(last, "Nats-Sequence")),
+                    writer=self.writer,
+                    msg_id=f"{run_id}:cancel:{inbox_seq}",
+                )
                 break
             except ConcurrencyConflict:
                 continue
@@ -217,17 +261,22 @@ class Intake:
 
     async def _reject(self, msg: Msg, kind: str, code: str, message: str) -> None:
         dl = DeadLetter(
-            code=code, message=message, subject=msg.subject, data=msg.data,
+            code=code,
+            message=message,
+            subject=msg.subject,
+            data=msg.data,
             headers={k: v for k, v in (msg.headers or {}).items()},
-            inbox_seq=msg.metadata.sequence.stream, rejected_at=time.time(),
-            kind=kind if kind in ("start", "signal", "cancel") else "other")  # type: ignore[arg-type]
+            inbox_seq=msg.metadata.sequence.stream,
+            rejected_at=time.time(),
+            kind=_DLQ_KINDS.get(kind, "other"),
+        )
         await self.broker.publish(self.names.dlq(dl.kind), encode(dl))
         log.info("rejected %s: %s: %s", msg.subject, code, message)
         await self._reply(msg, encode(IntakeError(error=ErrorBody(code=code, message=message))))
         await msg.ack()
 
 
-def _derived_run_id(agent: str, inbox_seq: int, timestamp: float) -> str:
+def _derived_run_id(agent: str, inbox_seq: int, stored_at: str) -> str:
     """A run id that is the same on every redelivery of the same inbox message."""
-    digest = hashlib.blake2b(f"{agent}:{inbox_seq}:{timestamp!r}".encode(), digest_size=10)
+    digest = hashlib.blake2b(f"{agent}:{inbox_seq}:{stored_at}".encode(), digest_size=10)
     return f"r{digest.hexdigest()}"

@@ -71,7 +71,10 @@ class Journal:
             f"run {self._run_id}: operation {p} was recorded as {was} but the code now "
             f"calls {wanted}; the agent's code changed in a way that does not replay "
             "(version it, or finish old runs on the old code)",
-            run_id=self._run_id, step=wanted, seq=p)
+            run_id=self._run_id,
+            step=wanted,
+            seq=p,
+        )
 
     def step(self, name: str) -> Recorded | RecordedFailure | Execute:
         p, rec = self._take()
@@ -104,4 +107,6 @@ class Journal:
             raise NondeterminismError(
                 f"run {self._run_id}: the code finished after {self.position} operations but "
                 f"history records {len(self._ops)} (next: {was} at {self.position})",
-                run_id=self._run_id, seq=self.position)
+                run_id=self._run_id,
+                seq=self.position,
+            )

@@ -85,7 +85,7 @@ def _anomaly(state: RunState, text: str) -> RunState:
     return msgspec.structs.replace(state, anomalies=(*state.anomalies, text))
 
 
-def evolve(state: RunState, event: RunEvent) -> RunState:  # noqa: C901 - one case per event type
+def evolve(state: RunState, event: RunEvent) -> RunState:
     """Apply one event. Total: an out-of-place event is recorded as an anomaly, never raised."""
     s = msgspec.structs.replace(state, events=state.events + 1, updated_at=event.at)
     if s.terminal and not isinstance(event, CancelRequested):
@@ -95,8 +95,14 @@ def evolve(state: RunState, event: RunEvent) -> RunState:  # noqa: C901 - one ca
             if s.status != "new":
                 return _anomaly(s, "RunStarted twice")
             return msgspec.structs.replace(
-                s, run_id=event.run_id, agent=event.agent, code_version=event.code_version,
-                input=event.input, status="pending", started_at=event.at)
+                s,
+                run_id=event.run_id,
+                agent=event.agent,
+                code_version=event.code_version,
+                input=event.input,
+                status="pending",
+                started_at=event.at,
+            )
         case StepStarted() | StepCompleted() | StepFailed() | ValueRecorded():
             why = _misplaced(s.ops, event)
             if why is not None:
@@ -109,22 +115,28 @@ def evolve(state: RunState, event: RunEvent) -> RunState:  # noqa: C901 - one ca
                 return s
             return msgspec.structs.replace(s, cancel_requested=event.reason or "cancelled")
         case RunSuspended():
-            return msgspec.structs.replace(s, status="suspended", suspended_reason=event.reason,
-                                           suspended_detail=event.detail)
+            return msgspec.structs.replace(
+                s, status="suspended", suspended_reason=event.reason, suspended_detail=event.detail
+            )
         case RunResumed():
             if s.status != "suspended":
                 return _anomaly(s, "RunResumed while not suspended")
-            return msgspec.structs.replace(s, status="pending", suspended_reason=None,
-                                           suspended_detail=None)
+            return msgspec.structs.replace(
+                s, status="pending", suspended_reason=None, suspended_detail=None
+            )
         case RunCompleted():
-            return msgspec.structs.replace(s, status="completed", output=event.output,
-                                           ended_at=event.at)
+            return msgspec.structs.replace(
+                s, status="completed", output=event.output, ended_at=event.at
+            )
         case RunFailed():
-            return msgspec.structs.replace(s, status="failed", error=event.error,
-                                           ended_at=event.at)
+            return msgspec.structs.replace(s, status="failed", error=event.error, ended_at=event.at)
         case RunCancelled():
-            return msgspec.structs.replace(s, status="cancelled", ended_at=event.at,
-                                           cancel_requested=event.reason or "cancelled")
+            return msgspec.structs.replace(
+                s,
+                status="cancelled",
+                ended_at=event.at,
+                cancel_requested=event.reason or "cancelled",
+            )
     return _anomaly(s, f"unknown event {type(event).__name__}")  # pragma: no cover
 
 
@@ -208,21 +220,42 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
     with status and counters updated (its ``ops`` field is the caller's to set)."""
     match event:
         case StepStarted():
-            rec = OpRecord(position=event.position, kind="step", name=event.name,
-                           status="started", attempts=event.attempt)
+            rec = OpRecord(
+                position=event.position,
+                kind="step",
+                name=event.name,
+                status="started",
+                attempts=event.attempt,
+            )
             s = msgspec.structs.replace(s, status=_active(s), step_attempts=s.step_attempts + 1)
         case StepCompleted():
-            rec = OpRecord(position=event.position, kind="step", name=event.name,
-                           status="completed", attempts=event.attempt, result=event.result)
-            s = msgspec.structs.replace(s, status=_active(s),
-                                        steps_completed=s.steps_completed + 1)
+            rec = OpRecord(
+                position=event.position,
+                kind="step",
+                name=event.name,
+                status="completed",
+                attempts=event.attempt,
+                result=event.result,
+            )
+            s = msgspec.structs.replace(s, status=_active(s), steps_completed=s.steps_completed + 1)
         case StepFailed():
-            rec = OpRecord(position=event.position, kind="step", name=event.name,
-                           status="failed", attempts=event.attempt, error=event.error)
+            rec = OpRecord(
+                position=event.position,
+                kind="step",
+                name=event.name,
+                status="failed",
+                attempts=event.attempt,
+                error=event.error,
+            )
             s = msgspec.structs.replace(s, status=_active(s))
         case ValueRecorded():
-            rec = OpRecord(position=event.position, kind=event.kind, name=event.kind,
-                           status="recorded", result=event.value)
+            rec = OpRecord(
+                position=event.position,
+                kind=event.kind,
+                name=event.kind,
+                status="recorded",
+                result=event.value,
+            )
         case _:  # pragma: no cover - guarded by the callers
             raise AssertionError(event)
     if rec.position == len(ops):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -26,6 +27,7 @@ from sojourn.broker.leases import Lease, LeaseStore
 from sojourn.broker.names import Names
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import ensure_topology
+from sojourn.schemas.codec import peek_run_id
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 
@@ -99,11 +101,19 @@ class Worker:
         self.leases = LeaseStore(b, self.names)
         self.registry = AgentRegistry(b, self.names)
         for a in self.agents.values():
-            await self.registry.register(AgentRecord(name=a.name, input_schema=a.input_schema(),
-                                                     code_version=a.version))
-        self.intake = Intake(broker=b, store=self.store, names=self.names, settings=self.settings,
-                             registry=self.registry, agents=self.agents,
-                             writer=f"intake:{self.worker_id}", on_created=self._run_new)
+            await self.registry.register(
+                AgentRecord(name=a.name, input_schema=a.input_schema(), code_version=a.version)
+            )
+        self.intake = Intake(
+            broker=b,
+            store=self.store,
+            names=self.names,
+            settings=self.settings,
+            registry=self.registry,
+            agents=self.agents,
+            writer=f"intake:{self.worker_id}",
+            on_created=self._run_new,
+        )
         intake_sub = await b.pull(self.names.inbox_stream, self.names.intake_consumer)
         wake_sub = await b.pull(self.names.wake_stream, self.names.wake_consumer)
         self._tasks = [
@@ -154,11 +164,11 @@ class Worker:
                 msgs = await sub.fetch(batch=64, timeout=1.0)
                 for m in msgs:
                     await inflight.acquire()
-                    prev = tails.get(m.subject)
+                    key = self._order_key(m)
+                    prev = tails.get(key)
                     task = asyncio.create_task(self._intake_one(m, prev, inflight))
-                    tails[m.subject] = task
-                    task.add_done_callback(
-                        lambda t, k=m.subject: tails.pop(k, None) if tails.get(k) is t else None)
+                    tails[key] = task
+                    task.add_done_callback(functools.partial(_forget, tails, key))
             except asyncio.CancelledError:
                 for t in list(tails.values()):
                     t.cancel()
@@ -167,8 +177,17 @@ class Worker:
                 log.exception("intake loop error; continuing")
                 await asyncio.sleep(0.5)
 
-    async def _intake_one(self, m: Msg, after: asyncio.Task[None] | None,
-                          inflight: asyncio.Semaphore) -> None:
+    def _order_key(self, m: Msg) -> str:
+        """Messages about one run are handled in order (a start before its cancel)."""
+        kind = self.names.subject_token(m.subject, 0)
+        if kind == "start":
+            run_id = peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
+            return f"run:{run_id}" if run_id else m.subject
+        return f"run:{self.names.subject_token(m.subject, 1)}"
+
+    async def _intake_one(
+        self, m: Msg, after: asyncio.Task[None] | None, inflight: asyncio.Semaphore
+    ) -> None:
         try:
             if after is not None:
                 with contextlib.suppress(Exception):
@@ -194,11 +213,14 @@ class Worker:
         if self._stopping.is_set() or run_id in self._active or self._free_slots() <= 0:
             return False
         await self._slots.acquire()
-        task = asyncio.create_task(self._activate(run_id, msg, history=[first]),
-                                   name=f"run {run_id}")
-        self._active[run_id] = task
-        task.add_done_callback(lambda _t, r=run_id: self._done(r))
+        self._spawn(run_id, msg, [first])
         return True
+
+    def _spawn(self, run_id: str, msg: Msg, history: list[Decision] | None) -> None:
+        """Start an activation; the caller holds a slot, released when it ends."""
+        task = asyncio.create_task(self._activate(run_id, msg, history), name=f"run {run_id}")
+        self._active[run_id] = task
+        task.add_done_callback(functools.partial(self._done, run_id))
 
     async def _wake_loop(self, sub: PullConsumer) -> None:
         while not self._stopping.is_set():
@@ -213,9 +235,7 @@ class Worker:
                         await m.nak(delay=0.25)  # busy here; look again once this one rests
                         continue
                     await self._slots.acquire()
-                    task = asyncio.create_task(self._activate(run_id, m), name=f"run {run_id}")
-                    self._active[run_id] = task
-                    task.add_done_callback(lambda _t, r=run_id: self._done(r))
+                    self._spawn(run_id, m, None)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -225,14 +245,15 @@ class Worker:
     def _free_slots(self) -> int:
         return self.concurrency - len(self._active)
 
-    def _done(self, run_id: str) -> None:
+    def _done(self, run_id: str, _task: object = None) -> None:
         self._active.pop(run_id, None)
         self._slots.release()
 
     # --- one activation ----------------------------------------------------------------------
 
-    async def _activate(self, run_id: str, wake: Msg,
-                        history: list[Decision] | None = None) -> None:
+    async def _activate(
+        self, run_id: str, wake: Msg, history: list[Decision] | None = None
+    ) -> None:
         """Execute ``run_id`` until it rests. ``wake`` is the message that asked for it (a wake,
         or the trigger that created the run); it is settled when we are done."""
         ttl = self.settings.lease_ttl
@@ -255,14 +276,21 @@ class Worker:
                 # Not ours (or not created yet): leave it for a worker that serves it.
                 await wake.nak(delay=1.0) if history else await wake.ack()
                 return
-            act = Activation(agent=agent, run_id=run_id, store=self.store, history=history,
-                             writer=writer, flush_delay=self.flush_delay)
+            act = Activation(
+                agent=agent,
+                run_id=run_id,
+                store=self.store,
+                history=history,
+                writer=writer,
+                flush_delay=self.flush_delay,
+            )
             if not leases:
                 # A run our intake just created: nobody else can be running it, so take the
                 # lease in parallel with the first steps instead of before them. Should it
                 # be held after all, the activation is fenced at its next append.
                 lease_task = asyncio.create_task(
-                    self._lease_late(act, run_id, writer, wake, leases, keepalive))
+                    self._lease_late(act, run_id, writer, wake, leases, keepalive)
+                )
             outcome = await act.run()
             log.debug("run %s: %s", run_id, outcome)
             self.activations_completed += 1
@@ -274,8 +302,9 @@ class Worker:
                 await wake.nak()
             raise
         except Exception as e:
-            log.warning("run %s: activation error %s: %s; retrying later", run_id,
-                        type(e).__name__, e)
+            log.warning(
+                "run %s: activation error %s: %s; retrying later", run_id, type(e).__name__, e
+            )
             with contextlib.suppress(Exception):
                 await wake.nak(delay=1.0)
         finally:
@@ -292,8 +321,15 @@ class Worker:
         name = getattr(first, "agent", None)
         return self.agents.get(name) if isinstance(name, str) else None
 
-    async def _lease_late(self, act: Activation, run_id: str, writer: str, wake: Msg,
-                          leases: list[Lease], keepalive: list[asyncio.Task[None]]) -> None:
+    async def _lease_late(
+        self,
+        act: Activation,
+        run_id: str,
+        writer: str,
+        wake: Msg,
+        leases: list[Lease],
+        keepalive: list[asyncio.Task[None]],
+    ) -> None:
         got = await self.leases.acquire(run_id, writer, self.settings.lease_ttl, fresh=True)
         if isinstance(got, Lease):
             leases.append(got)
@@ -315,3 +351,8 @@ class Worker:
                 await wake.in_progress()
             except Exception as e:
                 log.debug("run %s: keepalive failed: %s", lease.run_id, e)
+
+
+def _forget(tails: dict[str, asyncio.Task[None]], key: str, task: asyncio.Task[None]) -> None:
+    if tails.get(key) is task:
+        del tails[key]

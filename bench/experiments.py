@@ -69,9 +69,16 @@ class _InstantStore:
         self.seq = 1
         self.appends = 0
 
-    async def append(self, run_id: str, events: list[RunEvent], *, expected_seq: int,
-                     writer: str, msg_id: str | None = None,
-                     timeout: float | None = None) -> int:  # noqa: ASYNC109
+    async def append(
+        self,
+        run_id: str,
+        events: list[RunEvent],
+        *,
+        expected_seq: int,
+        writer: str,
+        msg_id: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
         encode_events(events)
         self.seq += 1
         self.appends += 1
@@ -81,10 +88,21 @@ class _InstantStore:
 async def in_memory_step_cost(n: int) -> float:
     """Seconds of executor + context + fold work per step, with no broker at all."""
     store = _InstantStore()
-    history = [Decision(seq=1, events=(RunStarted(run_id="r", agent="chain", input=to_raw(n),
-                                                  at=time.time()),), writer="i", msg_id="m")]
-    act = Activation(agent=chain, run_id="r", store=store, history=history,  # type: ignore[arg-type]
-                     writer="w")
+    history = [
+        Decision(
+            seq=1,
+            events=(RunStarted(run_id="r", agent="chain", input=to_raw(n), at=time.time()),),
+            writer="i",
+            msg_id="m",
+        )
+    ]
+    act = Activation(
+        agent=chain,
+        run_id="r",
+        store=store,
+        history=history,  # type: ignore[arg-type]
+        writer="w",
+    )
     t0 = time.perf_counter()
     outcome = await act.run()
     assert outcome == "completed", outcome
@@ -109,19 +127,24 @@ async def amain(a: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="sojourn-exp-") as tmp:
         async with EmbeddedServer(store_dir=tmp, port=0, sync_interval=a.sync_interval) as srv:
             rb = await Broker.connect(srv.url, name="exp-raw")
-            raw = RawBench(rb, f"raw{uuid.uuid4().hex[:6]}", _sample_decision(RESULT),
-                           lambda: srv.pid)
+            raw = RawBench(
+                rb, f"raw{uuid.uuid4().hex[:6]}", _sample_decision(RESULT), lambda: srv.pid
+            )
             await raw.setup(Settings())
             await raw.sequential(300)
             raw_seq = [await raw.sequential(steps) for _ in range(reps)]
             raw_conc = [await raw.concurrent(runs, m) for _ in range(reps)]
             p50 = median([r["p50"] for r in raw_seq])
             craw = median([r["rate"] for r in raw_conc])
-            print(f"\n## Variants (sync_interval: {a.sync_interval}; raw CAS append p50 "
-                  f"{fmt_us(p50)}; raw {runs}-subject concurrent {fmt_rate(craw, 'appends')})\n")
-            print(f"| variant | sequential per step (N={steps}) | ratio to raw p50 | appends/step "
-                  f"| {runs}x{m} aggregate | ratio to raw | appends/step | last RunStarted "
-                  "after the burst |")
+            print(
+                f"\n## Variants (sync_interval: {a.sync_interval}; raw CAS append p50 "
+                f"{fmt_us(p50)}; raw {runs}-subject concurrent {fmt_rate(craw, 'appends')})\n"
+            )
+            print(
+                f"| variant | sequential per step (N={steps}) | ratio to raw p50 | appends/step "
+                f"| {runs}x{m} aggregate | ratio to raw | appends/step | last RunStarted "
+                "after the burst |"
+            )
             print("|---|---|---|---|---|---|---|---|")
             for name, cls, kw in VARIANTS:
                 tag = uuid.uuid4().hex[:6]
@@ -140,12 +163,14 @@ async def amain(a: argparse.Namespace) -> None:
                     await w.stop()
                 ps = median([r["per_step"] for r in seq])
                 cr = median([r["rate"] for r in conc])
-                print(f"| {name} | {fmt_us(ps)} | {ps / p50:.2f}x "
-                      f"| {median([r['appends_per_step'] for r in seq]):.3f} "
-                      f"| {fmt_rate(cr, 'steps')} | {cr / craw:.2f}x "
-                      f"| {median([r['appends_per_step'] for r in conc]):.3f} "
-                      f"| {statistics.median([r['last_started'] for r in conc]) * 1e3:,.0f} ms |",
-                      flush=True)
+                print(
+                    f"| {name} | {fmt_us(ps)} | {ps / p50:.2f}x "
+                    f"| {median([r['appends_per_step'] for r in seq]):.3f} "
+                    f"| {fmt_rate(cr, 'steps')} | {cr / craw:.2f}x "
+                    f"| {median([r['appends_per_step'] for r in conc]):.3f} "
+                    f"| {statistics.median([r['last_started'] for r in conc]) * 1e3:,.0f} ms |",
+                    flush=True,
+                )
             await rb.close()
 
 

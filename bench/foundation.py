@@ -90,11 +90,19 @@ def _result_for_body(target: int) -> str:
 
 def _sample_decision(result: str, position: int = 1000) -> bytes:
     now = time.time()
-    return encode_events([
-        StepCompleted(position=position, name="tick", attempt=1, result=to_raw(result),
-                      duration=1.234567e-05, at=now),
-        StepStarted(position=position + 1, name="tick", attempt=1, at=now),
-    ])
+    return encode_events(
+        [
+            StepCompleted(
+                position=position,
+                name="tick",
+                attempt=1,
+                result=to_raw(result),
+                duration=1.234567e-05,
+                at=now,
+            ),
+            StepStarted(position=position + 1, name="tick", attempt=1, at=now),
+        ]
+    )
 
 
 RESULT = _result_for_body(BODY_TARGET)
@@ -145,29 +153,57 @@ class Config:
 def parse_args(argv: list[str] | None = None) -> Config:
     p = argparse.ArgumentParser(
         prog="python -m bench.foundation",
-        description="sojourn durable steps vs raw JetStream CAS appends (prints a table)")
-    p.add_argument("--quick", action="store_true",
-                   help="~10 s version: N=500, 200 runs x 10 steps, K=100 1-step runs")
+        description="sojourn durable steps vs raw JetStream CAS appends (prints a table)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="~10 s version: N=500, 200 runs x 10 steps, K=100 1-step runs",
+    )
     p.add_argument("--steps", type=int, help="steps of the sequential run (default 2000)")
     p.add_argument("--runs", type=int, help="concurrent runs (default 200)")
     p.add_argument("--run-steps", type=int, help="steps per concurrent run (default 50)")
     p.add_argument("--latency-runs", type=int, help="sequential 1-step runs (default 300)")
-    p.add_argument("--latency-gap", type=float, default=0.005, metavar="SECONDS",
-                   help="untimed pause between 1-step runs (default 0.005; 0 = back to back)")
-    p.add_argument("--raw-appends", type=int,
-                   help="sequential raw appends per repeat (default: same as --steps)")
+    p.add_argument(
+        "--latency-gap",
+        type=float,
+        default=0.005,
+        metavar="SECONDS",
+        help="untimed pause between 1-step runs (default 0.005; 0 = back to back)",
+    )
+    p.add_argument(
+        "--raw-appends",
+        type=int,
+        help="sequential raw appends per repeat (default: same as --steps)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (default 3)")
-    p.add_argument("--sync-interval", action="append", dest="sync_intervals", metavar="DUR",
-                   help="JetStream sync_interval of the embedded server; repeat to compare "
-                        "(default: always; the NATS default is 2m)")
-    p.add_argument("--only", action="append", choices=SECTIONS, metavar="SECTION",
-                   help="run only this section (seq, conc or lat); repeat to pick several")
-    p.add_argument("--no-trace", action="store_true",
-                   help="skip the untimed broker-operation trace")
-    p.add_argument("--profile", action="store_true",
-                   help="also cProfile one sequential run and print the top functions")
-    p.add_argument("--store-dir", help="parent directory for the server's temp store "
-                                       "(default: the system temp dir)")
+    p.add_argument(
+        "--sync-interval",
+        action="append",
+        dest="sync_intervals",
+        metavar="DUR",
+        help="JetStream sync_interval of the embedded server; repeat to compare "
+        "(default: always; the NATS default is 2m)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        metavar="SECTION",
+        help="run only this section (seq, conc or lat); repeat to pick several",
+    )
+    p.add_argument(
+        "--no-trace", action="store_true", help="skip the untimed broker-operation trace"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also cProfile one sequential run and print the top functions",
+    )
+    p.add_argument(
+        "--store-dir",
+        help="parent directory for the server's temp store (default: the system temp dir)",
+    )
     p.add_argument("--json", dest="json_out", help="also write all figures to this JSON file")
     a = p.parse_args(argv)
     c = Config(quick=a.quick)
@@ -195,8 +231,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
 class RawBench:
     """CAS appends straight through ``Broker.publish_raw``, nothing else."""
 
-    def __init__(self, broker: Broker, prefix: str, body: bytes,
-                 server_pid: Callable[[], int | None]) -> None:
+    def __init__(
+        self, broker: Broker, prefix: str, body: bytes, server_pid: Callable[[], int | None]
+    ) -> None:
         self.b = broker
         self.names = Names(prefix)
         self.body = body
@@ -238,8 +275,9 @@ class RawBench:
         st = summarize(lat)
         return {**st, "rate": n / wall, "py_cpu": (c1 - c0) / n, "srv_cpu": (s1 - s0) / n}
 
-    async def one_step_floor(self, client: Broker, settings: Settings, k: int,
-                             gap: float) -> dict[str, dict[str, float]]:
+    async def one_step_floor(
+        self, client: Broker, settings: Settings, k: int, gap: float
+    ) -> dict[str, dict[str, float]]:
         """The least JetStream work a 1-step run needs, with no sojourn code in between.
 
         ``inbox``: the current design's shape without its extra round trips: the trigger is
@@ -259,11 +297,19 @@ class RawBench:
 
         async def two_appends(run: str) -> None:
             subject = self.names.events(run)
-            a1 = await self.b.publish_raw(subject, self.body, {
-                "Nats-Expected-Last-Subject-Sequence": "0", "Nats-Msg-Id": f"{run}:0:w"})
-            a2 = await self.b.publish_raw(subject, self.body, {
-                "Nats-Expected-Last-Subject-Sequence": str(a1["seq"]),
-                "Nats-Msg-Id": f"{run}:{a1['seq']}:w"})
+            a1 = await self.b.publish_raw(
+                subject,
+                self.body,
+                {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Msg-Id": f"{run}:0:w"},
+            )
+            a2 = await self.b.publish_raw(
+                subject,
+                self.body,
+                {
+                    "Nats-Expected-Last-Subject-Sequence": str(a1["seq"]),
+                    "Nats-Msg-Id": f"{run}:{a1['seq']}:w",
+                },
+            )
             if "error" in a2:
                 raise RuntimeError(a2["error"])
 
@@ -294,8 +340,9 @@ class RawBench:
                 run = f"fa{i}-{uuid.uuid4().hex[:8]}"
                 waiting[run] = fut = loop.create_future()
                 t0 = time.perf_counter()
-                ack = await client.publish_raw(self.names.start("floor"), run.encode(),
-                                               {"Nats-Msg-Id": f"start:floor:{run}"})
+                ack = await client.publish_raw(
+                    self.names.start("floor"), run.encode(), {"Nats-Msg-Id": f"start:floor:{run}"}
+                )
                 if "error" in ack:
                     raise RuntimeError(ack["error"])
                 inbox_l.append(await asyncio.wait_for(fut, 10) - t0)
@@ -320,8 +367,13 @@ class RawBench:
         wall = time.perf_counter() - t0
         c1, s1 = cpu_process(), cpu_server(self.server_pid())
         total = writers * n
-        return {"rate": total / wall, "p50": pct(lat, 50), "p99": pct(lat, 99),
-                "py_cpu": (c1 - c0) / total, "srv_cpu": (s1 - s0) / total}
+        return {
+            "rate": total / wall,
+            "p50": pct(lat, 50),
+            "p99": pct(lat, 99),
+            "py_cpu": (c1 - c0) / total,
+            "srv_cpu": (s1 - s0) / total,
+        }
 
 
 # --- sojourn ----------------------------------------------------------------------------------
@@ -339,8 +391,9 @@ def _first(events: list[Any], tp: type) -> Any:
 
 
 class SojournBench:
-    def __init__(self, worker: Worker, client: Client, server_pid: Callable[[], int | None],
-                 tag: str) -> None:
+    def __init__(
+        self, worker: Worker, client: Client, server_pid: Callable[[], int | None], tag: str
+    ) -> None:
         self.w = worker
         self.c = client
         self.server_pid = server_pid
@@ -431,7 +484,7 @@ class SojournBench:
 
         async def on_msg(msg: Any) -> None:
             if b"run.completed.v1" in msg.data:
-                seen.setdefault(msg.subject[len(prefix) + 4:], time.time())
+                seen.setdefault(msg.subject[len(prefix) + 4 :], time.time())
 
         sub = await observer.nc.subscribe(self.c.names.events_all, cb=on_msg)
         await observer.nc.flush()
@@ -462,8 +515,7 @@ class SojournBench:
             obs = seen.get(rid)
             if obs is not None:
                 observed_l.append(obs - w0)
-            phases["client publish -> intake received trigger"].append(
-                rs.trigger.received_at - w0)
+            phases["client publish -> intake received trigger"].append(rs.trigger.received_at - w0)
             phases["RunStarted stamped -> StepStarted stamped"].append(ss.at - rs.at)
             phases["StepStarted stamped -> StepCompleted stamped"].append(sc.at - ss.at)
             phases["StepCompleted -> RunCompleted stamped"].append(rc.at - sc.at)
@@ -508,8 +560,9 @@ def _med(reps: list[dict[str, Any]], *path: str) -> float:
     return median(vals)
 
 
-async def bench_setting(cfg: Config, sync_interval: str,
-                        log: Callable[[str], None]) -> dict[str, Any]:
+async def bench_setting(
+    cfg: Config, sync_interval: str, log: Callable[[str], None]
+) -> dict[str, Any]:
     parent = cfg.store_dir or None
     with tempfile.TemporaryDirectory(prefix="sojourn-bench-", dir=parent) as tmp:
         srv = EmbeddedServer(store_dir=tmp, port=0, sync_interval=sync_interval)
@@ -525,8 +578,12 @@ async def bench_setting(cfg: Config, sync_interval: str,
             await worker.start()
             client = await Client.connect(srv.url, settings=settings)
             soj = SojournBench(worker, client, lambda: srv.pid, tag)
-            out: dict[str, Any] = {"sync_interval": sync_interval, "body_bytes": len(body),
-                                   "reps": [], "load_before": _loadavg()}
+            out: dict[str, Any] = {
+                "sync_interval": sync_interval,
+                "body_bytes": len(body),
+                "reps": [],
+                "load_before": _loadavg(),
+            }
             try:
                 log(f"[{sync_interval}] warm-up")
                 sec = cfg.sections
@@ -556,11 +613,11 @@ async def bench_setting(cfg: Config, sync_interval: str,
                         r["soj_conc"] = await soj.concurrent(cfg.runs, cfg.run_steps)
                     if "lat" in sec:
                         step("1-step latency")
-                        r["lat"] = await soj.latency(cfg.latency_runs, raw_broker,
-                                                    cfg.latency_gap)
+                        r["lat"] = await soj.latency(cfg.latency_runs, raw_broker, cfg.latency_gap)
                         step("raw 1-step floor")
-                        r["floor"] = await raw.one_step_floor(raw_client, settings,
-                                                              cfg.latency_runs, cfg.latency_gap)
+                        r["floor"] = await raw.one_step_floor(
+                            raw_client, settings, cfg.latency_runs, cfg.latency_gap
+                        )
                     out["reps"].append(r)
                 if cfg.trace and "seq" in cfg.sections and "lat" in cfg.sections:
                     log(f"[{sync_interval}] trace (untimed)")
@@ -584,8 +641,17 @@ def summarize_setting(reps: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("p50", "p90", "p99", "mean", "rate", "py_cpu", "srv_cpu"):
         s[f"raw_seq_{key}"] = _med(reps, "raw_seq", key)
     if "soj_seq" in have:
-        for key in ("per_step", "step_p50", "step_p99", "rate", "wall_per_step",
-                    "appends_per_step", "py_cpu", "srv_cpu", "msg_bytes"):
+        for key in (
+            "per_step",
+            "step_p50",
+            "step_p99",
+            "rate",
+            "wall_per_step",
+            "appends_per_step",
+            "py_cpu",
+            "srv_cpu",
+            "msg_bytes",
+        ):
             s[f"soj_seq_{key}"] = _med(reps, "soj_seq", key)
         ratios = [r["soj_seq"]["per_step"] / r["raw_seq"]["p50"] for r in reps]
         s["seq_ratio_per_rep"] = median(ratios)
@@ -593,8 +659,16 @@ def summarize_setting(reps: list[dict[str, Any]]) -> dict[str, Any]:
     if "soj_conc" in have:
         for key in ("rate", "p50", "p99", "py_cpu", "srv_cpu"):
             s[f"raw_conc_{key}"] = _med(reps, "raw_conc", key)
-        for key in ("rate", "steady_rate", "wall", "last_started", "run_p50",
-                    "appends_per_step", "py_cpu", "srv_cpu"):
+        for key in (
+            "rate",
+            "steady_rate",
+            "wall",
+            "last_started",
+            "run_p50",
+            "appends_per_step",
+            "py_cpu",
+            "srv_cpu",
+        ):
             s[f"soj_conc_{key}"] = _med(reps, "soj_conc", key)
     if "lat" in have:
         for view in ("e2e", "server", "observed"):
@@ -653,8 +727,9 @@ async def trace_pass(url: str, cfg: Config) -> dict[str, Any]:
             ops.sort(key=lambda o: o.t0 + o.dt if o.kind == "fetch" else o.t0)
             timelines.append([(o.t0 - t0, o.dt, o.kind, o.cat) for o in ops])
         # the median run by its number of operations and duration
-        timelines.sort(key=lambda tl: max(
-            (a + b for a, b, _, c in tl if c == "event append (CAS)"), default=0))
+        timelines.sort(
+            key=lambda tl: max((a + b for a, b, _, c in tl if c == "event append (CAS)"), default=0)
+        )
         out["one_step_timeline"] = timelines[len(timelines) // 2]
     finally:
         await client.close()
@@ -688,8 +763,10 @@ def _verdict(ok: bool) -> str:
 def _borderline(s: dict[str, Any]) -> str:
     lo, hi = s["seq_ratio_min"], s["seq_ratio_max"]
     if lo <= TARGET_STEP_RATIO < hi:
-        return (f" (borderline: paired per-repeat ratios {lo:.2f}x - {hi:.2f}x, "
-                f"median {s['seq_ratio_per_rep']:.2f}x)")
+        return (
+            f" (borderline: paired per-repeat ratios {lo:.2f}x - {hi:.2f}x, "
+            f"median {s['seq_ratio_per_rep']:.2f}x)"
+        )
     return ""
 
 
@@ -701,11 +778,13 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
     for k, v in facts.items():
         add(f"- {k}: {v}")
     add("")
-    add(f"Parameters: sequential run N={cfg.steps} steps; {cfg.runs} concurrent runs x "
+    add(
+        f"Parameters: sequential run N={cfg.steps} steps; {cfg.runs} concurrent runs x "
         f"M={cfg.run_steps} steps; K={cfg.latency_runs} 1-step runs; raw sequential "
         f"{cfg.raw_appends} appends; {cfg.latency_gap * 1e3:g} ms idle between 1-step runs; "
         f"{cfg.repeats} repeats, median of the per-repeat figures; sections: "
-        f"{', '.join(cfg.sections)}.")
+        f"{', '.join(cfg.sections)}."
+    )
     for res in results:
         s = res["summary"]
         si = res["sync_interval"]
@@ -713,91 +792,135 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
         add("")
         add(f"## sync_interval: {si}")
         add("")
-        add("| measurement | raw JetStream (same server, same run) | sojourn | ratio | target "
-            "| verdict |")
+        add(
+            "| measurement | raw JetStream (same server, same run) | sojourn | ratio | target "
+            "| verdict |"
+        )
         add("|---|---|---|---|---|---|")
         has = set(cfg.sections)
         if "seq" in has:
             step = s["soj_seq_per_step"]
-            add(f"| sequential: time per durable step (1 run, N={cfg.steps}) "
+            add(
+                f"| sequential: time per durable step (1 run, N={cfg.steps}) "
                 f"| CAS append p50 {fmt_us(raw_p50)} (mean {fmt_us(raw_mean)}, "
                 f"{fmt_rate(s['raw_seq_rate'], 'appends')}) "
                 f"| {fmt_us(step)} ({fmt_rate(s['soj_seq_rate'], 'steps')}) "
                 f"| {step / raw_p50:.2f}x p50, {step / raw_mean:.2f}x mean "
                 f"| <= {TARGET_STEP_RATIO}x raw p50 "
-                f"| {_verdict(step <= TARGET_STEP_RATIO * raw_p50)}{_borderline(s)} |")
+                f"| {_verdict(step <= TARGET_STEP_RATIO * raw_p50)}{_borderline(s)} |"
+            )
         if "conc" in has:
             conc_ratio = s["soj_conc_rate"] / s["raw_conc_rate"]
-            add(f"| {cfg.runs} concurrent runs x {cfg.run_steps} steps: aggregate "
+            add(
+                f"| {cfg.runs} concurrent runs x {cfg.run_steps} steps: aggregate "
                 f"| {cfg.runs} subjects x {cfg.run_steps} appends: "
                 f"{fmt_rate(s['raw_conc_rate'], 'appends')} "
                 f"| {fmt_rate(s['soj_conc_rate'], 'steps')} (trigger -> last completion; "
                 f"{fmt_rate(s['soj_conc_steady_rate'], 'steps')} first step -> last "
                 f"completion) | {conc_ratio:.2f}x | none set (>= {1 / TARGET_STEP_RATIO:.2f}x "
                 f"would match the per-step target) "
-                f"| {_verdict(conc_ratio >= 1 / TARGET_STEP_RATIO)} (implied) |")
+                f"| {_verdict(conc_ratio >= 1 / TARGET_STEP_RATIO)} (implied) |"
+            )
         if "lat" in has:
-            fl = (f"floor, inbox hop + 2 CAS appends: p50 {fmt_ms(s['floor_inbox_p50'])}; "
-                  f"floor, direct request + 2 CAS appends: p50 {fmt_ms(s['floor_direct_p50'])}")
+            fl = (
+                f"floor, inbox hop + 2 CAS appends: p50 {fmt_ms(s['floor_inbox_p50'])}; "
+                f"floor, direct request + 2 CAS appends: p50 {fmt_ms(s['floor_direct_p50'])}"
+            )
             for view, label in (
                 ("e2e", "client.start -> client.result returns"),
                 ("server", "trigger publish -> RunCompleted.at (worker stamp)"),
                 ("observed", "trigger publish -> RunCompleted seen by a subscriber"),
             ):
                 p50 = s[f"lat_{view}_p50"]
-                add(f"| 1-step run, {label}: p50 / p90 / p99 | {fl if view == 'e2e' else '〃'} "
+                add(
+                    f"| 1-step run, {label}: p50 / p90 / p99 | {fl if view == 'e2e' else '〃'} "
                     f"| {fmt_ms(p50)} / {fmt_ms(s[f'lat_{view}_p90'])} / "
                     f"{fmt_ms(s[f'lat_{view}_p99'])} "
                     f"| {p50 / raw_p50:.1f}x raw append p50; {p50 / s['floor_inbox_p50']:.1f}x "
-                    f"inbox floor | <= 2 ms p50 | {_verdict(p50 <= TARGET_ONE_STEP_P50)} |")
+                    f"inbox floor | <= 2 ms p50 | {_verdict(p50 <= TARGET_ONE_STEP_P50)} |"
+                )
         add("")
         add("Details (medians over repeats):")
         add("")
         add("| figure | value |")
         add("|---|---|")
-        add(f"| raw sequential CAS append p50 / p90 / p99 | {fmt_us(raw_p50)} / "
-            f"{fmt_us(s['raw_seq_p90'])} / {fmt_us(s['raw_seq_p99'])} |")
-        add(f"| load average before / after (other processes share this machine) "
-            f"| {res['load_before']} / {res['load_after']} |")
+        add(
+            f"| raw sequential CAS append p50 / p90 / p99 | {fmt_us(raw_p50)} / "
+            f"{fmt_us(s['raw_seq_p90'])} / {fmt_us(s['raw_seq_p99'])} |"
+        )
+        add(
+            f"| load average before / after (other processes share this machine) "
+            f"| {res['load_before']} / {res['load_after']} |"
+        )
         if "seq" in has:
-            add(f"| sojourn sequential, per step: mean / p50 / p99 (StepStarted to StepStarted) "
+            add(
+                f"| sojourn sequential, per step: mean / p50 / p99 (StepStarted to StepStarted) "
                 f"| {fmt_us(step)} / {fmt_us(s['soj_seq_step_p50'])} / "
-                f"{fmt_us(s['soj_seq_step_p99'])} |")
-            add(f"| per-step mean / raw p50, per repeat: median (min - max) "
+                f"{fmt_us(s['soj_seq_step_p99'])} |"
+            )
+            add(
+                f"| per-step mean / raw p50, per repeat: median (min - max) "
                 f"| {s['seq_ratio_per_rep']:.2f}x ({s['seq_ratio_min']:.2f}x - "
-                f"{s['seq_ratio_max']:.2f}x) |")
-            add(f"| per-step p50 / raw p50; per-step mean / raw mean "
-                f"| {s['soj_seq_step_p50'] / raw_p50:.2f}x; {step / raw_mean:.2f}x |")
-            add(f"| raw append body / sojourn steady-state decision body "
-                f"| {res['body_bytes']} B / {s['soj_seq_msg_bytes']:.0f} B |")
-            add(f"| sojourn sequential: broker appends per step (ideal 1.00) "
-                f"| {s['soj_seq_appends_per_step']:.3f} |")
-            add(f"| sojourn sequential: wall (start -> worker done) per step | "
-                f"{fmt_us(s['soj_seq_wall_per_step'])} |")
-            add(f"| Python CPU per step, sojourn / per raw append "
-                f"| {fmt_us(s['soj_seq_py_cpu'])} / {fmt_us(s['raw_seq_py_cpu'])} |")
-            add(f"| nats-server CPU per step, sojourn / per raw append "
-                f"| {fmt_us(s['soj_seq_srv_cpu'])} / {fmt_us(s['raw_seq_srv_cpu'])} |")
+                f"{s['seq_ratio_max']:.2f}x) |"
+            )
+            add(
+                f"| per-step p50 / raw p50; per-step mean / raw mean "
+                f"| {s['soj_seq_step_p50'] / raw_p50:.2f}x; {step / raw_mean:.2f}x |"
+            )
+            add(
+                f"| raw append body / sojourn steady-state decision body "
+                f"| {res['body_bytes']} B / {s['soj_seq_msg_bytes']:.0f} B |"
+            )
+            add(
+                f"| sojourn sequential: broker appends per step (ideal 1.00) "
+                f"| {s['soj_seq_appends_per_step']:.3f} |"
+            )
+            add(
+                f"| sojourn sequential: wall (start -> worker done) per step | "
+                f"{fmt_us(s['soj_seq_wall_per_step'])} |"
+            )
+            add(
+                f"| Python CPU per step, sojourn / per raw append "
+                f"| {fmt_us(s['soj_seq_py_cpu'])} / {fmt_us(s['raw_seq_py_cpu'])} |"
+            )
+            add(
+                f"| nats-server CPU per step, sojourn / per raw append "
+                f"| {fmt_us(s['soj_seq_srv_cpu'])} / {fmt_us(s['raw_seq_srv_cpu'])} |"
+            )
         if "conc" in has:
-            add(f"| raw concurrent: append latency p50 / p99 under load | "
-                f"{fmt_ms(s['raw_conc_p50'])} / {fmt_ms(s['raw_conc_p99'])} |")
+            add(
+                f"| raw concurrent: append latency p50 / p99 under load | "
+                f"{fmt_ms(s['raw_conc_p50'])} / {fmt_ms(s['raw_conc_p99'])} |"
+            )
             ideal = (cfg.run_steps + 1) / cfg.run_steps
-            add(f"| sojourn concurrent: broker appends per step (ideal {ideal:.2f}) "
-                f"| {s['soj_conc_appends_per_step']:.3f} |")
-            add(f"| sojourn concurrent: last run's RunStarted after trigger burst | "
-                f"{fmt_ms(s['soj_conc_last_started'])} |")
-            add(f"| sojourn concurrent: one run's duration p50 (first step -> completed) | "
-                f"{fmt_ms(s['soj_conc_run_p50'])} |")
-            add(f"| Python CPU per step, sojourn concurrent / per raw concurrent append "
-                f"| {fmt_us(s['soj_conc_py_cpu'])} / {fmt_us(s['raw_conc_py_cpu'])} |")
-            add(f"| nats-server CPU per step, sojourn concurrent / per raw concurrent append "
-                f"| {fmt_us(s['soj_conc_srv_cpu'])} / {fmt_us(s['raw_conc_srv_cpu'])} |")
+            add(
+                f"| sojourn concurrent: broker appends per step (ideal {ideal:.2f}) "
+                f"| {s['soj_conc_appends_per_step']:.3f} |"
+            )
+            add(
+                f"| sojourn concurrent: last run's RunStarted after trigger burst | "
+                f"{fmt_ms(s['soj_conc_last_started'])} |"
+            )
+            add(
+                f"| sojourn concurrent: one run's duration p50 (first step -> completed) | "
+                f"{fmt_ms(s['soj_conc_run_p50'])} |"
+            )
+            add(
+                f"| Python CPU per step, sojourn concurrent / per raw concurrent append "
+                f"| {fmt_us(s['soj_conc_py_cpu'])} / {fmt_us(s['raw_conc_py_cpu'])} |"
+            )
+            add(
+                f"| nats-server CPU per step, sojourn concurrent / per raw concurrent append "
+                f"| {fmt_us(s['soj_conc_srv_cpu'])} / {fmt_us(s['raw_conc_srv_cpu'])} |"
+            )
         if "lat" in has:
-            add(f"| raw 1-step floors p50 / p90 / p99: inbox hop + 2 appends; direct request "
+            add(
+                f"| raw 1-step floors p50 / p90 / p99: inbox hop + 2 appends; direct request "
                 f"+ 2 appends | {fmt_ms(s['floor_inbox_p50'])} / "
                 f"{fmt_ms(s['floor_inbox_p90'])} / {fmt_ms(s['floor_inbox_p99'])}; "
                 f"{fmt_ms(s['floor_direct_p50'])} / {fmt_ms(s['floor_direct_p90'])} / "
-                f"{fmt_ms(s['floor_direct_p99'])} |")
+                f"{fmt_ms(s['floor_direct_p99'])} |"
+            )
             add("")
             add("1-step run, where the time goes (p50 of each phase, from event stamps):")
             add("")
@@ -809,11 +932,13 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
         if tr:
             n = tr["seq_steps"]
             add("")
-            add(f"Worker broker operations per step (traced sequential run, N={n}, "
+            add(
+                f"Worker broker operations per step (traced sequential run, N={n}, "
                 f"{fmt_us(tr['seq_wall'] / n)} wall per step; appends p50 "
                 f"{fmt_us(tr['seq_append_p50'])}, "
                 f"{100 * tr['seq_append_total'] / tr['seq_wall']:.0f} % "
-                f"of wall spent awaiting appends):")
+                f"of wall spent awaiting appends):"
+            )
             add("")
             add("| operation | kind | per step | mean time |")
             add("|---|---|---|---|")
@@ -821,11 +946,15 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
                 kind, cat = key.split("|", 1)
                 if kind == "fetch":
                     continue
-                add(f"| {cat} | {'awaited round trip' if kind == 'rt' else 'fire-and-forget'} "
-                    f"| {count / n:.3f} | {fmt_us(total / count)} |")
+                add(
+                    f"| {cat} | {'awaited round trip' if kind == 'rt' else 'fire-and-forget'} "
+                    f"| {count / n:.3f} | {fmt_us(total / count)} |"
+                )
             add("")
-            add("Worker broker operations of one 1-step run (median of 21; t from the client's "
-                "publish):")
+            add(
+                "Worker broker operations of one 1-step run (median of 21; t from the client's "
+                "publish):"
+            )
             add("")
             add("| t | duration | operation | kind |")
             add("|---|---|---|---|")
@@ -833,8 +962,10 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
                 if kind == "fetch":  # show when the long poll returned, and how long it was
                     add(f"| {fmt_ms(t + dt)} | (polled {fmt_ms(dt)}) | {cat} | returned |")
                     continue
-                add(f"| {fmt_ms(t)} | {fmt_us(dt) if kind == 'rt' else '—'} | {cat} "
-                    f"| {'awaited' if kind == 'rt' else 'publish'} |")
+                add(
+                    f"| {fmt_ms(t)} | {fmt_us(dt) if kind == 'rt' else '—'} | {cat} "
+                    f"| {'awaited' if kind == 'rt' else 'publish'} |"
+                )
         if res.get("profile"):
             add("")
             add("```")

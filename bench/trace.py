@@ -70,19 +70,26 @@ class TracedBroker:
         orig_publish = nc.publish
         orig_batch = broker._direct_batch
 
-        async def request(subject: str, payload: bytes = b"", timeout: float = 0.5,  # noqa: ASYNC109
-                          old_style: bool = False, headers: Any = None) -> Any:
+        async def request(
+            subject: str,
+            payload: bytes = b"",
+            timeout: float = 0.5,
+            old_style: bool = False,
+            headers: Any = None,
+        ) -> Any:
             tok = _nested.set(True)
             t0 = time.perf_counter()
             try:
-                return await orig_request(subject, payload, timeout=timeout,
-                                          old_style=old_style, headers=headers)
+                return await orig_request(
+                    subject, payload, timeout=timeout, old_style=old_style, headers=headers
+                )
             finally:
                 _nested.reset(tok)
                 self._record(t0, "rt", subject)
 
-        async def publish(subject: str, payload: bytes = b"", reply: str = "",
-                          headers: Any = None) -> None:
+        async def publish(
+            subject: str, payload: bytes = b"", reply: str = "", headers: Any = None
+        ) -> None:
             if _nested.get():
                 return await orig_publish(subject, payload, reply=reply, headers=headers)
             t0 = time.perf_counter()
@@ -91,8 +98,9 @@ class TracedBroker:
             finally:
                 self._record(t0, "pub", subject)
 
-        async def direct_batch(stream: str, subject: str, seq: int, batch: int,
-                               timeout: float) -> Any:  # noqa: ASYNC109
+        async def direct_batch(
+            stream: str, subject: str, seq: int, batch: int, timeout: float
+        ) -> Any:
             tok = _nested.set(True)
             t0 = time.perf_counter()
             try:
@@ -107,7 +115,7 @@ class TracedBroker:
             pc = await orig_pull(stream, consumer)
             orig_fetch = pc.fetch
 
-            async def fetch(batch: int, timeout: float) -> Any:  # noqa: ASYNC109
+            async def fetch(batch: int, timeout: float) -> Any:
                 t0 = time.perf_counter()
                 msgs = await orig_fetch(batch, timeout)
                 if msgs:  # an idle long poll that returns nothing is not interesting

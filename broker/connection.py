@@ -134,8 +134,9 @@ class Broker:
 
     # --- raw JetStream API -------------------------------------------------------------------
 
-    async def api(self, subject: str, payload: dict[str, Any] | None = None,
-                  *, timeout: float = 5.0) -> dict[str, Any]:
+    async def api(
+        self, subject: str, payload: dict[str, Any] | None = None, *, timeout: float = 5.0
+    ) -> dict[str, Any]:
         """One ``$JS.API`` request; raises ``JetStreamError`` when answered with an error."""
         data = b"" if payload is None else json.dumps(payload).encode()
         try:
@@ -152,19 +153,36 @@ class Broker:
             )
         return reply
 
-    async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str] | None = None,
-                          *, timeout: float = 5.0) -> dict[str, Any]:
+    async def publish_raw(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        timeout: float = 5.0,
+    ) -> dict[str, Any]:
         """A JetStream publish returning the PubAck JSON as is (errors included, not raised)."""
         msg = await self.nc.request(subject, data, headers=headers, timeout=timeout)
         if not msg.data:
             status = (msg.headers or {}).get("Status", "")
-            return {"error": {"code": int(status or 503), "err_code": 0,
-                              "description": "no JetStream stream answered (no responders)"}}
+            return {
+                "error": {
+                    "code": int(status or 503),
+                    "err_code": 0,
+                    "description": "no JetStream stream answered (no responders)",
+                }
+            }
         ack: dict[str, Any] = json.loads(msg.data)
         return ack
 
-    async def publish(self, subject: str, data: bytes, headers: dict[str, str] | None = None,
-                      *, timeout: float = 5.0) -> int:
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        timeout: float = 5.0,
+    ) -> int:
         """A JetStream publish that must be stored; returns its stream sequence."""
         try:
             ack = await self.publish_raw(subject, data, headers, timeout=timeout)
@@ -172,28 +190,35 @@ class Broker:
             raise BrokerUnavailable(f"no publish ack for {subject} within {timeout}s") from e
         err = ack.get("error")
         if err:
-            raise JetStreamError(f"publish to {subject}: {err.get('description')}",
-                                 code=int(err.get("code", 0)), err_code=int(err.get("err_code", 0)))
+            raise JetStreamError(
+                f"publish to {subject}: {err.get('description')}",
+                code=int(err.get("code", 0)),
+                err_code=int(err.get("err_code", 0)),
+            )
         return int(ack["seq"])
 
-    async def direct_get_last(self, stream: str, subject: str,
-                              *, timeout: float = 5.0) -> Msg | None:
+    async def direct_get_last(
+        self, stream: str, subject: str, *, timeout: float = 5.0
+    ) -> Msg | None:
         """The last message on ``subject`` (direct get), or ``None`` when there is none."""
         try:
-            msg = await self.nc.request(f"$JS.API.DIRECT.GET.{stream}.{subject}", b"",
-                                        timeout=timeout)
+            msg = await self.nc.request(
+                f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", timeout=timeout
+            )
         except (NatsTimeoutError, TimeoutError) as e:
             raise BrokerUnavailable(f"direct get {subject} timed out") from e
         status = (msg.headers or {}).get("Status")
         if status == "404":
             return None
         if status:
-            raise JetStreamError(f"direct get {subject}: status {status}",
-                                 code=int(status), err_code=0)
+            raise JetStreamError(
+                f"direct get {subject}: status {status}", code=int(status), err_code=0
+            )
         return msg
 
-    async def direct_get_next(self, stream: str, subject: str, seq: int,
-                              *, timeout: float = 5.0) -> Msg | None:
+    async def direct_get_next(
+        self, stream: str, subject: str, seq: int, *, timeout: float = 5.0
+    ) -> Msg | None:
         """The first message on ``subject`` at or after stream sequence ``seq``."""
         req = json.dumps({"seq": seq, "next_by_subj": subject}).encode()
         try:
@@ -204,12 +229,20 @@ class Broker:
         if status == "404":
             return None
         if status:
-            raise JetStreamError(f"direct get {subject}: status {status}",
-                                 code=int(status), err_code=0)
+            raise JetStreamError(
+                f"direct get {subject}: status {status}", code=int(status), err_code=0
+            )
         return msg
 
-    async def direct_get_range(self, stream: str, subject: str, from_seq: int = 1,
-                               *, page: int = 1000, timeout: float = 10.0) -> list[Msg]:
+    async def direct_get_range(
+        self,
+        stream: str,
+        subject: str,
+        from_seq: int = 1,
+        *,
+        page: int = 1000,
+        timeout: float = 10.0,
+    ) -> list[Msg]:
         """Every message on ``subject`` from ``from_seq`` on, in order (batched direct get)."""
         out: list[Msg] = []
         seq = from_seq
@@ -220,8 +253,9 @@ class Broker:
                 return out
             seq = int(msgs[-1].headers["Nats-Sequence"]) + 1  # type: ignore[index]
 
-    async def _direct_batch(self, stream: str, subject: str, seq: int, batch: int,
-                            timeout: float) -> tuple[list[Msg], int]:
+    async def _direct_batch(
+        self, stream: str, subject: str, seq: int, batch: int, timeout: float
+    ) -> tuple[list[Msg], int]:
         inbox = self.nc.new_inbox()
         msgs: list[Msg] = []
         loop = asyncio.get_running_loop()
@@ -235,9 +269,14 @@ class Broker:
                     if status in ("204", "404"):
                         done.set_result(int(headers.get("Nats-Num-Pending", "0") or 0))
                     else:
-                        done.set_exception(JetStreamError(
-                            f"direct get {subject}: status {status} {headers.get('Description', '')}",
-                            code=int(status), err_code=0))
+                        done.set_exception(
+                            JetStreamError(
+                                f"direct get {subject}: status {status} "
+                                f"{headers.get('Description', '')}",
+                                code=int(status),
+                                err_code=0,
+                            )
+                        )
                 return
             msgs.append(m)
 
@@ -270,8 +309,10 @@ class Broker:
     async def ensure_consumer(self, stream: str, config: dict[str, Any]) -> None:
         """Create or update a durable consumer (``CONSUMER.CREATE`` is create-or-update)."""
         name = config["durable_name"]
-        await self.api(f"$JS.API.CONSUMER.CREATE.{stream}.{name}",
-                       {"stream_name": stream, "config": config, "action": ""})
+        await self.api(
+            f"$JS.API.CONSUMER.CREATE.{stream}.{name}",
+            {"stream_name": stream, "config": config, "action": ""},
+        )
 
     async def pull(self, stream: str, consumer: str) -> PullConsumer:
         sub = await self.js.pull_subscribe_bind(durable=consumer, stream=stream)

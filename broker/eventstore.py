@@ -32,7 +32,7 @@ from sojourn.schemas.events import RunEvent
 from .connection import Broker, JetStreamError, Msg, header
 from .names import Names
 
-__all__ = ["Decision", "EventStore", "WRONG_LAST_SEQUENCE"]
+__all__ = ["WRONG_LAST_SEQUENCE", "Decision", "EventStore"]
 
 WRONG_LAST_SEQUENCE = 10071
 WRITER_HEADER = "Sojourn-Writer"
@@ -70,8 +70,9 @@ class EventStore:
 
         See ``append_once`` for the retry and fencing rules.
         """
-        seq, _ = await self.append_once(run_id, events, expected_seq=expected_seq,
-                                        writer=writer, msg_id=msg_id, timeout=timeout)
+        seq, _ = await self.append_once(
+            run_id, events, expected_seq=expected_seq, writer=writer, msg_id=msg_id, timeout=timeout
+        )
         return seq
 
     async def append_once(
@@ -114,7 +115,9 @@ class EventStore:
                 if time.monotonic() > deadline:
                     raise BrokerUnavailable(
                         f"append to {subject} not acknowledged: {type(e).__name__}",
-                        run_id=run_id, seq=expected_seq) from e
+                        run_id=run_id,
+                        seq=expected_seq,
+                    ) from e
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
                 continue
@@ -129,18 +132,23 @@ class EventStore:
                     return landed, True
                 raise ConcurrencyConflict(
                     f"run {run_id}: another writer appended after seq {expected_seq}",
-                    run_id=run_id, expected=expected_seq)
+                    run_id=run_id,
+                    expected=expected_seq,
+                )
             if int(err.get("code", 0)) == 503 and time.monotonic() < deadline:
                 await asyncio.sleep(pause)  # stream still recovering after a restart
                 pause = min(pause * 2, 1.0)
                 continue
-            raise JetStreamError(f"append to {subject}: {err.get('description')}",
-                                 code=int(err.get("code", 0)),
-                                 err_code=int(err.get("err_code", 0)))
+            raise JetStreamError(
+                f"append to {subject}: {err.get('description')}",
+                code=int(err.get("code", 0)),
+                err_code=int(err.get("err_code", 0)),
+            )
 
     async def _landed_seq(self, run_id: str, expected_seq: int, msg_id: str) -> int | None:
         nxt = await self.broker.direct_get_next(
-            self.names.events_stream, self.names.events(run_id), expected_seq + 1)
+            self.names.events_stream, self.names.events(run_id), expected_seq + 1
+        )
         if nxt is not None and header(nxt, "Nats-Msg-Id") == msg_id:
             return int(header(nxt, "Nats-Sequence"))
         return None
@@ -148,13 +156,15 @@ class EventStore:
     async def load(self, run_id: str, after_seq: int = 0) -> list[Decision]:
         """Every decision of ``run_id`` with a sequence above ``after_seq``, in order."""
         msgs = await self.broker.direct_get_range(
-            self.names.events_stream, self.names.events(run_id), after_seq + 1)
+            self.names.events_stream, self.names.events(run_id), after_seq + 1
+        )
         return [self._decode(run_id, m) for m in msgs]
 
     async def first(self, run_id: str) -> Decision | None:
         """The first decision of a run (its ``RunStarted``), or ``None`` if it does not exist."""
         m = await self.broker.direct_get_next(
-            self.names.events_stream, self.names.events(run_id), 1)
+            self.names.events_stream, self.names.events(run_id), 1
+        )
         return None if m is None else self._decode(run_id, m)
 
     async def last_seq(self, run_id: str) -> int:
@@ -168,7 +178,9 @@ class EventStore:
         try:
             events = tuple(decode_events(m.data))
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise HistoryError(f"run {run_id}: event message {seq} cannot be decoded: {e}",
-                               run_id=run_id, seq=seq) from e
-        return Decision(seq=seq, events=events, writer=header(m, WRITER_HEADER),
-                        msg_id=header(m, "Nats-Msg-Id"))
+            raise HistoryError(
+                f"run {run_id}: event message {seq} cannot be decoded: {e}", run_id=run_id, seq=seq
+            ) from e
+        return Decision(
+            seq=seq, events=events, writer=header(m, WRITER_HEADER), msg_id=header(m, "Nats-Msg-Id")
+        )

@@ -62,8 +62,9 @@ class LeaseStore:
             return 0, None
         return int(header(m, "Nats-Sequence")), self._decoder.decode(m.data)
 
-    async def acquire(self, run_id: str, owner: str, ttl: float,
-                      *, fresh: bool = False) -> Lease | LeaseHolder:
+    async def acquire(
+        self, run_id: str, owner: str, ttl: float, *, fresh: bool = False
+    ) -> Lease | LeaseHolder:
         """Take the lease; return it, or the live holder that has it.
 
         ``fresh=True`` says the run was just created, so its lease subject is most likely
@@ -95,8 +96,9 @@ class LeaseStore:
     async def release(self, lease: Lease) -> None:
         """Give the run up so any worker can take it at once (best effort)."""
         body = encode(LeaseHolder(owner=None, expires_at=0.0))
-        ack = await self.broker.publish_raw(self.names.lease(lease.run_id), body,
-                                            {_EXPECT: str(lease.seq)})
+        ack = await self.broker.publish_raw(
+            self.names.lease(lease.run_id), body, {_EXPECT: str(lease.seq)}
+        )
         if "seq" in ack:
             self._released[lease.run_id] = int(ack["seq"])
             if len(self._released) > 10_000:
@@ -105,8 +107,9 @@ class LeaseStore:
     async def _write(self, run_id: str, owner: str, ttl: float, expected: int) -> Lease | None:
         now = time.time()
         body = encode(LeaseHolder(owner=owner, expires_at=now + ttl, acquired_at=now))
-        ack = await self.broker.publish_raw(self.names.lease(run_id), body,
-                                            {_EXPECT: str(expected)})
+        ack = await self.broker.publish_raw(
+            self.names.lease(run_id), body, {_EXPECT: str(expected)}
+        )
         if "seq" not in ack:
             return None
         return Lease(run_id=run_id, owner=owner, seq=int(ack["seq"]), expires_at=now + ttl)

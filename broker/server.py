@@ -360,7 +360,7 @@ class EmbeddedServer:
 
     # ASYNC109 wants callers to wrap us in asyncio.timeout(), but this is a grace period
     # before SIGKILL, not a deadline for the call: cancelling would skip the kill.
-    async def stop(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async def stop(self, timeout: float = 10.0) -> None:
         """Stop the server gracefully: SIGTERM, then SIGKILL after ``timeout`` seconds.
 
         SIGTERM lets JetStream flush and close its files. Safe to call twice, after

@@ -23,20 +23,22 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
     """The stream configs of a deployment (JetStream API JSON)."""
     dedup = int(settings.dedup_window * _NS)
     return [
-        {   # the source of truth: one subject per run, never deleted, never purged
+        {  # the source of truth: one subject per run, never deleted, never purged
             "name": names.events_stream,
             "subjects": [names.events_all],
             "retention": "limits",
             "storage": "file",
             "discard": "old",
-            "max_msgs": -1, "max_bytes": -1, "max_age": 0,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": 0,
             "deny_delete": True,
             "deny_purge": True,
             "allow_direct": True,
             "duplicate_window": dedup,
             "num_replicas": 1,
         },
-        {   # what the outside world publishes; the publish ack is the durable receipt
+        {  # what the outside world publishes; the publish ack is the durable receipt
             "name": names.inbox_stream,
             "subjects": names.inbox_subjects,
             "retention": "workqueue",
@@ -46,7 +48,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "duplicate_window": dedup,
             "num_replicas": 1,
         },
-        {   # "this run has something to do"; timers are schedules that target wake subjects
+        {  # "this run has something to do"; timers are schedules that target wake subjects
             "name": names.wake_stream,
             "subjects": names.wake_subjects,
             "retention": "limits",
@@ -59,7 +61,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "duplicate_window": dedup,
             "num_replicas": 1,
         },
-        {   # every rejected inbound message, verbatim, with the reason
+        {  # every rejected inbound message, verbatim, with the reason
             "name": names.dlq_stream,
             "subjects": [f"{names.prefix}.dlq.*"],
             "retention": "limits",
@@ -68,7 +70,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "allow_direct": True,
             "num_replicas": 1,
         },
-        {   # one lease message per run; CAS on the subject sequence decides ownership
+        {  # one lease message per run; CAS on the subject sequence decides ownership
             "name": names.leases_stream,
             "subjects": [f"{names.prefix}.lease.*"],
             "retention": "limits",
@@ -78,7 +80,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "allow_direct": True,
             "num_replicas": 1,
         },
-        {   # agents any worker has ever served (what "unknown agent" means)
+        {  # agents any worker has ever served (what "unknown agent" means)
             "name": names.agents_stream,
             "subjects": [f"{names.prefix}.agent.*"],
             "retention": "limits",
@@ -93,30 +95,37 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
 def consumer_configs(names: Names, settings: Settings) -> list[tuple[str, dict[str, Any]]]:
     ack_wait = int(max(settings.lease_ttl, 1.0) * _NS)
     return [
-        (names.inbox_stream, {
-            "durable_name": names.intake_consumer,
-            "ack_policy": "explicit",
-            "deliver_policy": "all",
-            # Like a wake, a trigger whose run is executing at once is kept alive by the
-            # worker's keepalive; if the worker dies it comes back after one lease period.
-            "ack_wait": ack_wait,
-            "max_deliver": -1,
-            "max_ack_pending": 10_000,
-        }),
-        (names.wake_stream, {
-            "durable_name": names.wake_consumer,
-            "filter_subject": f"{names.prefix}.wake.*",
-            "ack_policy": "explicit",
-            "deliver_policy": "all",
-            "ack_wait": ack_wait,
-            "max_deliver": -1,
-            "max_ack_pending": 100_000,
-        }),
+        (
+            names.inbox_stream,
+            {
+                "durable_name": names.intake_consumer,
+                "ack_policy": "explicit",
+                "deliver_policy": "all",
+                # Like a wake, a trigger whose run is executing at once is kept alive by the
+                # worker's keepalive; if the worker dies it comes back after one lease period.
+                "ack_wait": ack_wait,
+                "max_deliver": -1,
+                "max_ack_pending": 10_000,
+            },
+        ),
+        (
+            names.wake_stream,
+            {
+                "durable_name": names.wake_consumer,
+                "filter_subject": f"{names.prefix}.wake.*",
+                "ack_policy": "explicit",
+                "deliver_policy": "all",
+                "ack_wait": ack_wait,
+                "max_deliver": -1,
+                "max_ack_pending": 100_000,
+            },
+        ),
     ]
 
 
-async def ensure_topology(broker: Broker, names: Names, settings: Settings,
-                          *, consumers: bool = True) -> None:
+async def ensure_topology(
+    broker: Broker, names: Names, settings: Settings, *, consumers: bool = True
+) -> None:
     """Create or update every stream (and the workers' durable consumers)."""
     for cfg in stream_configs(names, settings):
         await broker.ensure_stream(cfg)

@@ -24,6 +24,7 @@ __all__ = [
     "encode",
     "encode_events",
     "from_raw",
+    "peek_run_id",
     "to_raw",
 ]
 
@@ -56,6 +57,21 @@ def decode_start(data: bytes) -> StartTrigger:
     return _start_decoder.decode(data)
 
 
+class _RunIdHint(msgspec.Struct):
+    run_id: str | None = None
+
+
+_hint_decoder = msgspec.json.Decoder(_RunIdHint)
+
+
+def peek_run_id(data: bytes) -> str | None:
+    """The ``run_id`` of a trigger if it has a usable one, without validating the rest."""
+    try:
+        return _hint_decoder.decode(data).run_id
+    except msgspec.MsgspecError:
+        return None
+
+
 def decode_intake_reply(data: bytes) -> IntakeOk | IntakeError:
     """Decode the intake's answer; the two shapes are told apart by the ``error`` key."""
     raw = msgspec.json.decode(data)
@@ -73,6 +89,6 @@ def to_raw(value: Any) -> msgspec.Raw:
     return msgspec.Raw(_encoder.encode(value))
 
 
-def from_raw(raw: msgspec.Raw | bytes, type: type[T] | Any = Any) -> T:  # noqa: A002
+def from_raw(raw: msgspec.Raw | bytes, type: type[T] | Any = Any) -> T:
     """Decode raw JSON from an event field into ``type`` (``Any`` gives plain JSON values)."""
-    return msgspec.json.decode(bytes(raw), type=type)  # type: ignore[no-any-return]
+    return msgspec.json.decode(bytes(raw), type=type)

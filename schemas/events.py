@@ -17,6 +17,7 @@ from typing import Literal
 import msgspec
 
 __all__ = [
+    "CancelRequested",
     "ErrorInfo",
     "Event",
     "RunCancelled",
@@ -26,7 +27,6 @@ __all__ = [
     "RunResumed",
     "RunStarted",
     "RunSuspended",
-    "CancelRequested",
     "StepCompleted",
     "StepFailed",
     "StepStarted",
@@ -57,7 +57,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     at: float = 0.0
 
 
-class RunStarted(Event, tag="run.started.v1", kw_only=True):
+class RunStarted(Event, tag="run.started.v1", frozen=True, kw_only=True):
     run_id: str
     agent: str
     input: msgspec.Raw
@@ -66,40 +66,40 @@ class RunStarted(Event, tag="run.started.v1", kw_only=True):
     parent_run_id: str | None = None
 
 
-class RunCompleted(Event, tag="run.completed.v1", kw_only=True):
+class RunCompleted(Event, tag="run.completed.v1", frozen=True, kw_only=True):
     output: msgspec.Raw
 
 
-class RunFailed(Event, tag="run.failed.v1", kw_only=True):
+class RunFailed(Event, tag="run.failed.v1", frozen=True, kw_only=True):
     error: ErrorInfo
 
 
-class CancelRequested(Event, tag="run.cancel_requested.v1", kw_only=True):
+class CancelRequested(Event, tag="run.cancel_requested.v1", frozen=True, kw_only=True):
     """Written by the intake; the run's owner turns it into ``RunCancelled``."""
 
     reason: str = ""
     by: str | None = None
 
 
-class RunCancelled(Event, tag="run.cancelled.v1", kw_only=True):
+class RunCancelled(Event, tag="run.cancelled.v1", frozen=True, kw_only=True):
     reason: str = ""
 
 
-class RunSuspended(Event, tag="run.suspended.v1", kw_only=True):
+class RunSuspended(Event, tag="run.suspended.v1", frozen=True, kw_only=True):
     """The run is parked for a human: replay diverged, a cap was hit, a step is in doubt."""
 
     reason: Literal["nondeterminism", "poison", "cap", "in_doubt", "manual"]
     detail: str
 
 
-class RunResumed(Event, tag="run.resumed.v1", kw_only=True):
+class RunResumed(Event, tag="run.resumed.v1", frozen=True, kw_only=True):
     """A human (or a deploy) lifted a suspension; the run replays again."""
 
     by: str | None = None
     note: str = ""
 
 
-class StepStarted(Event, tag="step.started.v1", kw_only=True):
+class StepStarted(Event, tag="step.started.v1", frozen=True, kw_only=True):
     """Written before a step's function runs: the effect ledger's "may have happened" mark."""
 
     position: int
@@ -107,7 +107,7 @@ class StepStarted(Event, tag="step.started.v1", kw_only=True):
     attempt: int = 1
 
 
-class StepCompleted(Event, tag="step.completed.v1", kw_only=True):
+class StepCompleted(Event, tag="step.completed.v1", frozen=True, kw_only=True):
     position: int
     name: str
     attempt: int = 1
@@ -115,7 +115,7 @@ class StepCompleted(Event, tag="step.completed.v1", kw_only=True):
     duration: float = 0.0
 
 
-class StepFailed(Event, tag="step.failed.v1", kw_only=True):
+class StepFailed(Event, tag="step.failed.v1", frozen=True, kw_only=True):
     position: int
     name: str
     attempt: int = 1
@@ -123,7 +123,7 @@ class StepFailed(Event, tag="step.failed.v1", kw_only=True):
     duration: float = 0.0
 
 
-class ValueRecorded(Event, tag="value.recorded.v1", kw_only=True):
+class ValueRecorded(Event, tag="value.recorded.v1", frozen=True, kw_only=True):
     """A non-deterministic value (``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``) journaled."""
 
     position: int

@@ -20,7 +20,7 @@ WIRE_SCHEMAS: dict[str, Any] = {
     "run-event": RunEvent,
     "run-event-message": list[RunEvent],
 }
-"""Schema file stem -> type. ``run-event-message`` is the body of one ``sojourn.ev.<run>`` message."""
+"""Schema file stem -> type. ``run-event-message`` is the body of one run-event message."""
 
 
 def schema_of(tp: Any) -> dict[str, Any]:

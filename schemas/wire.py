@@ -13,11 +13,11 @@ from typing import Literal
 import msgspec
 
 __all__ = [
+    "REJECT_CODES",
     "DeadLetter",
     "ErrorBody",
     "IntakeError",
     "IntakeOk",
-    "REJECT_CODES",
     "RejectCode",
     "StartTrigger",
 ]

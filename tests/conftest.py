@@ -50,8 +50,12 @@ async def client(nats_server: EmbeddedServer, settings: Settings) -> AsyncIterat
         await c.close()
 
 
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0,
-                   interval: float = 0.05, what: str = "condition") -> None:
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> None:
     """Poll an async predicate until it holds; fail with ``what`` after ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

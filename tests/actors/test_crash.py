@@ -24,8 +24,11 @@ class WorkerProc:
     def __init__(self, url: str, prefix: str, log: Path, slow: float = 3.0) -> None:
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "tests.apps.run_worker", url, prefix, "tests.apps.effects", "2"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=subprocess_env(SOJOURN_TEST_LOG=str(log), SOJOURN_SLOW_STEP=str(slow)))
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=subprocess_env(SOJOURN_TEST_LOG=str(log), SOJOURN_SLOW_STEP=str(slow)),
+        )
 
     async def ready(self) -> None:
         assert self.proc.stdout is not None
@@ -95,10 +98,17 @@ async def test_sigkill_worker_mid_step_resumes_on_another(
     assert execs[("quick", "crash-1/4")] == 1
     attempts = [a for ev, name, _, a in rows if ev == "exec" and name == "slow"]
     assert attempts == [1, 2]
-    starts = [e for d in await client.history(run_id) for e in d.events
-              if isinstance(e, StepStarted)]
-    assert [(e.position, e.attempt) for e in starts] == [(0, 1), (1, 1), (2, 1), (2, 2),
-                                                        (3, 1), (4, 1)]
+    starts = [
+        e for d in await client.history(run_id) for e in d.events if isinstance(e, StepStarted)
+    ]
+    assert [(e.position, e.attempt) for e in starts] == [
+        (0, 1),
+        (1, 1),
+        (2, 1),
+        (2, 2),
+        (3, 1),
+        (4, 1),
+    ]
 
 
 @pytest.fixture

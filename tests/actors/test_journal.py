@@ -9,6 +9,7 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from sojourn.actors.journal import Execute, Journal, Recorded, RecordedFailure
 from sojourn.actors.state import fold
 from sojourn.schemas.errors import NondeterminismError
@@ -21,7 +22,6 @@ from sojourn.schemas.events import (
     StepStarted,
     ValueRecorded,
 )
-
 from tests.actors.test_state import Expected, valid_histories
 
 BOOM = ErrorInfo(type="ValueError", message="boom")

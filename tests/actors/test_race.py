@@ -50,8 +50,12 @@ async def test_two_activations_race_on_one_run(
     try:
         for round_no in range(50):
             run_id = f"race-{round_no}"
-            await store.append(run_id, [RunStarted(run_id=run_id, agent="racer",
-                                                   input=to_raw(4))], expected_seq=0, writer="t")
+            await store.append(
+                run_id,
+                [RunStarted(run_id=run_id, agent="racer", input=to_raw(4))],
+                expected_seq=0,
+                writer="t",
+            )
             history = await store.load(run_id)
             a = Activation(agent=racer, run_id=run_id, store=store, history=history, writer="A")
             b = Activation(agent=racer, run_id=run_id, store=store, history=history, writer="B")
@@ -67,7 +71,8 @@ async def test_two_activations_race_on_one_run(
     assert outcomes == Counter({"completed": 50, "fenced": 50})
     # The loser is fenced before its first step runs: no effect happened twice.
     assert {k: v for k, v in effects.items() if k.startswith("race-")} == {
-        f"race-{r}:{i}": 1 for r in range(50) for i in range(4)}
+        f"race-{r}:{i}": 1 for r in range(50) for i in range(4)
+    }
 
 
 async def test_two_workers_flooded_with_wakes_make_one_history(
@@ -89,7 +94,11 @@ async def test_two_workers_flooded_with_wakes_make_one_history(
                 await publish_wake(broker, names, run_id, "test")
 
         async def all_done() -> bool:
-            return all([await client.status(r) == "completed" for r in run_ids])
+            for r in run_ids:
+                history = await client.history(r)
+                if not history or fold(e for d in history for e in d.events).status != "completed":
+                    return False
+            return True
 
         await wait_for(all_done, timeout=60, what="all runs to complete")
         for run_id in run_ids:

@@ -20,6 +20,7 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from sojourn.actors.state import TERMINAL, OpRecord, RunState, evolve, fold
 from sojourn.schemas.events import (
     CancelRequested,

@@ -19,6 +19,7 @@ from pathlib import Path
 import nats
 import pytest
 from nats.js.api import StreamConfig
+
 from sojourn.broker import server as server_module
 from sojourn.broker.server import EmbeddedServer, find_nats_server
 from sojourn.schemas.errors import BrokerVersionError, ServerStartError

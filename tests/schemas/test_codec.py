@@ -12,6 +12,7 @@ import msgspec.inspect as mi
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sojourn.schemas.codec import (
     decode_dead_letter,
     decode_events,
