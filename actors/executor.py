@@ -15,6 +15,7 @@ This is the only module of the run core that awaits the broker. Its rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import traceback
 from typing import Literal
@@ -201,6 +202,13 @@ class Activation:
         except Fenced:
             self.fenced = True
             return "fenced"
+        except asyncio.CancelledError:
+            # The worker is shutting down (a deploy). Record the steps that did finish, so the
+            # next worker does not run them again; a step cut off mid-way stays in doubt.
+            if self.pending and not self.fenced:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(self._flush_quietly()), 2.0)
+            raise
         except RunCancelledInterrupt:
             return await self._end(
                 [RunCancelled(reason=self.state.cancel_requested or "", at=time.time())],

@@ -99,7 +99,7 @@ class LeaseStore:
         ack = await self.broker.publish_raw(
             self.names.lease(lease.run_id), body, {_EXPECT: str(lease.seq)}
         )
-        if "seq" in ack:
+        if not ack.get("error") and "seq" in ack:
             self._released[lease.run_id] = int(ack["seq"])
             if len(self._released) > 10_000:
                 self._released.pop(next(iter(self._released)))
@@ -110,6 +110,6 @@ class LeaseStore:
         ack = await self.broker.publish_raw(
             self.names.lease(run_id), body, {_EXPECT: str(expected)}
         )
-        if "seq" not in ack:
+        if ack.get("error") or "seq" not in ack:  # an error answer carries "seq": 0 too
             return None
         return Lease(run_id=run_id, owner=owner, seq=int(ack["seq"]), expires_at=now + ttl)

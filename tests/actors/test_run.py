@@ -205,3 +205,46 @@ async def test_nondeterminism_parks_the_run_and_keeps_history(
     after = await client.history(run_id)
     assert [d.events for d in after[: len(before)]] == [d.events for d in before]
     assert len(after) == len(before) + 1  # only the suspension was added
+
+
+async def test_graceful_stop_records_finished_steps_before_leaving(
+    nats_server: EmbeddedServer, settings: Settings, client: Client
+) -> None:
+    """A deploy stops a worker while a run waits between steps: the finished step is recorded,
+    so the next worker does not run it again."""
+    import asyncio
+
+    from tests.conftest import wait_for
+
+    counts: dict[str, int] = {"first": 0}
+
+    def first() -> str:
+        counts["first"] += 1
+        return "one"
+
+    def second() -> str:
+        return "two"
+
+    @agent("deploy")
+    async def before(ctx: Context, _: None) -> str:
+        await ctx.step(first)
+        await asyncio.sleep(3600)  # not a step: the completion of `first` is still buffered
+        return "unreachable"
+
+    @agent("deploy")
+    async def after(ctx: Context, _: None) -> str:
+        a = await ctx.step(first)
+        return a + await ctx.step(second)
+
+    w1 = Worker([before], nats=nats_server.url, settings=settings, flush_delay=3600)
+    await w1.start()
+    run_id = await client.start("deploy", None, wait=True)
+
+    async def first_ran() -> bool:
+        return counts["first"] == 1
+
+    await wait_for(first_ran, what="the first step to run")
+    await w1.stop(grace=0.1)
+    async with Worker([after], nats=nats_server.url, settings=settings):
+        assert await client.result(run_id, timeout=30) == "onetwo"
+    assert counts["first"] == 1

@@ -1,0 +1,127 @@
+"""The event store against a real server: fencing, landed retries, deny delete/purge."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from sojourn.broker import Broker, EmbeddedServer, EventStore, LeaseStore, Names
+from sojourn.broker.connection import JetStreamError
+from sojourn.broker.leases import Lease, LeaseHolder
+from sojourn.broker.topology import ensure_topology
+from sojourn.schemas import ConcurrencyConflict, RunStarted, StepStarted, to_raw
+from sojourn.schemas.config import Settings
+
+
+@pytest_asyncio.fixture
+async def store(nats_server: EmbeddedServer, settings: Settings) -> AsyncIterator[EventStore]:
+    broker = await Broker.connect(nats_server.url)
+    names = Names(settings.prefix)
+    await ensure_topology(broker, names, settings)
+    try:
+        yield EventStore(broker, names, settings)
+    finally:
+        await broker.close()
+
+
+def started(run_id: str) -> RunStarted:
+    return RunStarted(run_id=run_id, agent="a", input=to_raw({"x": 1}))
+
+
+async def test_append_read_and_fence(store: EventStore) -> None:
+    s1 = await store.append("r1", [started("r1")], expected_seq=0, writer="w")
+    s2 = await store.append(
+        "r1",
+        [StepStarted(position=0, name="s"), StepStarted(position=1, name="t")],
+        expected_seq=s1,
+        writer="w",
+    )
+    history = await store.load("r1")
+    assert [d.seq for d in history] == [s1, s2]
+    assert [len(d.events) for d in history] == [1, 2]  # one message per decision
+    assert history[1].writer == "w"
+    assert await store.last_seq("r1") == s2
+    assert await store.load("r1", after_seq=s1) == history[1:]
+    with pytest.raises(ConcurrencyConflict) as info:
+        await store.append("r1", [StepStarted(position=2, name="u")], expected_seq=s1, writer="x")
+    assert info.value.expected == s1 and info.value.run_id == "r1"
+    assert await store.last_seq("never") == 0 and await store.load("never") == []
+
+
+async def test_a_retried_append_that_landed_is_not_a_conflict(store: EventStore) -> None:
+    """The NATS trap: a retry with both Msg-Id and Expected-seq gets 10071, not duplicate."""
+    s1 = await store.append("r2", [started("r2")], expected_seq=0, writer="w")
+    ev = [StepStarted(position=0, name="s")]
+    first, earlier = await store.append_once("r2", ev, expected_seq=s1, writer="w", msg_id="m-1")
+    again, earlier2 = await store.append_once("r2", ev, expected_seq=s1, writer="w", msg_id="m-1")
+    assert (earlier, earlier2) == (False, True)
+    assert again == first
+    assert len(await store.load("r2")) == 2  # stored once
+    # Even when someone appended after it, the retry is still recognized as landed...
+    s3 = await store.append(
+        "r2", [StepStarted(position=1, name="t")], expected_seq=first, writer="other"
+    )
+    assert await store.append_once("r2", ev, expected_seq=s1, writer="w", msg_id="m-1") == (
+        first,
+        True,
+    )
+    # ...while a different writer at the same position is a conflict.
+    with pytest.raises(ConcurrencyConflict):
+        await store.append("r2", ev, expected_seq=s1, writer="w", msg_id="m-2")
+    assert await store.last_seq("r2") == s3
+
+
+async def test_racing_appenders_exactly_one_wins(store: EventStore) -> None:
+    seq = await store.append("r3", [started("r3")], expected_seq=0, writer="w")
+    for round_no in range(200):
+        ev = [StepStarted(position=round_no, name="s")]
+        results = await asyncio.gather(
+            store.append("r3", ev, expected_seq=seq, writer="A"),
+            store.append("r3", ev, expected_seq=seq, writer="B"),
+            return_exceptions=True,
+        )
+        wins = [r for r in results if isinstance(r, int)]
+        assert len(wins) == 1, results
+        assert sum(isinstance(r, ConcurrencyConflict) for r in results) == 1
+        seq = wins[0]
+    assert len(await store.load("r3")) == 201
+
+
+async def test_events_stream_denies_delete_and_purge(store: EventStore) -> None:
+    seq = await store.append("r4", [started("r4")], expected_seq=0, writer="w")
+    stream = store.names.events_stream
+    with pytest.raises(JetStreamError):
+        await store.broker.api(f"$JS.API.STREAM.MSG.DELETE.{stream}", {"seq": seq})
+    with pytest.raises(JetStreamError):
+        await store.broker.api(
+            f"$JS.API.STREAM.PURGE.{stream}", {"filter": store.names.events("r4")}
+        )
+    assert len(await store.load("r4")) == 1
+
+
+async def test_topology_is_idempotent(store: EventStore, settings: Settings) -> None:
+    await ensure_topology(store.broker, store.names, settings)
+    await ensure_topology(store.broker, store.names, settings)
+    info = await store.broker.api(f"$JS.API.STREAM.INFO.{store.names.events_stream}")
+    assert info["config"]["deny_delete"] and info["config"]["deny_purge"]
+
+
+async def test_leases_one_holder_expiry_and_release(store: EventStore) -> None:
+    leases = LeaseStore(store.broker, store.names)
+    a = await leases.acquire("run-l", "A", ttl=30)
+    assert isinstance(a, Lease)
+    b = await leases.acquire("run-l", "B", ttl=30)
+    assert isinstance(b, LeaseHolder) and b.owner == "A"
+    assert await leases.renew(a, ttl=0.2)
+    await asyncio.sleep(0.3)  # let A's short lease lapse (a real expiry, not a fake clock)
+    b2 = await leases.acquire("run-l", "B", ttl=30)
+    assert isinstance(b2, Lease)
+    assert not await leases.renew(a, ttl=30)  # A lost it: its renewal is refused
+    await leases.release(b2)
+    c = await leases.acquire("run-l", "C", ttl=30)
+    assert isinstance(c, Lease)
+    results = await asyncio.gather(*(leases.acquire("run-m", f"W{i}", ttl=30) for i in range(5)))
+    assert sum(isinstance(r, Lease) for r in results) == 1
