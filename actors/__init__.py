@@ -14,22 +14,27 @@ Example:
     'greeter'
 """
 
-from sojourn.schemas.errors import NondeterminismError, StepError
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import ChildRunError, NondeterminismError, StepError
 
 from .agent import Agent, agent
 from .client import Client, RunCancelledError, RunFailedError, StartReceipt, TriggerRejected
-from .context import Context, StepInfo, current_step
+from .context import ChildHandle, Context, Selected, StepInfo, current_step
 from .state import RunState, evolve, fold
 from .worker import Worker
 
 __all__ = [
     "Agent",
+    "ChildHandle",
+    "ChildRunError",
     "Client",
     "Context",
     "NondeterminismError",
     "RunCancelledError",
     "RunFailedError",
     "RunState",
+    "Selected",
+    "Settings",
     "StartReceipt",
     "StepError",
     "StepInfo",

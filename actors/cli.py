@@ -156,8 +156,8 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 
 
 async def bounded(connect: Awaitable[T], url: str | None) -> T:
-    """``connect`` or ``BrokerUnavailable`` after ``CONNECT_TIMEOUT``: nats-py retries a dead
-    address forever even when reconnects are off (see ``Broker.connect``)."""
+    """``connect``, or ``BrokerUnavailable`` after ``CONNECT_TIMEOUT``: a backstop for an
+    address that accepts TCP but never completes the NATS handshake."""
     try:
         async with asyncio.timeout(CONNECT_TIMEOUT):
             return await connect

@@ -8,6 +8,7 @@ worker is up. Everything else reads the run's event subject.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from sojourn.broker.connection import Broker
 from sojourn.broker.eventstore import Decision, EventStore
-from sojourn.broker.names import Names, validate_token
+from sojourn.broker.names import Names, validate_signal_name, validate_token
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas.codec import decode_events, decode_intake_reply, encode, from_raw
 from sojourn.schemas.config import Settings
@@ -96,7 +97,7 @@ class Client:
         Raises:
             BrokerUnavailable: no server answered.
         """
-        broker = await Broker.connect(nats, name="sojourn-client", reconnect=False)
+        broker = await Broker.connect(nats, name="sojourn-client")
         return cls(broker, settings, owns_broker=True)
 
     async def close(self) -> None:
@@ -202,6 +203,40 @@ class Client:
             )
         return bool(ack.get("duplicate"))
 
+    async def signal(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        signal_id: str | None = None,
+        sender: str | None = None,
+    ) -> str:
+        """Send the signal ``name`` to a run (durable: buffered until the run waits for it).
+
+        ``signal_id`` makes a retried send count once, forever (default: a fresh id per call,
+        returned). The JetStream ack is the receipt, even while no worker is up.
+
+        Raises:
+            InvalidName: bad run id or signal name.
+            PayloadTooLarge: the encoded payload exceeds ``settings.max_payload``.
+        """
+        validate_token(run_id, "run_id")
+        validate_signal_name(name)
+        body = encode(payload)
+        if len(body) > self.settings.max_payload:
+            raise PayloadTooLarge(
+                f"signal payload is {len(body)} bytes; the limit is {self.settings.max_payload}",
+                run_id=run_id,
+            )
+        await self._ensure()
+        sid = signal_id or uuid.uuid4().hex
+        headers = {"Nats-Msg-Id": sid}
+        if sender:
+            headers["Sojourn-Sender"] = sender
+        await self._publish(self.names.signal(run_id, name), body, headers)
+        return sid
+
     async def cancel(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
         """Ask for a run to be cancelled (durable: takes effect even if no worker is up)."""
         validate_token(run_id, "run_id")
@@ -244,7 +279,7 @@ class Client:
             TimeoutError: it did not end within ``timeout`` seconds.
         """
         validate_token(run_id, "run_id")
-        ended: asyncio.Future[RunEvent] = asyncio.get_running_loop().create_future()
+        changed = asyncio.Event()
 
         def terminal_in(data: bytes) -> RunEvent | None:
             try:
@@ -254,9 +289,10 @@ class Client:
             return next((e for e in events if isinstance(e, _TERMINAL)), None)
 
         async def on_event(msg: Any) -> None:
-            event = terminal_in(msg.data)
-            if event is not None and not ended.done():
-                ended.set_result(event)
+            # Only a hint: a plain subscriber also sees appends the stream refused (a fenced
+            # writer's), so the answer is always read back from what the stream stored.
+            if terminal_in(msg.data) is not None:
+                changed.set()
 
         # Subscribe first, then look at the last stored message: whichever way the end
         # arrives, it is seen, and only one message is read (not the whole history).
@@ -276,11 +312,9 @@ class Client:
                 # Re-read now and then too: a core subscription misses what is published
                 # while the connection is down.
                 wait = 5.0 if remaining is None else min(remaining, 5.0)
-                try:
-                    event = await asyncio.wait_for(asyncio.shield(ended), wait)
-                except TimeoutError:
-                    continue
-                return _outcome(run_id, event, type)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), wait)
+                changed.clear()
         finally:
             await sub.unsubscribe()
 

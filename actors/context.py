@@ -23,19 +23,55 @@ import uuid as _uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from sojourn.broker.names import validate_signal_name
 from sojourn.schemas.codec import from_raw, to_raw
-from sojourn.schemas.errors import NondeterminismError, StepError
-from sojourn.schemas.events import ErrorInfo, StepCompleted, StepFailed, StepStarted, ValueRecorded
+from sojourn.schemas.errors import ChildRunError, NondeterminismError, StepError
+from sojourn.schemas.events import (
+    ChildStarted,
+    ErrorInfo,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    ValueRecorded,
+    WaitStarted,
+)
+from sojourn.schemas.wire import ChildOutcome
 
-from .journal import Execute, Recorded, RecordedFailure
+from .journal import Execute, OpenWait, Recorded, RecordedFailure, RecordedWait
 
 if TYPE_CHECKING:
     from .executor import Activation
 
-__all__ = ["Context", "StepInfo", "current_step"]
+__all__ = ["ChildHandle", "Context", "Parked", "Selected", "StepInfo", "current_step"]
+
+Duration = float | int | timedelta
+"""Seconds as a number, or a ``timedelta``."""
+
+
+class Parked(BaseException):
+    """Unwinds agent code when the run parks on a wait (not catchable by ``except Exception``).
+
+    The run's position and wake condition are recorded; no coroutine is kept anywhere.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Selected:
+    """Which of several awaited signals arrived first, and its payload."""
+
+    name: str
+    payload: Any
+
+
+def _seconds(d: Duration) -> float:
+    return d.total_seconds() if isinstance(d, timedelta) else float(d)
+
+
+CHILD_SIGNAL = "sojourn-child"
+"""Prefix of the signal a child run sends its parent when it ends (``sojourn-child.<id>``)."""
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -226,6 +262,139 @@ class Context:
         )
         return from_raw(raw, rtype)  # type: ignore[no-any-return]
 
+    # --- durable waits ---------------------------------------------------------------------
+
+    async def sleep(
+        self, duration: Duration | None = None, *, until: datetime | None = None
+    ) -> None:
+        """Sleep durably: the run parks and a broker-kept timer wakes it (no process waits).
+
+        Args:
+            duration: seconds (number) or a ``timedelta``.
+            until: an aware ``datetime`` instead of a duration. A time in the past returns now.
+        """
+        if (duration is None) == (until is None):
+            raise ValueError("ctx.sleep takes a duration or until=, not both")
+        await self._wait("sleep", timeout=duration, until=until)
+
+    async def wait_for(self, name: str, *, timeout: Duration | None = None, type: Any = Any) -> Any:
+        """Wait for the signal ``name`` and return its payload (decoded as ``type``), or
+        ``None`` when ``timeout`` passes first.
+
+        A signal that arrived before this call is buffered in the run's history and consumed
+        here, oldest first: none is lost.
+        """
+        validate_signal_name(name)
+        got = await self._wait(f"signal:{name}", signals=(name,), timeout=timeout)
+        return None if got is None else from_raw(got.payload, type)
+
+    async def select(self, *names: str, timeout: Duration | None = None) -> Selected | None:
+        """Wait for the first of several signals (and optionally a timeout).
+
+        Returns ``Selected(name, payload)`` for the signal that came first (oldest first if
+        several were already buffered), or ``None`` on timeout.
+        """
+        if not names:
+            raise ValueError("ctx.select needs at least one signal name")
+        for n in names:
+            validate_signal_name(n)
+        got = await self._wait("select:" + "|".join(names), signals=names, timeout=timeout)
+        if got is None:
+            return None
+        return Selected(name=got.signal or "", payload=from_raw(got.payload, Any))
+
+    async def start_child(self, agent: str | Any, input: Any = None) -> ChildHandle:
+        """Start a run of another agent as this run's child; returns a handle to await.
+
+        The child's run id is ``<run_id>-c<position>``, so a replay or a retry starts it
+        once. Cancelling this run cancels its children.
+        """
+        self._act.check_cancelled()
+        name = agent if isinstance(agent, str) else str(agent.name)
+        try:
+            plan = self._journal.child(name)
+        except NondeterminismError as e:
+            self._act.note_nondeterminism(e)
+            raise
+        if isinstance(plan, Recorded):
+            return ChildHandle(self, from_raw(plan.result, str), name)
+        child_id = f"{self.run_id}-c{plan.position}"
+        await self._act.start_child_run(name, input, child_id)
+        self._act.buffer(
+            ChildStarted(position=plan.position, child_run_id=child_id, agent=name, at=time.time())
+        )
+        return ChildHandle(self, child_id, name)
+
+    async def child(self, agent: str | Any, input: Any = None, *, type: Any = Any) -> Any:
+        """Run another agent as a child and return its output (the run parks meanwhile)."""
+        handle = await self.start_child(agent, input)
+        return await handle.result(type=type)
+
+    async def _await_child(self, handle: ChildHandle, tp: Any) -> Any:
+        name = f"{CHILD_SIGNAL}.{handle.run_id}"
+        got = await self._wait(f"child:{handle.run_id}", signals=(name,), children=(handle.run_id,))
+        assert got is not None
+        outcome: ChildOutcome = from_raw(got.payload, ChildOutcome)
+        if outcome.status != "completed":
+            detail = f": {outcome.error.code}: {outcome.error.message}" if outcome.error else ""
+            raise ChildRunError(
+                f"child run {handle.run_id} ({handle.agent}) {outcome.status}{detail}",
+                run_id=self.run_id,
+                child_run_id=handle.run_id,
+                status=outcome.status,
+            )
+        return from_raw(outcome.output, tp)
+
+    async def _wait(
+        self,
+        key: str,
+        *,
+        signals: tuple[str, ...] = (),
+        timeout: Duration | None = None,
+        until: datetime | None = None,
+        children: tuple[str, ...] = (),
+    ) -> RecordedWait | None:
+        """The one wait primitive: returns how the wait ended (``None``: timed out) or parks."""
+        self._act.check_cancelled()
+        try:
+            plan = self._journal.wait(key)
+        except NondeterminismError as e:
+            self._act.note_nondeterminism(e)
+            raise
+        if isinstance(plan, RecordedWait):
+            return None if plan.outcome == "timeout" else plan
+        assert isinstance(plan, OpenWait)
+        p = plan.position
+        if plan.recorded is not None:
+            deadline = plan.recorded.deadline
+        elif until is not None:
+            deadline = until.timestamp()
+        elif timeout is not None:
+            deadline = time.time() + _seconds(timeout)
+        else:
+            deadline = None
+        record = plan.recorded is None
+        while True:
+            done = self._act.resolve_wait(p, key, signals, deadline)
+            if done is None and children:
+                done = await self._act.resolve_child_wait(p, key, children)
+            if done is not None:
+                return None if done.outcome == "timeout" else done
+            event = None
+            if record:
+                event = WaitStarted(
+                    position=p,
+                    key=key,
+                    signals=signals,
+                    deadline=deadline,
+                    children=children,
+                    at=time.time(),
+                )
+            if await self._act.park(p, deadline, event, signals):
+                record = False
+                continue  # a signal arrived while we recorded the wait: take it now
+            raise Parked()
+
     def _value(self, kind: str, make: Callable[[], Any], tp: Any) -> Any:
         self._act.check_cancelled()
         try:
@@ -239,7 +408,7 @@ class Context:
         self._act.buffer(
             ValueRecorded(
                 position=plan.position,
-                kind=kind,  # type: ignore[arg-type]
+                kind=kind,
                 value=raw,
                 at=time.time(),
             )
@@ -260,3 +429,23 @@ class Context:
         """A float in [0, 1), journaled."""
         value: float = self._value("random", _random.random, float)
         return value
+
+
+class ChildHandle:
+    """A child run started with ``ctx.start_child``; await ``result()`` for its output."""
+
+    def __init__(self, ctx: Context, run_id: str, agent: str) -> None:
+        self._ctx = ctx
+        self.run_id = run_id
+        self.agent = agent
+
+    async def result(self, *, type: Any = Any) -> Any:
+        """Wait (durably: the run parks) until the child ends; return its output.
+
+        Raises:
+            ChildRunError: the child failed, was cancelled, or its trigger was rejected.
+        """
+        return await self._ctx._await_child(self, type)
+
+    def __repr__(self) -> str:
+        return f"ChildHandle({self.agent!r}, {self.run_id!r})"

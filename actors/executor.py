@@ -18,39 +18,68 @@ import asyncio
 import contextlib
 import time
 import traceback
-from typing import Literal
+from typing import Any, Literal
 
+from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision, EventStore
-from sojourn.schemas.codec import to_raw
-from sojourn.schemas.errors import ConcurrencyConflict, Fenced, NondeterminismError
+from sojourn.broker.timers import cancel_timers, schedule_timer
+from sojourn.schemas.codec import decode_events, encode, to_raw
+from sojourn.schemas.errors import (
+    BrokerUnavailable,
+    ConcurrencyConflict,
+    Fenced,
+    NondeterminismError,
+)
 from sojourn.schemas.events import (
     CancelRequested,
+    ChildStarted,
     ErrorInfo,
     RunCancelled,
     RunCompleted,
     RunEvent,
     RunFailed,
     RunSuspended,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepStarted,
     ValueRecorded,
+    WaitCompleted,
+    WaitStarted,
 )
+from sojourn.schemas.wire import ChildOutcome, ErrorBody
 
 from .agent import Agent
-from .context import Context
-from .journal import Journal
-from .state import RunState, fold
+from .context import CHILD_SIGNAL, Context, Parked
+from .journal import Journal, RecordedWait
+from .state import RunState, SignalRecord, fold
 
 __all__ = ["Activation", "Outcome", "RunCancelledInterrupt"]
 
-Outcome = Literal["completed", "failed", "cancelled", "suspended", "fenced", "noop"]
+Outcome = Literal["completed", "failed", "cancelled", "suspended", "waiting", "fenced", "noop"]
 
-EXTERNAL_EVENTS = (CancelRequested,)
+EXTERNAL_EVENTS = (CancelRequested, SignalReceived)
 """Events other parties append to a run without owning it; they commute with our decisions."""
 
 
-_OP_EVENTS = (StepStarted, StepCompleted, StepFailed, ValueRecorded)
+_OP_EVENTS = (
+    StepStarted,
+    StepCompleted,
+    StepFailed,
+    ValueRecorded,
+    WaitStarted,
+    WaitCompleted,
+    ChildStarted,
+)
+_NULL = to_raw(None)
+
+
+class BrokerLost(BaseException):
+    """Unwinds agent code when an append could not reach the broker in time.
+
+    A ``BaseException`` so that an agent's ``except Exception`` cannot turn a broker outage
+    into a recorded failure of the run.
+    """
 
 
 class RunCancelledInterrupt(BaseException):
@@ -81,9 +110,13 @@ class Activation:
         self.pending: list[RunEvent] = []
         self.fenced = False
         self.appends = 0
+        self.timers_used = False
         self._lock = asyncio.Lock()
         self._flush_handle: asyncio.TimerHandle | None = None
         self._nondeterminism: NondeterminismError | None = None
+        self.consumed: set[str] = set()
+        self.children: list[str] = list(self.state.children)
+        self._background: set[asyncio.Task[None]] = set()
 
     # --- used by Context ----------------------------------------------------------------------
 
@@ -110,8 +143,8 @@ class Activation:
     async def _flush_quietly(self) -> None:
         try:
             await self.commit([])
-        except (Fenced, RunCancelledInterrupt):
-            pass
+        except (Fenced, RunCancelledInterrupt, BrokerLost):
+            pass  # BrokerLost keeps the events buffered: the next decision retries them
 
     def note_nondeterminism(self, e: NondeterminismError) -> None:
         """Remember a divergence even if the agent's code catches the exception."""
@@ -143,9 +176,7 @@ class Activation:
             interrupted = False
             while True:
                 try:
-                    seq = await self.store.append(
-                        self.run_id, batch, expected_seq=self.last_seq, writer=self.writer
-                    )
+                    seq = await self._append(batch)
                 except ConcurrencyConflict:
                     await self._rebase()
                     if self.state.cancel_requested is not None and any(
@@ -157,6 +188,9 @@ class Activation:
                         if not batch:
                             raise RunCancelledInterrupt() from None
                     continue
+                except BrokerLost:
+                    self.pending[:0] = taken  # keep them for the next attempt
+                    raise
                 break
             self.appends += 1
             self.last_seq = seq
@@ -168,6 +202,14 @@ class Activation:
             if interrupted:
                 raise RunCancelledInterrupt()
 
+    async def _append(self, batch: list[RunEvent]) -> int:
+        try:
+            return await self.store.append(
+                self.run_id, batch, expected_seq=self.last_seq, writer=self.writer
+            )
+        except (BrokerUnavailable, JetStreamError) as e:
+            raise BrokerLost() from e
+
     async def _rebase(self) -> None:
         newer = await self.store.load(self.run_id, after_seq=self.last_seq)
         foreign = [e for d in newer for e in d.events if not isinstance(e, EXTERNAL_EVENTS)]
@@ -177,12 +219,108 @@ class Activation:
         self.state = fold((e for d in newer for e in d.events), self.state)
         self.last_seq = newer[-1].seq
 
+    # --- waits (used by Context) -------------------------------------------------------------
+
+    def _find_signal(self, names: tuple[str, ...]) -> SignalRecord | None:
+        for rec in self.state.signals:
+            if rec.name in names and rec.signal_id not in self.consumed:
+                return rec
+        return None
+
+    def resolve_wait(
+        self, p: int, key: str, signals: tuple[str, ...], deadline: float | None
+    ) -> RecordedWait | None:
+        """Decide a wait from what is known now: a buffered signal, else a passed deadline."""
+        sig = self._find_signal(signals)
+        if sig is not None:
+            self.consumed.add(sig.signal_id)
+            self.buffer(
+                WaitCompleted(
+                    position=p,
+                    key=key,
+                    outcome="signal",
+                    payload=sig.payload,
+                    signal=sig.name,
+                    signal_id=sig.signal_id,
+                    at=time.time(),
+                )
+            )
+            if deadline is not None:
+                self._later(self._cancel_timer(p))
+            return RecordedWait(position=p, outcome="signal", payload=sig.payload, signal=sig.name)
+        if deadline is not None and time.time() >= deadline:
+            self.buffer(
+                WaitCompleted(position=p, key=key, outcome="timeout", payload=_NULL, at=time.time())
+            )
+            return RecordedWait(position=p, outcome="timeout", payload=_NULL, signal=None)
+        return None
+
+    async def resolve_child_wait(
+        self, p: int, key: str, children: tuple[str, ...]
+    ) -> RecordedWait | None:
+        """A child may have ended without its notification reaching us: look at its history."""
+        for child in children:
+            outcome = await child_outcome(self.store, child)
+            if outcome is not None:
+                payload = to_raw(outcome)
+                self.buffer(
+                    WaitCompleted(
+                        position=p,
+                        key=key,
+                        outcome="child",
+                        payload=payload,
+                        child_status=outcome.status,
+                        at=time.time(),
+                    )
+                )
+                return RecordedWait(position=p, outcome="child", payload=payload, signal=None)
+        return None
+
+    async def park(
+        self, p: int, deadline: float | None, event: WaitStarted | None, signals: tuple[str, ...]
+    ) -> bool:
+        """Record the wait (timer first, then the event: a recorded wait never lacks its timer)
+        and flush; return True if a matching signal turned up meanwhile."""
+        if deadline is not None:
+            await schedule_timer(self.store.broker, self.store.names, self.run_id, str(p), deadline)
+            self.timers_used = True
+        await self.commit([event] if event is not None else [])
+        return self._find_signal(signals) is not None
+
+    async def _cancel_timer(self, p: int) -> None:
+        names = self.store.names
+        with contextlib.suppress(Exception):
+            await self.store.broker.api(
+                f"$JS.API.STREAM.PURGE.{names.wake_stream}",
+                {"filter": names.timer(self.run_id, str(p))},
+            )
+
+    def _later(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def start_child_run(self, agent: str, input: Any, child_id: str) -> None:
+        names = self.store.names
+        body = encode({"input": input, "run_id": child_id, "parent_run_id": self.run_id})
+        await self.store.broker.publish(
+            names.start(agent), body, {"Nats-Msg-Id": f"start:{agent}:{child_id}"}
+        )
+        self.children.append(child_id)
+
     # --- the activation -----------------------------------------------------------------------
 
     async def run(self) -> Outcome:
         """Drive the agent to its next resting point and record it."""
         s = self.state
-        if s.status == "new" or s.terminal or s.status == "suspended":
+        if s.terminal:
+            await self._after_end()  # redo the end's side jobs: a crash may have cut them off
+            return "noop"
+        if s.status == "suspended" and s.cancel_requested is not None:
+            return await self._end(
+                [RunCancelled(reason=s.cancel_requested, at=time.time())], "cancelled"
+            )
+        if s.status == "new" or s.status == "suspended":
             return "noop"
         try:
             if s.cancel_requested is not None:
@@ -198,10 +336,15 @@ class Activation:
             else:
                 raise self._nondeterminism
             await self.commit([RunCompleted(output=to_raw(output), at=time.time())])
-            return "completed"
         except Fenced:
             self.fenced = True
             return "fenced"
+        except Parked:
+            return "waiting"
+        except BrokerLost as e:
+            # Not the agent's failure: the broker is gone. Nothing more is written; the worker
+            # hands the run back and it resumes from its last recorded event later.
+            raise BrokerUnavailable(str(e.__cause__ or e), run_id=self.run_id) from e
         except asyncio.CancelledError:
             # The worker is shutting down (a deploy). Record the steps that did finish, so the
             # next worker does not run them again; a step cut off mid-way stays in doubt.
@@ -229,6 +372,8 @@ class Activation:
             if self._flush_handle is not None:
                 self._flush_handle.cancel()
                 self._flush_handle = None
+        await self._after_end()
+        return "completed"
 
     async def _suspend_nondeterminism(self, e: NondeterminismError) -> Outcome:
         return await self._end(
@@ -242,4 +387,75 @@ class Activation:
             return "fenced"
         except RunCancelledInterrupt:  # pragma: no cover - commit never raises it
             return "cancelled"
+        await self._after_end()
         return outcome
+
+    async def _after_end(self) -> None:
+        """After the terminal event: cancel live children, tell the parent, drop timers.
+
+        Each is idempotent (deterministic Msg-Ids), so an activation that finds the run
+        already ended simply does them again; the caller acks its wake only afterwards.
+        """
+        s = self.state
+        broker, names = self.store.broker, self.store.names
+        if s.status == "cancelled":
+            for child in dict.fromkeys([*s.children, *self.children]):
+                if await child_outcome(self.store, child) is None:
+                    await broker.publish(
+                        names.cancel(child),
+                        encode({"reason": f"parent {self.run_id} cancelled", "by": self.run_id}),
+                        {"Nats-Msg-Id": f"cascade:{child}"},
+                    )
+        if s.parent_run_id:
+            outcome = outcome_of(self.run_id, s)
+            await broker.publish(
+                names.signal(s.parent_run_id, f"{CHILD_SIGNAL}.{self.run_id}"),
+                encode(outcome),
+                {"Nats-Msg-Id": f"child-end:{self.run_id}"},
+            )
+        if self.timers_used or any(op.deadline is not None for op in s.ops if op.kind == "wait"):
+            await cancel_timers(broker, names, self.run_id)
+
+
+def outcome_of(run_id: str, s: RunState) -> ChildOutcome:
+    """How an ended run looks to its parent."""
+    if s.status == "completed":
+        return ChildOutcome(child_run_id=run_id, status="completed", output=s.output or _NULL)
+    if s.status == "failed":
+        err = s.error
+        body = ErrorBody(code=err.type if err else "error", message=err.message if err else "")
+        return ChildOutcome(child_run_id=run_id, status="failed", output=_NULL, error=body)
+    return ChildOutcome(
+        child_run_id=run_id,
+        status="cancelled",
+        output=_NULL,
+        error=ErrorBody(code="cancelled", message=s.cancel_requested or ""),
+    )
+
+
+async def child_outcome(store: EventStore, child_id: str) -> ChildOutcome | None:
+    """The outcome of ``child_id`` if its history says it ended, else ``None``."""
+    last = await store.broker.direct_get_last(
+        store.names.events_stream, store.names.events(child_id)
+    )
+    if last is None:
+        return None
+    events = decode_events(last.data)
+    for e in events:
+        if isinstance(e, RunCompleted):
+            return ChildOutcome(child_run_id=child_id, status="completed", output=e.output)
+        if isinstance(e, RunFailed):
+            return ChildOutcome(
+                child_run_id=child_id,
+                status="failed",
+                output=_NULL,
+                error=ErrorBody(code=e.error.type, message=e.error.message),
+            )
+        if isinstance(e, RunCancelled):
+            return ChildOutcome(
+                child_run_id=child_id,
+                status="cancelled",
+                output=_NULL,
+                error=ErrorBody(code="cancelled", message=e.reason),
+            )
+    return None

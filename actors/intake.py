@@ -21,10 +21,10 @@ import msgspec
 
 from sojourn.broker.connection import Broker, Msg, header
 from sojourn.broker.eventstore import Decision, EventStore
-from sojourn.broker.names import Names, validate_token
+from sojourn.broker.names import Names, validate_signal_name, validate_token
 from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.wake import publish_wake
-from sojourn.schemas.codec import decode_events, decode_start, encode
+from sojourn.schemas.codec import decode_events, decode_json, decode_start, encode, to_raw
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import ConcurrencyConflict, InvalidName
 from sojourn.schemas.events import (
@@ -33,17 +33,29 @@ from sojourn.schemas.events import (
     RunCompleted,
     RunFailed,
     RunStarted,
+    SignalReceived,
     TriggerInfo,
 )
-from sojourn.schemas.wire import DeadLetter, ErrorBody, IntakeError, IntakeOk
+from sojourn.schemas.wire import (
+    ChildOutcome,
+    DeadLetter,
+    ErrorBody,
+    IntakeError,
+    IntakeOk,
+    StartTrigger,
+)
 
 from .agent import Agent
+from .context import CHILD_SIGNAL
 
 __all__ = ["REPLY_HEADER", "Intake", "Rejected"]
 
 log = logging.getLogger("sojourn.intake")
 
 REPLY_HEADER = "Sojourn-Reply-To"
+
+UNKNOWN_RUN_RETRIES = 5
+"""Deliveries of a cancel for a run that does not exist yet before it is dead-lettered."""
 
 OnCreated = Callable[[str, Decision, Msg], Awaitable[bool]]
 """Called with a freshly created run: return True to run it at once (then the callee settles
@@ -123,6 +135,8 @@ class Intake:
                 return
             if kind == "cancel":
                 handled = await self._cancel(msg)
+            elif kind == "signal":
+                handled = await self._signal(msg)
             else:
                 raise Rejected(
                     "invalid_trigger", f"{kind} messages are not supported by this worker version"
@@ -151,6 +165,27 @@ class Intake:
             ) from e
         except msgspec.DecodeError as e:
             raise Rejected("invalid_json", f"trigger is not valid JSON: {e}") from e
+        try:
+            return await self._create(msg, agent_name, trigger)
+        except Rejected as r:
+            if trigger.parent_run_id and trigger.run_id:
+                # A parent awaits this child: tell it the child will never run.
+                outcome = ChildOutcome(
+                    child_run_id=trigger.run_id,
+                    status="rejected",
+                    output=to_raw(None),
+                    error=ErrorBody(code=r.code, message=r.message),
+                )
+                await self.broker.publish(
+                    self.names.signal(trigger.parent_run_id, f"{CHILD_SIGNAL}.{trigger.run_id}"),
+                    encode(outcome),
+                    {"Nats-Msg-Id": f"child-end:{trigger.run_id}"},
+                )
+            raise
+
+    async def _create(
+        self, msg: Msg, agent_name: str, trigger: StartTrigger
+    ) -> tuple[IntakeOk, Decision | None, bool] | None:
         agent = self.agents.get(agent_name)
         if agent is None:
             if await self.registry.is_known(agent_name):
@@ -177,6 +212,7 @@ class Intake:
             agent=agent_name,
             input=trigger.input,
             code_version=agent.version,
+            parent_run_id=trigger.parent_run_id,
             trigger=TriggerInfo(
                 inbox_seq=inbox_seq,
                 msg_id=header(msg, "Nats-Msg-Id") or None,
@@ -205,6 +241,60 @@ class Intake:
         created = Decision(seq=seq, events=(started,), writer=self.writer, msg_id=msg_id)
         return IntakeOk(run_id=run_id, created=True), created, True
 
+    # --- signals -----------------------------------------------------------------------------
+
+    async def _signal(self, msg: Msg) -> IntakeOk | None:
+        """Append ``SignalReceived`` to the run (once per signal id, ever) and wake it."""
+        run_id = self.names.subject_token(msg.subject, 1)
+        name = self.names.signal_name(msg.subject)
+        try:
+            validate_signal_name(name)
+        except InvalidName as e:
+            raise Rejected("invalid_trigger", e.message) from e
+        try:
+            payload = to_raw(decode_json(msg.data)) if msg.data.strip() else to_raw(None)
+        except msgspec.DecodeError as e:
+            raise Rejected("invalid_json", f"signal payload is not valid JSON: {e}") from e
+        inbox_seq = msg.metadata.sequence.stream
+        signal_id = header(msg, "Nats-Msg-Id") or f"inbox-{inbox_seq}"
+        for _ in range(20):
+            history = await self.store.load(run_id)
+            if not history:
+                if msg.metadata.num_delivered < UNKNOWN_RUN_RETRIES:
+                    await msg.nak(delay=1.0)  # its start may still be on its way
+                    return None
+                raise Rejected("unknown_run", f"no run with id '{run_id}'")
+            events = [e for d in history for e in d.events]
+            if any(isinstance(e, SignalReceived) and e.signal_id == signal_id for e in events):
+                return IntakeOk(run_id=run_id, created=False)  # delivered before: count once
+            if any(isinstance(e, (RunCompleted, RunFailed, RunCancelled)) for e in events):
+                if name.startswith(CHILD_SIGNAL + "."):
+                    return IntakeOk(run_id=run_id, created=False)  # parent already over
+                raise Rejected("run_ended", f"run '{run_id}' has ended; signal '{name}' unused")
+            event = SignalReceived(
+                name=name,
+                payload=payload,
+                signal_id=signal_id,
+                sent_by=header(msg, "Sojourn-Sender") or None,
+                at=time.time(),
+            )
+            try:
+                await self.store.append(
+                    run_id,
+                    [event],
+                    expected_seq=history[-1].seq,
+                    writer=self.writer,
+                    msg_id=f"{run_id}:signal:{inbox_seq}",
+                )
+                break
+            except ConcurrencyConflict:
+                continue
+        else:
+            await msg.nak(delay=0.2)
+            return None
+        await publish_wake(self.broker, self.names, run_id, "signal")
+        return IntakeOk(run_id=run_id, created=False)
+
     # --- cancel ------------------------------------------------------------------------------
 
     async def _cancel(self, msg: Msg) -> IntakeOk | None:
@@ -225,6 +315,11 @@ class Intake:
                 self.names.events_stream, self.names.events(run_id)
             )
             if last is None:
+                if msg.metadata.num_delivered < UNKNOWN_RUN_RETRIES:
+                    # Its start may still be on its way (queued for a worker of its agent):
+                    # look again before calling the run unknown.
+                    await msg.nak(delay=1.0)
+                    return None
                 raise Rejected("unknown_run", f"no run with id '{run_id}'")
             if any(
                 isinstance(e, (RunCompleted, RunFailed, RunCancelled))

@@ -18,7 +18,7 @@ from sojourn.schemas.events import ErrorInfo
 
 from .state import OpRecord, RunState
 
-__all__ = ["Execute", "Journal", "Recorded", "RecordedFailure"]
+__all__ = ["Execute", "Journal", "OpenWait", "Recorded", "RecordedFailure", "RecordedWait"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,24 @@ class Execute:
     in_doubt: bool
 
 
+@dataclass(frozen=True, slots=True)
+class RecordedWait:
+    """The wait already ended: return what it ended with."""
+
+    position: int
+    outcome: str
+    payload: msgspec.Raw
+    signal: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenWait:
+    """A wait to decide now: new (``recorded`` is None) or recorded as still waiting."""
+
+    position: int
+    recorded: OpRecord | None
+
+
 class Journal:
     """Hands out positions in call order and checks them against recorded history."""
 
@@ -66,7 +84,7 @@ class Journal:
         return p, (self._ops[p] if p < len(self._ops) else None)
 
     def _mismatch(self, p: int, rec: OpRecord, wanted: str) -> NondeterminismError:
-        was = f"step '{rec.name}'" if rec.kind == "step" else f"ctx.{rec.kind}()"
+        was = _describe(rec)
         return NondeterminismError(
             f"run {self._run_id}: operation {p} was recorded as {was} but the code now "
             f"calls {wanted}; the agent's code changed in a way that does not replay "
@@ -99,14 +117,46 @@ class Journal:
         assert rec.result is not None
         return Recorded(position=p, result=rec.result)
 
+    def wait(self, key: str) -> RecordedWait | OpenWait:
+        p, rec = self._take()
+        if rec is None:
+            return OpenWait(position=p, recorded=None)
+        if rec.kind != "wait" or rec.name != key:
+            raise self._mismatch(p, rec, f"a wait on {key}")
+        if rec.status == "waiting":
+            return OpenWait(position=p, recorded=rec)
+        assert rec.result is not None
+        return RecordedWait(
+            position=p, outcome=rec.outcome or "", payload=rec.result, signal=rec.detail
+        )
+
+    def child(self, agent: str) -> Recorded | Execute:
+        p, rec = self._take()
+        if rec is None:
+            return Execute(position=p, attempt=1, in_doubt=False)
+        if rec.kind != "child" or rec.name != agent:
+            raise self._mismatch(p, rec, f"a child run of '{agent}'")
+        assert rec.result is not None
+        return Recorded(position=p, result=rec.result)
+
     def finish(self) -> None:
         """The code returned: every recorded operation must have been replayed."""
         if self.position < len(self._ops):
             rec = self._ops[self.position]
-            was = f"step '{rec.name}'" if rec.kind == "step" else f"ctx.{rec.kind}()"
+            was = _describe(rec)
             raise NondeterminismError(
                 f"run {self._run_id}: the code finished after {self.position} operations but "
                 f"history records {len(self._ops)} (next: {was} at {self.position})",
                 run_id=self._run_id,
                 seq=self.position,
             )
+
+
+def _describe(rec: OpRecord) -> str:
+    if rec.kind == "step":
+        return f"step '{rec.name}'"
+    if rec.kind == "wait":
+        return f"a wait on {rec.name}"
+    if rec.kind == "child":
+        return f"a child run of '{rec.name}'"
+    return f"ctx.{rec.kind}()"

@@ -15,6 +15,7 @@ import msgspec
 
 from sojourn.schemas.events import (
     CancelRequested,
+    ChildStarted,
     ErrorInfo,
     RunCancelled,
     RunCompleted,
@@ -23,13 +24,16 @@ from sojourn.schemas.events import (
     RunResumed,
     RunStarted,
     RunSuspended,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepStarted,
     ValueRecorded,
+    WaitCompleted,
+    WaitStarted,
 )
 
-__all__ = ["TERMINAL", "OpRecord", "RunState", "RunStatus", "evolve", "fold"]
+__all__ = ["TERMINAL", "OpRecord", "RunState", "RunStatus", "SignalRecord", "evolve", "fold"]
 
 RunStatus = Literal[
     "new", "pending", "running", "waiting", "suspended", "completed", "failed", "cancelled"
@@ -40,17 +44,33 @@ TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 class OpRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What history says happened at one position of the agent's code.
 
-    ``kind`` is ``step`` or a value kind (``now``, ``uuid``, ``random``). For steps, ``status``
-    is ``started`` (in doubt: it may have run), ``completed`` or ``failed``.
+    ``kind`` is ``step``, a value kind (``now``, ``uuid``, ``random``), ``wait`` or ``child``.
+    For steps, ``status`` is ``started`` (in doubt: it may have run), ``completed`` or
+    ``failed``; a wait is ``waiting`` until it is ``completed``.
     """
 
     position: int
     kind: str
     name: str
-    status: Literal["started", "completed", "failed", "recorded"]
+    status: Literal["started", "completed", "failed", "recorded", "waiting"]
     attempts: int = 0
     result: msgspec.Raw | None = None
     error: ErrorInfo | None = None
+    signals: tuple[str, ...] = ()
+    deadline: float | None = None
+    children: tuple[str, ...] = ()
+    outcome: str | None = None
+    detail: str | None = None
+
+
+class SignalRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A received signal that no wait has consumed yet."""
+
+    name: str
+    payload: msgspec.Raw
+    signal_id: str
+    at: float = 0.0
+    sent_by: str | None = None
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +92,11 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     step_attempts: int = 0
     events: int = 0
     anomalies: tuple[str, ...] = ()
+    waiting_on: tuple[str, ...] = ()
+    deadline: float | None = None
+    signals: tuple[SignalRecord, ...] = ()
+    children: tuple[str, ...] = ()
+    parent_run_id: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -102,8 +127,26 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 input=event.input,
                 status="pending",
                 started_at=event.at,
+                parent_run_id=event.parent_run_id,
             )
-        case StepStarted() | StepCompleted() | StepFailed() | ValueRecorded():
+        case SignalReceived():
+            rec = SignalRecord(
+                name=event.name,
+                payload=event.payload,
+                signal_id=event.signal_id,
+                at=event.at,
+                sent_by=event.sent_by,
+            )
+            return msgspec.structs.replace(s, signals=(*s.signals, rec))
+        case (
+            StepStarted()
+            | StepCompleted()
+            | StepFailed()
+            | ValueRecorded()
+            | WaitStarted()
+            | WaitCompleted()
+            | ChildStarted()
+        ):
             why = _misplaced(s.ops, event)
             if why is not None:
                 return _anomaly(s, why)
@@ -144,7 +187,24 @@ def _active(s: RunState) -> RunStatus:
     return "suspended" if s.status == "suspended" else "running"
 
 
-_OP_EVENTS = (StepStarted, StepCompleted, StepFailed, ValueRecorded)
+_OP_EVENTS = (
+    StepStarted,
+    StepCompleted,
+    StepFailed,
+    ValueRecorded,
+    WaitStarted,
+    WaitCompleted,
+    ChildStarted,
+)
+_OpEvent = (
+    StepStarted
+    | StepCompleted
+    | StepFailed
+    | ValueRecorded
+    | WaitStarted
+    | WaitCompleted
+    | ChildStarted
+)
 
 
 def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
@@ -178,9 +238,7 @@ def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
     return s
 
 
-def _misplaced(
-    ops: Sequence[OpRecord], event: StepStarted | StepCompleted | StepFailed | ValueRecorded
-) -> str | None:
+def _misplaced(ops: Sequence[OpRecord], event: _OpEvent) -> str | None:
     """Why ``event`` does not fit the operation index (an anomaly), or ``None`` if it does.
 
     Positions are contiguous: an event opens the next position or revisits an earlier one. A
@@ -193,9 +251,15 @@ def _misplaced(
     if p == len(ops):
         return None
     if not 0 <= p < len(ops):
-        return f"{'value' if isinstance(event, ValueRecorded) else 'step'} {p} {verb} out of order"
+        return f"{_NOUN[type(event)]} {p} {verb} out of order"
     prev = ops[p]
-    was = f"step '{prev.name}'" if prev.kind == "step" else f"value {prev.kind}"
+    was = f"step '{prev.name}'" if prev.kind == "step" else f"{prev.kind} {prev.name}"
+    if isinstance(event, WaitCompleted):
+        if prev.kind == "wait" and prev.name == event.key and prev.status == "waiting":
+            return None
+        return f"wait {p} completed over {was} ({prev.status})"
+    if isinstance(event, (WaitStarted, ChildStarted)):
+        return f"{_NOUN[type(event)]} {p} {verb} again over {was} ({prev.status})"
     if isinstance(event, ValueRecorded):
         return f"value {p} recorded again over {was} ({prev.status})"
     if prev.kind != "step" or prev.name != event.name:
@@ -212,6 +276,18 @@ _VERB: dict[type, str] = {
     StepCompleted: "completed",
     StepFailed: "failed",
     ValueRecorded: "recorded",
+    WaitStarted: "started",
+    WaitCompleted: "completed",
+    ChildStarted: "started",
+}
+_NOUN: dict[type, str] = {
+    StepStarted: "step",
+    StepCompleted: "step",
+    StepFailed: "step",
+    ValueRecorded: "value",
+    WaitStarted: "wait",
+    WaitCompleted: "wait",
+    ChildStarted: "child",
 }
 
 
@@ -256,6 +332,48 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 status="recorded",
                 result=event.value,
             )
+        case WaitStarted():
+            rec = OpRecord(
+                position=event.position,
+                kind="wait",
+                name=event.key,
+                status="waiting",
+                signals=event.signals,
+                deadline=event.deadline,
+                children=event.children,
+            )
+            on = (
+                *(f"signal:{n}" for n in event.signals),
+                *(f"run:{c}" for c in event.children),
+                *(("timer",) if event.deadline is not None else ()),
+            )
+            status: RunStatus = "suspended" if s.status == "suspended" else "waiting"
+            s = msgspec.structs.replace(s, status=status, waiting_on=on, deadline=event.deadline)
+        case WaitCompleted():
+            rec = OpRecord(
+                position=event.position,
+                kind="wait",
+                name=event.key,
+                status="completed",
+                result=event.payload,
+                outcome=event.outcome,
+                detail=event.signal if event.outcome == "signal" else event.child_status,
+            )
+            signals = s.signals
+            if event.signal_id is not None:
+                signals = tuple(r for r in signals if r.signal_id != event.signal_id)
+            s = msgspec.structs.replace(
+                s, status=_active(s), waiting_on=(), deadline=None, signals=signals
+            )
+        case ChildStarted():
+            rec = OpRecord(
+                position=event.position,
+                kind="child",
+                name=event.agent,
+                status="completed",
+                result=msgspec.Raw(msgspec.json.encode(event.child_run_id)),
+            )
+            s = msgspec.structs.replace(s, children=(*s.children, event.child_run_id))
         case _:  # pragma: no cover - guarded by the callers
             raise AssertionError(event)
     if rec.position == len(ops):

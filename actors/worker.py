@@ -27,9 +27,10 @@ from sojourn.broker.leases import Lease, LeaseStore
 from sojourn.broker.names import Names
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import ensure_topology
-from sojourn.schemas.codec import peek_run_id
+from sojourn.schemas.codec import encode, peek_run_id
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import SojournError
+from sojourn.schemas.errors import HistoryError, SojournError
+from sojourn.schemas.wire import DeadLetter
 
 from .agent import Agent
 from .executor import Activation
@@ -301,6 +302,12 @@ class Worker:
             with contextlib.suppress(Exception):
                 await wake.nak()
             raise
+        except HistoryError as e:
+            # A poison message: retrying cannot help. Keep a record and stop waking the run.
+            log.error("run %s: %s", run_id, e)
+            with contextlib.suppress(Exception):
+                await self._poisoned(run_id, e)
+                await wake.ack()
         except Exception as e:
             log.warning(
                 "run %s: activation error %s: %s; retrying later", run_id, type(e).__name__, e
@@ -315,6 +322,21 @@ class Worker:
             for lease in leases:
                 with contextlib.suppress(Exception):
                     await self.leases.release(lease)
+
+    async def _poisoned(self, run_id: str, error: HistoryError) -> None:
+        record = DeadLetter(
+            code="poison",
+            message=error.message,
+            subject=self.names.events(run_id),
+            data=b"",
+            rejected_at=time.time(),
+            inbox_seq=error.seq or 0,
+        )
+        await self._broker_or_fail().publish(self.names.dlq("other"), encode(record))
+
+    def _broker_or_fail(self) -> Broker:
+        assert self._broker is not None
+        return self._broker
 
     def _agent_of(self, history: list[Decision]) -> Agent[Any, Any] | None:
         first = history[0].events[0] if history and history[0].events else None

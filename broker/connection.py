@@ -303,7 +303,9 @@ class Broker:
             if e.err_code != 10058:  # stream name already in use with a different config
                 raise
             current = (await self.api(f"$JS.API.STREAM.INFO.{name}"))["config"]
-            merged = {**current, **config}
+            # Keep what operators may have tuned on a live stream (replicas, placement).
+            ours = {k: v for k, v in config.items() if k not in ("num_replicas", "placement")}
+            merged = {**current, **ours}
             await self.api(f"$JS.API.STREAM.UPDATE.{name}", merged)
 
     async def ensure_consumer(self, stream: str, config: dict[str, Any]) -> None:

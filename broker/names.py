@@ -13,10 +13,24 @@ from dataclasses import dataclass
 
 from sojourn.schemas.errors import InvalidName
 
-__all__ = ["TOKEN_PATTERN", "Names", "validate_token"]
+__all__ = ["TOKEN_PATTERN", "Names", "validate_signal_name", "validate_token"]
 
 TOKEN_PATTERN = r"[A-Za-z0-9_-]{1,128}"
 _TOKEN = re.compile(rf"^{TOKEN_PATTERN}$")
+
+
+_PREFIX = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_SIGNAL = re.compile(rf"^{TOKEN_PATTERN}(\.{TOKEN_PATTERN})*$")
+
+
+def validate_signal_name(value: object) -> str:
+    """Signal names are dot-separated tokens (``docs.signed``), at most 256 characters."""
+    if not isinstance(value, str) or len(value) > 256 or not _SIGNAL.match(value):
+        raise InvalidName(
+            f"invalid signal name {value!r}: use dot-separated parts of A-Z a-z 0-9 _ - "
+            "(for example 'docs.signed'), at most 256 characters"
+        )
+    return value
 
 
 def validate_token(value: object, what: str) -> str:
@@ -36,10 +50,16 @@ class Names:
     prefix: str = "sojourn"
 
     def __post_init__(self) -> None:
-        validate_token(self.prefix, "prefix")
+        # Stream names are derived by upper-casing the prefix, so allow only one spelling of
+        # each: "my-app" and "My_App" must not share streams by accident.
+        if not _PREFIX.match(self.prefix):
+            raise InvalidName(
+                f"invalid prefix {self.prefix!r}: use 1-32 characters from a-z 0-9 _, "
+                "starting with a letter"
+            )
 
     def _stream(self, kind: str) -> str:
-        return f"{self.prefix.upper().replace('-', '_')}_{kind}"
+        return f"{self.prefix.upper()}_{kind}"
 
     # streams
     @property
@@ -95,7 +115,7 @@ class Names:
     @property
     def inbox_subjects(self) -> list[str]:
         p = self.prefix
-        return [f"{p}.start.*", f"{p}.signal.*.*", f"{p}.cancel.*"]
+        return [f"{p}.start.*", f"{p}.signal.*.>", f"{p}.cancel.*"]
 
     def wake(self, run_id: str) -> str:
         return f"{self.prefix}.wake.{run_id}"
@@ -115,6 +135,10 @@ class Names:
 
     def agent(self, name: str) -> str:
         return f"{self.prefix}.agent.{name}"
+
+    def signal_name(self, subject: str) -> str:
+        """The signal name of ``<prefix>.signal.<run_id>.<name...>``."""
+        return ".".join(subject[len(self.prefix) + 1 :].split(".")[2:])
 
     def subject_token(self, subject: str, index: int) -> str:
         """The ``index``-th token after the prefix (``sojourn.start.greeter`` -> 1 -> greeter)."""

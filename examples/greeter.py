@@ -1,4 +1,4 @@
-"""The smallest agent. Run: ``sojourn dev --app examples.greeter``."""
+"""The README's agent. Run: ``sojourn dev --app examples.greeter``."""
 
 import msgspec
 
@@ -7,18 +7,19 @@ from sojourn.actors import Context, agent, current_step
 
 class Greeting(msgspec.Struct):
     name: str
+    email: str
 
 
 def compose(name: str) -> str:
     return f"Hello, {name}!"
 
 
-async def deliver(text: str) -> None:
-    print(text, current_step().idempotency_key)  # a real agent calls an API with this key
+async def send(email: str, text: str) -> str:
+    key = current_step().idempotency_key  # same on every retry: give it to your email API
+    return f"sent to {email} with key {key}"
 
 
 @agent("greeter")
 async def greeter(ctx: Context, req: Greeting) -> str:
     text = await ctx.step(compose, req.name)  # journaled: a replay returns the recorded text
-    await ctx.step(deliver, text)
-    return text
+    return await ctx.step(send, req.email, text)

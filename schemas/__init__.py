@@ -17,9 +17,11 @@ from .codec import (
     from_raw,
     to_raw,
 )
+from .config import Settings
 from .errors import (
     BrokerUnavailable,
     BrokerVersionError,
+    ChildRunError,
     ConcurrencyConflict,
     Fenced,
     InvalidName,
@@ -33,6 +35,7 @@ from .errors import (
 )
 from .events import (
     CancelRequested,
+    ChildStarted,
     ErrorInfo,
     Event,
     RunCancelled,
@@ -42,14 +45,25 @@ from .events import (
     RunResumed,
     RunStarted,
     RunSuspended,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepStarted,
     TriggerInfo,
     ValueRecorded,
+    WaitCompleted,
+    WaitStarted,
 )
 from .export import WIRE_SCHEMAS, export_schemas
-from .wire import REJECT_CODES, DeadLetter, ErrorBody, IntakeError, IntakeOk, StartTrigger
+from .wire import (
+    REJECT_CODES,
+    ChildOutcome,
+    DeadLetter,
+    ErrorBody,
+    IntakeError,
+    IntakeOk,
+    StartTrigger,
+)
 
 __all__ = [
     "REJECT_CODES",
@@ -57,6 +71,9 @@ __all__ = [
     "BrokerUnavailable",
     "BrokerVersionError",
     "CancelRequested",
+    "ChildOutcome",
+    "ChildRunError",
+    "ChildStarted",
     "ConcurrencyConflict",
     "DeadLetter",
     "ErrorBody",
@@ -77,6 +94,8 @@ __all__ = [
     "RunStarted",
     "RunSuspended",
     "ServerStartError",
+    "Settings",
+    "SignalReceived",
     "SojournError",
     "StartTrigger",
     "StepCompleted",
@@ -86,6 +105,8 @@ __all__ = [
     "TriggerInfo",
     "UnknownAgent",
     "ValueRecorded",
+    "WaitCompleted",
+    "WaitStarted",
     "decode_dead_letter",
     "decode_events",
     "decode_intake_reply",

@@ -20,6 +20,7 @@ __all__ = [
     "decode_dead_letter",
     "decode_events",
     "decode_intake_reply",
+    "decode_json",
     "decode_start",
     "encode",
     "encode_events",
@@ -62,6 +63,11 @@ class _RunIdHint(msgspec.Struct):
 
 
 _hint_decoder = msgspec.json.Decoder(_RunIdHint)
+
+
+def decode_json(data: bytes) -> Any:
+    """Plain JSON (for signal payloads, whose type only the waiting code knows)."""
+    return msgspec.json.decode(data)
 
 
 def peek_run_id(data: bytes) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "BrokerUnavailable",
     "BrokerVersionError",
+    "ChildRunError",
     "ConcurrencyConflict",
     "Fenced",
     "HistoryError",
@@ -92,6 +93,15 @@ class StepError(SojournError):
     def __init__(self, message: str, *, error_type: str, run_id: str, step: str) -> None:
         super().__init__(message, run_id=run_id, step=step)
         self.error_type = error_type
+
+
+class ChildRunError(SojournError):
+    """A child run the agent awaited did not complete (failed, cancelled or rejected)."""
+
+    def __init__(self, message: str, *, run_id: str, child_run_id: str, status: str) -> None:
+        super().__init__(message, run_id=run_id)
+        self.child_run_id = child_run_id
+        self.status = status
 
 
 class NondeterminismError(SojournError):

@@ -1,9 +1,9 @@
 """The events a run's history is made of.
 
-Rules (see docs/decisions/0001-events.md): tags are explicit, stable and versioned; a new field
-gets a default; a field never changes type; an event that ships is decodable forever (the golden
-file in tests/schemas/golden_events.jsonl holds one sample of every tag). Events are open-world:
-unknown fields are ignored, so an older worker can read a newer worker's history.
+Rules (docs/decisions/0001-events-and-schema-evolution.md): tags are explicit, stable and
+versioned; a new field gets a default; a field never changes type; an event that ships is
+decodable forever (tests/schemas/golden_events.jsonl holds samples of every tag). Events are
+open-world: unknown fields are ignored, so an older worker can read a newer worker's history.
 
 Payloads chosen by users (run input and output, step results, recorded values) are kept as raw
 JSON (``msgspec.Raw``) so that history is decoded without knowing user types; the actor layer
@@ -18,6 +18,7 @@ import msgspec
 
 __all__ = [
     "CancelRequested",
+    "ChildStarted",
     "ErrorInfo",
     "Event",
     "RunCancelled",
@@ -27,11 +28,14 @@ __all__ = [
     "RunResumed",
     "RunStarted",
     "RunSuspended",
+    "SignalReceived",
     "StepCompleted",
     "StepFailed",
     "StepStarted",
     "TriggerInfo",
     "ValueRecorded",
+    "WaitCompleted",
+    "WaitStarted",
 ]
 
 
@@ -88,7 +92,9 @@ class RunCancelled(Event, tag="run.cancelled.v1", frozen=True, kw_only=True):
 class RunSuspended(Event, tag="run.suspended.v1", frozen=True, kw_only=True):
     """The run is parked for a human: replay diverged, a cap was hit, a step is in doubt."""
 
-    reason: Literal["nondeterminism", "poison", "cap", "in_doubt", "manual"]
+    reason: str
+    """``nondeterminism``, ``poison``, ``cap`` (a poll or budget cap), ``in_doubt`` or
+    ``manual``; a plain string so a newer reason never makes an older reader fail."""
     detail: str
 
 
@@ -127,8 +133,53 @@ class ValueRecorded(Event, tag="value.recorded.v1", frozen=True, kw_only=True):
     """A non-deterministic value (``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``) journaled."""
 
     position: int
-    kind: Literal["now", "uuid", "random"]
+    kind: str
     value: msgspec.Raw
+
+
+class WaitStarted(Event, tag="wait.started.v1", frozen=True, kw_only=True):
+    """The run parks at ``position`` until one of ``signals`` arrives or ``deadline`` passes.
+
+    ``key`` names the wait for replay checks (``sleep``, ``signal:docs.signed``,
+    ``select:a|b``, ``child:<run>``). A deadline is kept by the broker as a message schedule
+    on ``<prefix>.timer.<run_id>.<position>`` that targets the run's wake subject.
+    """
+
+    position: int
+    key: str
+    signals: tuple[str, ...] = ()
+    deadline: float | None = None
+    children: tuple[str, ...] = ()
+
+
+class WaitCompleted(Event, tag="wait.completed.v1", frozen=True, kw_only=True):
+    """The wait at ``position`` ended: by a signal (which one: ``signal_id``), a timeout, or a
+    child run ending. ``payload`` is what the code receives (JSON ``null`` on timeout)."""
+
+    position: int
+    key: str
+    outcome: Literal["signal", "timeout", "child"]
+    payload: msgspec.Raw
+    signal: str | None = None
+    signal_id: str | None = None
+    child_status: str | None = None
+
+
+class SignalReceived(Event, tag="signal.received.v1", frozen=True, kw_only=True):
+    """Written by the intake: a signal for this run, buffered until a wait consumes it."""
+
+    name: str
+    payload: msgspec.Raw
+    signal_id: str
+    sent_by: str | None = None
+
+
+class ChildStarted(Event, tag="child.started.v1", frozen=True, kw_only=True):
+    """The run started a child run (deterministic id ``<run_id>-c<position>``)."""
+
+    position: int
+    child_run_id: str
+    agent: str
 
 
 RunEvent = (
@@ -143,5 +194,9 @@ RunEvent = (
     | StepCompleted
     | StepFailed
     | ValueRecorded
+    | WaitStarted
+    | WaitCompleted
+    | SignalReceived
+    | ChildStarted
 )
 """Every event that may appear in a run's history (a tagged union)."""

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from .events import RunEvent
-from .wire import DeadLetter, IntakeError, IntakeOk, StartTrigger
+from .wire import ChildOutcome, DeadLetter, IntakeError, IntakeOk, StartTrigger
 
 __all__ = ["WIRE_SCHEMAS", "export_schemas", "schema_of"]
 
@@ -17,6 +17,7 @@ WIRE_SCHEMAS: dict[str, Any] = {
     "intake-reply-ok": IntakeOk,
     "intake-reply-error": IntakeError,
     "dead-letter": DeadLetter,
+    "child-outcome": ChildOutcome,
     "run-event": RunEvent,
     "run-event-message": list[RunEvent],
 }

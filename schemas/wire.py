@@ -14,6 +14,7 @@ import msgspec
 
 __all__ = [
     "REJECT_CODES",
+    "ChildOutcome",
     "DeadLetter",
     "ErrorBody",
     "IntakeError",
@@ -32,6 +33,7 @@ class StartTrigger(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     input: msgspec.Raw
     run_id: str | None = None
+    parent_run_id: str | None = None
 
 
 RejectCode = Literal[
@@ -42,6 +44,7 @@ RejectCode = Literal[
     "unknown_agent",
     "payload_too_large",
     "unknown_run",
+    "run_ended",
     "internal",
 ]
 REJECT_CODES: tuple[str, ...] = (
@@ -52,8 +55,27 @@ REJECT_CODES: tuple[str, ...] = (
     "unknown_agent",
     "payload_too_large",
     "unknown_run",
+    "run_ended",
     "internal",
 )
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    message: str
+
+
+class ChildOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How a child run ended, as its parent receives it (signal ``sojourn-child.<child_id>``).
+
+    ``status`` is ``completed``, ``failed``, ``cancelled`` or ``rejected`` (its trigger was
+    refused by the intake, e.g. invalid input).
+    """
+
+    child_run_id: str
+    status: str
+    output: msgspec.Raw
+    error: ErrorBody | None = None
 
 
 class IntakeOk(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,11 +83,6 @@ class IntakeOk(msgspec.Struct, frozen=True, kw_only=True):
 
     run_id: str
     created: bool
-
-
-class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
-    code: str
-    message: str
 
 
 class IntakeError(msgspec.Struct, frozen=True, kw_only=True):

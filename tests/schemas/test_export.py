@@ -65,7 +65,7 @@ def test_the_start_trigger_schema_is_closed_and_requires_input(tmp_path: Path) -
     schema = load(path)
     trigger = resolve(schema, schema)
     assert trigger["type"] == "object"
-    assert set(trigger["properties"]) == {"input", "run_id"}
+    assert set(trigger["properties"]) == {"input", "run_id", "parent_run_id"}
     assert trigger["required"] == ["input"]
     assert trigger["additionalProperties"] is False
     assert trigger["properties"]["input"] == {}  # any JSON value
