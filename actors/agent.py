@@ -35,13 +35,19 @@ class Agent(Generic[I, O]):
         fn: ``async def fn(ctx, input) -> output``.
         version: recorded in every run it starts (``RunStarted.code_version``), so a replay on
             different code can be told apart.
+        poll_cap: how many ``ctx.poll`` checks a run may make before it is suspended.
     """
 
-    def __init__(self, name: str, fn: AgentFn[I, O], *, version: str | None = None) -> None:
+    def __init__(
+        self, name: str, fn: AgentFn[I, O], *, version: str | None = None, poll_cap: int = 1000
+    ) -> None:
         validate_token(name, "agent name")
+        if poll_cap < 1:
+            raise ValueError("poll_cap must be >= 1")
         self.name = name
         self.fn = fn
         self.version = version
+        self.poll_cap = poll_cap
         hints = _hints(fn)
         params = list(inspect.signature(fn).parameters)
         self.takes_input = len(params) > 1
@@ -73,7 +79,9 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
         return {}
 
 
-def agent(name: str, *, version: str | None = None) -> Callable[[AgentFn[I, O]], Agent[I, O]]:
+def agent(
+    name: str, *, version: str | None = None, poll_cap: int = 1000
+) -> Callable[[AgentFn[I, O]], Agent[I, O]]:
     """Decorate ``async def fn(ctx, input) -> output`` into an ``Agent``.
 
     Example:
@@ -86,6 +94,6 @@ def agent(name: str, *, version: str | None = None) -> Callable[[AgentFn[I, O]],
     """
 
     def wrap(fn: AgentFn[I, O]) -> Agent[I, O]:
-        return Agent(name, fn, version=version)
+        return Agent(name, fn, version=version, poll_cap=poll_cap)
 
     return wrap

@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import nats.errors
 
 from sojourn.broker.connection import Broker, JetStreamError, resolve_url
@@ -137,9 +138,28 @@ def describe_event(e: RunEvent) -> tuple[str, str]:
             detail = f"reason={e.reason}: {one_line(e.detail)}"
         case RunResumed():
             detail = (f"by={e.by} " if e.by else "") + (f"note={e.note!r}" if e.note else "")
-        case _:  # pragma: no cover - the union is closed
-            detail = ""
+        case _:  # waits, signals, children and any later event type: its fields
+            detail = _fields(e)
     return type(e).__name__, detail.strip()
+
+
+def _fields(e: RunEvent) -> str:
+    """``key=value`` of an event's non-empty fields (JSON payloads shortened)."""
+    parts = []
+    for name in e.__struct_fields__:
+        value = getattr(e, name)
+        if name == "at" or value is None or value == ():
+            continue
+        if isinstance(value, msgspec.Raw):
+            text = _short(value, 40)
+        elif isinstance(value, float) and name in ("deadline",):
+            text = clock(value)
+        elif isinstance(value, tuple):
+            text = ",".join(map(str, value))
+        else:
+            text = str(value)
+        parts.append(f"{'pos' if name == 'position' else name}={text}")
+    return " ".join(parts)
 
 
 def _public_status(state: RunState) -> str:

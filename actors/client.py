@@ -237,6 +237,11 @@ class Client:
         await self._publish(self.names.signal(run_id, name), body, headers)
         return sid
 
+    async def resume(self, run_id: str, note: str = "", *, by: str | None = None) -> None:
+        """Lift a suspension (a poll cap reached, non-determinism after a code fix): the run
+        replays again. Durable, like a signal."""
+        await self.signal(run_id, "sojourn-resume", {"note": note, "by": by})
+
     async def cancel(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
         """Ask for a run to be cancelled (durable: takes effect even if no worker is up)."""
         validate_token(run_id, "run_id")

@@ -20,11 +20,11 @@ import time
 import traceback
 import typing
 import uuid as _uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from sojourn.broker.names import validate_signal_name
 from sojourn.schemas.codec import from_raw, to_raw
@@ -40,7 +40,9 @@ from sojourn.schemas.events import (
 )
 from sojourn.schemas.wire import ChildOutcome
 
+from . import patterns as _patterns
 from .journal import Execute, OpenWait, Recorded, RecordedFailure, RecordedWait
+from .patterns import ApprovalDecision
 
 if TYPE_CHECKING:
     from .executor import Activation
@@ -159,6 +161,7 @@ class Context:
     def __init__(self, activation: Activation) -> None:
         self._act = activation
         self._journal = activation.journal
+        self._polls = 0
 
     @property
     def run_id(self) -> str:
@@ -344,6 +347,85 @@ class Context:
                 status=outcome.status,
             )
         return from_raw(outcome.output, tp)
+
+    # --- approvals and polling -----------------------------------------------------------
+
+    async def approval(
+        self,
+        name: str,
+        *,
+        approvers: Sequence[str],
+        timeout: Duration,
+        remind: Callable[[str, str], Any] | None = None,
+        remind_every: Duration | None = None,
+        escalate: Callable[[str, str | None, str], Any] | None = None,
+        on_timeout: Literal["deny", "approve", "fail"] = "deny",
+    ) -> ApprovalDecision:
+        """Wait for a human decision, with reminders, an escalation chain and a final policy.
+
+        Each approver in turn gets ``timeout`` to answer; ``remind(approver, name)`` runs as a
+        step when the approver is asked and every ``remind_every`` after that;
+        ``escalate(approver, next_approver_or_None, name)`` runs as a step when an approver's
+        time is up. After the last approver, ``on_timeout`` decides: ``deny``, ``approve`` or
+        ``fail`` (raises ``ApprovalTimeout``). A decision is the signal
+        ``approval.<name>`` with payload ``{"approve": bool, "by": "...", "note": "..."}``;
+        the returned ``ApprovalDecision`` says who decided and when, and the history keeps the
+        whole audit (requests, reminders, escalations, the decision).
+        """
+        return await _patterns.approval(
+            self,
+            name,
+            approvers=approvers,
+            timeout=timeout,
+            remind=remind,
+            remind_every=remind_every,
+            escalate=escalate,
+            on_timeout=on_timeout,
+        )
+
+    async def poll(
+        self,
+        check: Callable[..., Awaitable[R | None]] | Callable[..., R | None],
+        /,
+        *args: Any,
+        every: Duration,
+        backoff: float = 2.0,
+        max_interval: Duration | None = None,
+        timeout: Duration | None = None,
+        **kwargs: Any,
+    ) -> R:
+        """Poll an external job: run ``check(*args, **kwargs)`` as a step until it returns
+        something other than ``None``, pausing ``every`` (times ``backoff`` after each check,
+        at most ``max_interval``) on a broker timer between checks, never in a process.
+
+        Every check counts against the run's poll cap (``@agent(..., poll_cap=N)``, default
+        1000): a run that reaches it is *suspended* (visible in ``sojourn status``), not failed
+        and not left polling; ``sojourn resume RUN`` grants it another ``N`` checks.
+
+        Raises:
+            PollTimeout: ``timeout`` passed before the job finished.
+        """
+        return await _patterns.poll(
+            self,
+            check,
+            *args,
+            every=every,
+            backoff=backoff,
+            max_interval=max_interval,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    async def _count_poll(self, what: str) -> None:
+        self._polls += 1
+        cap = self._act.agent.poll_cap
+        allowance = cap * (1 + self._act.state.cap_resumes)
+        if self._polls > allowance and not self._journal.replaying:
+            await self._act.suspend(
+                "cap",
+                f"poll cap of {cap} checks reached (polling {what}); "
+                "`sojourn resume RUN` allows another {cap}".replace("{cap}", str(cap)),
+            )
 
     async def _wait(
         self,

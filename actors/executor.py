@@ -300,6 +300,11 @@ class Activation:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def suspend(self, reason: str, detail: str) -> None:
+        """Park the run visibly for a human (``sojourn resume`` lifts it)."""
+        await self.commit([RunSuspended(reason=reason, detail=detail, at=time.time())])
+        raise Parked()
+
     async def start_child_run(self, agent: str, input: Any, child_id: str) -> None:
         names = self.store.names
         body = encode({"input": input, "run_id": child_id, "parent_run_id": self.run_id})

@@ -31,7 +31,9 @@ from sojourn.schemas.events import (
     CancelRequested,
     RunCancelled,
     RunCompleted,
+    RunEvent,
     RunFailed,
+    RunResumed,
     RunStarted,
     SignalReceived,
     TriggerInfo,
@@ -47,12 +49,16 @@ from sojourn.schemas.wire import (
 
 from .agent import Agent
 from .context import CHILD_SIGNAL
+from .state import fold
 
 __all__ = ["REPLY_HEADER", "Intake", "Rejected"]
 
 log = logging.getLogger("sojourn.intake")
 
 REPLY_HEADER = "Sojourn-Reply-To"
+
+RESUME_SIGNAL = "sojourn-resume"
+"""The signal that lifts a suspension (a poll cap, non-determinism after a fix, ...)."""
 
 UNKNOWN_RUN_RETRIES = 5
 """Deliveries of a cancel for a run that does not exist yet before it is dead-lettered."""
@@ -271,13 +277,25 @@ class Intake:
                 if name.startswith(CHILD_SIGNAL + "."):
                     return IntakeOk(run_id=run_id, created=False)  # parent already over
                 raise Rejected("run_ended", f"run '{run_id}' has ended; signal '{name}' unused")
-            event = SignalReceived(
+            event: RunEvent = SignalReceived(
                 name=name,
                 payload=payload,
                 signal_id=signal_id,
                 sent_by=header(msg, "Sojourn-Sender") or None,
                 at=time.time(),
             )
+            if name == RESUME_SIGNAL:
+                state = fold(events)
+                if state.status != "suspended":
+                    raise Rejected("invalid_trigger", f"run '{run_id}' is not suspended")
+                body = decode_json(msg.data) if msg.data.strip() else {}
+                by = body.get("by") if isinstance(body, dict) else None
+                note = body.get("note", "") if isinstance(body, dict) else ""
+                event = RunResumed(
+                    by=by if isinstance(by, str) else None,
+                    note=note if isinstance(note, str) else "",
+                    at=time.time(),
+                )
             try:
                 await self.store.append(
                     run_id,

@@ -97,6 +97,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     signals: tuple[SignalRecord, ...] = ()
     children: tuple[str, ...] = ()
     parent_run_id: str | None = None
+    cap_resumes: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -165,7 +166,11 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
             if s.status != "suspended":
                 return _anomaly(s, "RunResumed while not suspended")
             return msgspec.structs.replace(
-                s, status="pending", suspended_reason=None, suspended_detail=None
+                s,
+                status="pending",
+                suspended_reason=None,
+                suspended_detail=None,
+                cap_resumes=s.cap_resumes + (s.suspended_reason == "cap"),
             )
         case RunCompleted():
             return msgspec.structs.replace(
