@@ -258,7 +258,12 @@ def _misplaced(ops: Sequence[OpRecord], event: _OpEvent) -> str | None:
     if not 0 <= p < len(ops):
         return f"{_NOUN[type(event)]} {p} {verb} out of order"
     prev = ops[p]
-    was = f"step '{prev.name}'" if prev.kind == "step" else f"{prev.kind} {prev.name}"
+    if prev.kind == "step":
+        was = f"step '{prev.name}'"
+    elif prev.kind in ("wait", "child"):
+        was = f"{prev.kind} {prev.name}"
+    else:  # a value: its kind is its name ("value now", not "now now")
+        was = f"value {prev.kind}"
     if isinstance(event, WaitCompleted):
         if prev.kind == "wait" and prev.name == event.key and prev.status == "waiting":
             return None
