@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from sojourn.broker.names import validate_signal_name
 from sojourn.schemas.codec import from_raw, to_raw
@@ -176,9 +176,15 @@ class Context:
         """True while the code re-executes recorded history (e.g. to skip logging)."""
         return self._journal.replaying
 
+    @overload
     async def step(
-        self, fn: Callable[P, Awaitable[R]] | Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
-    ) -> R:
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+
+    @overload
+    async def step(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    async def step(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` once, durably, and return its result.
 
         The start is recorded before ``fn`` runs and the result after, so a crash in between
@@ -199,7 +205,7 @@ class Context:
             raise
         rtype = _return_type(fn)
         if isinstance(plan, Recorded):
-            return from_raw(plan.result, rtype)  # type: ignore[no-any-return]
+            return from_raw(plan.result, rtype)
         if isinstance(plan, RecordedFailure):
             raise StepError(
                 f"step '{name}' failed: {plan.error.type}: {plan.error.message}",
@@ -223,7 +229,7 @@ class Context:
         t0 = time.perf_counter()
         try:
             if _is_async(fn):
-                result: Any = await fn(*args, **kwargs)  # type: ignore[misc]
+                result: Any = await fn(*args, **kwargs)
             else:
                 result = await asyncio.to_thread(fn, *args, **kwargs)
                 if inspect.isawaitable(result):
@@ -263,7 +269,7 @@ class Context:
                 at=time.time(),
             )
         )
-        return from_raw(raw, rtype)  # type: ignore[no-any-return]
+        return from_raw(raw, rtype)
 
     # --- durable waits ---------------------------------------------------------------------
 

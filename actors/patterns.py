@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import msgspec
 
@@ -144,9 +144,9 @@ async def poll(
     deadline = None if timeout is None else ctx.now() + timedelta(seconds=_seconds(timeout))
     while True:
         await ctx._count_poll(getattr(check, "__name__", "check"))
-        result = await ctx.step(check, *args, **kwargs)
+        result: Any = await ctx.step(check, *args, **kwargs)
         if result is not None:
-            return result
+            return cast(R, result)
         if deadline is not None:
             left = (deadline - ctx.now()).total_seconds()
             if left <= 0:

@@ -18,7 +18,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import NoServersError
+from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from sojourn.schemas.errors import BrokerUnavailable, BrokerVersionError, SojournError
@@ -47,6 +47,11 @@ def _parse_version(text: str) -> tuple[int, int, int]:
     while len(parts) < 3:
         parts.append(0)
     return (parts[0], parts[1], parts[2])
+
+
+_MISSING = ("404", "503")
+"""Direct-get answers meaning "nothing there": no such message, or no such stream yet (a
+deployment prefix nothing has used answers 503, no responders)."""
 
 
 class JetStreamError(SojournError):
@@ -205,10 +210,12 @@ class Broker:
             msg = await self.nc.request(
                 f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", timeout=timeout
             )
+        except NoRespondersError:
+            return None  # the stream does not exist (yet): nothing stored
         except (NatsTimeoutError, TimeoutError) as e:
             raise BrokerUnavailable(f"direct get {subject} timed out") from e
         status = (msg.headers or {}).get("Status")
-        if status == "404":
+        if status in _MISSING:
             return None
         if status:
             raise JetStreamError(
@@ -223,10 +230,12 @@ class Broker:
         req = json.dumps({"seq": seq, "next_by_subj": subject}).encode()
         try:
             msg = await self.nc.request(f"$JS.API.DIRECT.GET.{stream}", req, timeout=timeout)
+        except NoRespondersError:
+            return None  # the stream does not exist (yet): nothing stored
         except (NatsTimeoutError, TimeoutError) as e:
             raise BrokerUnavailable(f"direct get {subject} timed out") from e
         status = (msg.headers or {}).get("Status")
-        if status == "404":
+        if status in _MISSING:
             return None
         if status:
             raise JetStreamError(
@@ -266,7 +275,7 @@ class Broker:
             status = headers.get("Status")
             if status is not None:
                 if not done.done():
-                    if status in ("204", "404"):
+                    if status == "204" or status in _MISSING:
                         done.set_result(int(headers.get("Nats-Num-Pending", "0") or 0))
                     else:
                         done.set_exception(

@@ -3,7 +3,8 @@
 Two kinds of generated histories drive the properties:
 
 * *valid* histories, built the way a worker writes them (RunStarted first, operations at
-  contiguous positions, in-doubt retries, suspend/resume pairs, at most one terminal event),
+  contiguous positions, in-doubt retries, suspend/resume pairs, durable waits that park and
+  complete, buffered signals consumed by waits, child runs, at most one terminal event),
   together with what the generator knows the state must be;
 * *arbitrary* sequences (any event, any order, any position), on which the fold must stay total
   and ``fold`` must still equal ``reduce(evolve)``.
@@ -14,16 +15,18 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, get_args, get_type_hints
+from typing import Any, TypeVar, get_args, get_type_hints
 
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sojourn.actors.state import TERMINAL, OpRecord, RunState, evolve, fold
+from sojourn.actors.context import CHILD_SIGNAL
+from sojourn.actors.state import TERMINAL, OpRecord, RunState, SignalRecord, evolve, fold
 from sojourn.schemas.events import (
     CancelRequested,
+    ChildStarted,
     ErrorInfo,
     RunCancelled,
     RunCompleted,
@@ -32,16 +35,34 @@ from sojourn.schemas.events import (
     RunResumed,
     RunStarted,
     RunSuspended,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepStarted,
     ValueRecorded,
+    WaitCompleted,
+    WaitStarted,
 )
 
 NAMES = ("fetch", "compose", "send")
-VALUE_KINDS: tuple[str, ...] = get_args(get_type_hints(ValueRecorded)["kind"])
-SUSPEND_REASONS: tuple[str, ...] = get_args(get_type_hints(RunSuspended)["reason"])
-OP_EVENTS = (StepStarted, StepCompleted, StepFailed, ValueRecorded)
+# Both are plain strings in the schema (so a newer value never breaks an older reader); these
+# are the ones the code writes today (``Context._value`` and the suspension sites).
+VALUE_KINDS = ("now", "uuid", "random")
+SUSPEND_REASONS = ("nondeterminism", "poison", "cap", "in_doubt", "manual")
+WAIT_OUTCOMES: tuple[str, ...] = get_args(get_type_hints(WaitCompleted)["outcome"])
+CHILD_STATUSES = ("completed", "failed", "cancelled")
+SIGNAL_NAMES = ("approve", "docs.signed")
+CHILD_AGENTS = ("it-provision", "mailer")
+OP_EVENTS = (
+    StepStarted,
+    StepCompleted,
+    StepFailed,
+    ValueRecorded,
+    WaitStarted,
+    WaitCompleted,
+    ChildStarted,
+)
+NULL = msgspec.Raw(b"null")
 
 raws = st.one_of(st.integers(-3, 3), st.text(max_size=3), st.none(), st.booleans()).map(
     lambda v: msgspec.Raw(msgspec.json.encode(v))
@@ -49,10 +70,36 @@ raws = st.one_of(st.integers(-3, 3), st.text(max_size=3), st.none(), st.booleans
 errors = st.builds(
     ErrorInfo, type=st.sampled_from(["ValueError", "KeyError"]), message=st.text(max_size=4)
 )
+# 0.0 included on purpose: a deadline at the epoch is still a deadline (``is not None``).
+deadlines = st.floats(0, 2e9, allow_nan=False, allow_infinity=False)
+
+E = TypeVar("E", bound=RunEvent)
 
 
 def reduce_evolve(events: list[RunEvent], state: RunState | None = None) -> RunState:
     return functools.reduce(evolve, events, state or RunState())
+
+
+def child_signal(child_run_id: str) -> str:
+    """The signal a child run sends its parent when it ends."""
+    return f"{CHILD_SIGNAL}.{child_run_id}"
+
+
+def waiting_on(
+    signals: tuple[str, ...], children: tuple[str, ...], deadline: float | None
+) -> tuple[str, ...]:
+    """What a run parked on a wait is waiting for, in the documented order."""
+    return (
+        *(f"signal:{n}" for n in signals),
+        *(f"run:{c}" for c in children),
+        *(("timer",) if deadline is not None else ()),
+    )
+
+
+def signal_record(e: SignalReceived) -> SignalRecord:
+    return SignalRecord(
+        name=e.name, payload=e.payload, signal_id=e.signal_id, at=e.at, sent_by=e.sent_by
+    )
 
 
 # --- valid histories --------------------------------------------------------------------------
@@ -71,6 +118,12 @@ class Expected:
     output: msgspec.Raw | None = None
     error: ErrorInfo | None = None
     suspended_reason: str | None = None
+    parent_run_id: str | None = None
+    waiting_on: tuple[str, ...] = ()
+    deadline: float | None = None
+    signals: list[SignalRecord] = field(default_factory=list)
+    """Received and not yet consumed by a wait, oldest first."""
+    children: list[str] = field(default_factory=list)
 
 
 @st.composite
@@ -78,13 +131,30 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
     """A history a correct worker could have written, and the state it must fold to."""
     events: list[RunEvent] = []
 
-    def emit(event: RunEvent) -> None:
-        events.append(msgspec.structs.replace(event, at=float(len(events))))
+    def emit(event: E) -> E:
+        event = msgspec.structs.replace(event, at=float(len(events)))
+        events.append(event)
+        return event
 
     run_id = draw(st.sampled_from(["r1", "r-2"]))
     agent = draw(st.sampled_from(["greeter", "mailer"]))
-    exp = Expected(run_id=run_id, agent=agent, input=draw(raws))
-    emit(RunStarted(run_id=run_id, agent=agent, input=exp.input, code_version=None))
+    exp = Expected(
+        run_id=run_id,
+        agent=agent,
+        input=draw(raws),
+        parent_run_id=draw(st.none() | st.just("parent-1")),
+    )
+    emit(
+        RunStarted(
+            run_id=run_id,
+            agent=agent,
+            input=exp.input,
+            code_version=None,
+            parent_run_id=exp.parent_run_id,
+        )
+    )
+    # A child's end signal has a fixed id (``child-end:<child>``): the intake takes it once.
+    ended: set[str] = set()
 
     def pause() -> None:
         reason = draw(st.sampled_from(SUSPEND_REASONS))
@@ -92,10 +162,169 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
         emit(RunResumed(by=draw(st.none() | st.just("ops"))))
         exp.status = "pending"  # resumed: waiting for a worker to replay it
 
+    def cancel() -> None:
+        reason = draw(st.sampled_from(["", "user asked"]))
+        emit(CancelRequested(reason=reason, by=None))
+        exp.cancel_requested = reason or "cancelled"
+
+    def sendable(names: tuple[str, ...]) -> list[str]:
+        """Of ``names``, the signals that may still arrive."""
+        prefix = CHILD_SIGNAL + "."
+        return [n for n in names if not n.startswith(prefix) or n[len(prefix) :] not in ended]
+
+    def receive(name: str | None = None) -> None:
+        """The intake appends a signal (any time before the end); it is buffered."""
+        if name is None:
+            name = draw(
+                st.sampled_from(sendable((*SIGNAL_NAMES, *map(child_signal, exp.children))))
+            )
+        if name.startswith(CHILD_SIGNAL + "."):
+            child = name[len(CHILD_SIGNAL) + 1 :]
+            ended.add(child)
+            signal_id = f"child-end:{child}"
+        else:
+            signal_id = f"sig-{len(events)}"  # unique: the intake deduplicates by id
+        e = emit(
+            SignalReceived(
+                name=name,
+                payload=draw(raws),
+                signal_id=signal_id,
+                sent_by=draw(st.none() | st.just("hr-portal")),
+            )
+        )
+        exp.signals.append(signal_record(e))
+
+    def start_child() -> None:
+        p = len(exp.ops)
+        child = f"{run_id}-c{p}"
+        name = draw(st.sampled_from(CHILD_AGENTS))
+        emit(ChildStarted(position=p, child_run_id=child, agent=name))
+        exp.ops.append(
+            OpRecord(
+                position=p,
+                kind="child",
+                name=name,
+                status="completed",
+                result=msgspec.Raw(msgspec.json.encode(child)),
+            )
+        )
+        exp.children.append(child)
+
+    def wait(last: bool) -> None:
+        """``Context._wait``: done at once if it can be (a buffered signal, a passed deadline, an
+        ended child), else parked (``WaitStarted``) and completed on a later activation."""
+        p = len(exp.ops)
+        shape = draw(
+            st.sampled_from(["sleep", "signal", "select", *(["child"] * bool(exp.children))])
+        )
+        deadline = draw(st.none() | deadlines)
+        children: tuple[str, ...] = ()
+        if shape == "sleep":
+            key, signals, deadline = "sleep", (), draw(deadlines)
+        elif shape == "signal":
+            name = draw(st.sampled_from(SIGNAL_NAMES))
+            key, signals = f"signal:{name}", (name,)
+        elif shape == "select":
+            names = draw(st.lists(st.sampled_from(SIGNAL_NAMES), min_size=1, unique=True))
+            key, signals = "select:" + "|".join(names), tuple(names)
+        else:
+            child = draw(st.sampled_from(exp.children))
+            key, signals, children, deadline = (
+                f"child:{child}",
+                (child_signal(child),),
+                (child,),
+                None,
+            )
+
+        def buffered() -> SignalRecord | None:
+            # The executor takes the oldest buffered signal the wait listens to, first.
+            return next((r for r in exp.signals if r.name in signals), None)
+
+        at_once = [
+            *(["timeout"] if deadline is not None else []),  # the deadline had already passed
+            *(["child"] if children else []),  # the child had already ended
+        ]
+        parked = buffered() is None and (not at_once or draw(st.booleans()))
+        if parked:
+            emit(
+                WaitStarted(
+                    position=p, key=key, signals=signals, deadline=deadline, children=children
+                )
+            )
+            exp.ops.append(
+                OpRecord(
+                    position=p,
+                    kind="wait",
+                    name=key,
+                    status="waiting",
+                    signals=signals,
+                    deadline=deadline,
+                    children=children,
+                )
+            )
+            exp.status = "waiting"
+            exp.waiting_on = waiting_on(signals, children, deadline)
+            exp.deadline = deadline
+            for _ in range(draw(st.integers(0, 3))):  # while parked
+                what = draw(st.sampled_from(["signal", "signal", "cancel", "pause"]))
+                if what == "signal":
+                    receive()
+                elif what == "cancel":
+                    cancel()
+                else:
+                    pause()  # e.g. parked by an operator, then resumed
+            if last and draw(st.booleans()):
+                return  # still parked
+            if buffered() is not None:
+                outcome = "signal"  # it woke the run
+            else:
+                outcome = draw(
+                    st.sampled_from([*(["signal"] if sendable(signals) else []), *at_once])
+                )
+                if outcome == "signal":
+                    receive(draw(st.sampled_from(sendable(signals))))
+        else:
+            outcome = "signal" if buffered() is not None else draw(st.sampled_from(at_once))
+        rec = OpRecord(position=p, kind="wait", name=key, status="completed", outcome=outcome)
+        if outcome == "signal":
+            sig = buffered()
+            assert sig is not None
+            emit(
+                WaitCompleted(
+                    position=p,
+                    key=key,
+                    outcome="signal",
+                    payload=sig.payload,
+                    signal=sig.name,
+                    signal_id=sig.signal_id,
+                )
+            )
+            exp.signals.remove(sig)  # consumed
+            rec = msgspec.structs.replace(rec, result=sig.payload, detail=sig.name)
+        elif outcome == "timeout":
+            emit(WaitCompleted(position=p, key=key, outcome="timeout", payload=NULL))
+            rec = msgspec.structs.replace(rec, result=NULL)
+        else:
+            status = draw(st.sampled_from(CHILD_STATUSES))
+            payload = draw(raws)
+            emit(
+                WaitCompleted(
+                    position=p, key=key, outcome="child", payload=payload, child_status=status
+                )
+            )
+            rec = msgspec.structs.replace(rec, result=payload, detail=status)
+        if parked:
+            exp.ops[p] = rec
+        else:
+            exp.ops.append(rec)
+        exp.status = "running"
+        exp.waiting_on, exp.deadline = (), None
+
     n = draw(st.integers(0, 10))
+    actions = ["step", "step", "value", "cancel", "pause", "signal", "wait", "wait", "child"]
     for i in range(n):
         last = i == n - 1
-        action = draw(st.sampled_from(["step", "step", "step", "value", "cancel", "pause"]))
+        action = draw(st.sampled_from(actions))
         p = len(exp.ops)
         if action == "step":
             name = draw(st.sampled_from(NAMES))
@@ -120,14 +349,18 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
         elif action == "value":
             kind = draw(st.sampled_from(VALUE_KINDS))
             value = draw(raws)
-            emit(ValueRecorded(position=p, kind=kind, value=value))  # type: ignore[arg-type]
+            emit(ValueRecorded(position=p, kind=kind, value=value))
             exp.ops.append(
                 OpRecord(position=p, kind=kind, name=kind, status="recorded", result=value)
             )
         elif action == "cancel":
-            reason = draw(st.sampled_from(["", "user asked"]))
-            emit(CancelRequested(reason=reason, by=None))
-            exp.cancel_requested = reason or "cancelled"
+            cancel()
+        elif action == "signal":
+            receive()
+        elif action == "wait":
+            wait(last)
+        elif action == "child":
+            start_child()
         else:
             pause()
 
@@ -136,6 +369,8 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
         emit(RunSuspended(reason=reason, detail="parked"))
         exp.status = "suspended"
         exp.suspended_reason = reason
+    if draw(st.booleans()):
+        receive()  # a signal may arrive up to the end (suspended or not)
     terminal = draw(st.sampled_from([None, "completed", "failed", "cancelled"]))
     if terminal == "completed":
         exp.output = draw(raws)
@@ -156,9 +391,18 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
 
 positions = st.integers(-2, 5)
 attempts = st.integers(0, 3)
+# Few keys, names and ids, so that arbitrary events often refer to each other (a completion
+# matching a wait, a signal id consumed, received twice, ...).
+wait_keys = st.sampled_from(["sleep", "signal:approve", "select:approve|docs.signed", "child:c0"])
+signal_ids = st.sampled_from(["s0", "s1", "s2"])
+child_ids = st.sampled_from(["c0", "c1"])
 ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
     RunStarted: st.builds(
-        RunStarted, run_id=st.sampled_from(["r1", "r2"]), agent=st.just("a"), input=raws
+        RunStarted,
+        run_id=st.sampled_from(["r1", "r2"]),
+        agent=st.just("a"),
+        input=raws,
+        parent_run_id=st.none() | st.just("p"),
     ),
     RunCompleted: st.builds(RunCompleted, output=raws),
     RunFailed: st.builds(RunFailed, error=errors),
@@ -183,6 +427,37 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
     ),
     ValueRecorded: st.builds(
         ValueRecorded, position=positions, kind=st.sampled_from(VALUE_KINDS), value=raws
+    ),
+    WaitStarted: st.builds(
+        WaitStarted,
+        position=positions,
+        key=wait_keys,
+        signals=st.lists(st.sampled_from(SIGNAL_NAMES), max_size=2).map(tuple),
+        deadline=st.none() | st.sampled_from([0.0, 5.0]),
+        children=st.lists(child_ids, max_size=2).map(tuple),
+    ),
+    WaitCompleted: st.builds(
+        WaitCompleted,
+        position=positions,
+        key=wait_keys,
+        outcome=st.sampled_from(WAIT_OUTCOMES),
+        payload=raws,
+        signal=st.none() | st.sampled_from(SIGNAL_NAMES),
+        signal_id=st.none() | signal_ids,
+        child_status=st.none() | st.sampled_from(CHILD_STATUSES),
+    ),
+    SignalReceived: st.builds(
+        SignalReceived,
+        name=st.sampled_from(SIGNAL_NAMES),
+        payload=raws,
+        signal_id=signal_ids,
+        sent_by=st.none() | st.just("x"),
+    ),
+    ChildStarted: st.builds(
+        ChildStarted,
+        position=positions,
+        child_run_id=child_ids,
+        agent=st.sampled_from(CHILD_AGENTS),
     ),
 }
 """One strategy per member of the ``RunEvent`` union (checked by a test below)."""
@@ -225,6 +500,12 @@ def test_the_arbitrary_strategy_covers_every_event_type() -> None:
     assert set(ARBITRARY) == set(get_args(RunEvent))
 
 
+def test_the_op_events_here_are_the_operation_events_of_the_union() -> None:
+    # Every event with a position is an operation of the agent's code.
+    positional = {t for t in get_args(RunEvent) if "position" in t.__struct_fields__}
+    assert positional == set(OP_EVENTS)
+
+
 # --- fold equals reduce(evolve) ---------------------------------------------------------------
 
 
@@ -264,12 +545,17 @@ def test_a_valid_history_folds_to_what_was_written(
     assert state.run_id == exp.run_id
     assert state.agent == exp.agent
     assert state.input == exp.input
+    assert state.parent_run_id == exp.parent_run_id
     assert state.status == exp.status
     assert state.terminal == (exp.status in TERMINAL)
     assert state.ops == tuple(exp.ops)
     assert state.output == exp.output
     assert state.error == exp.error
     assert state.cancel_requested == exp.cancel_requested
+    assert state.waiting_on == exp.waiting_on
+    assert state.deadline == exp.deadline
+    assert state.signals == tuple(exp.signals)
+    assert state.children == tuple(exp.children)
     assert state.events == len(events)
     assert state.steps_completed == sum(isinstance(e, StepCompleted) for e in events)
     assert state.step_attempts == sum(isinstance(e, StepStarted) for e in events)
@@ -289,13 +575,34 @@ def test_a_valid_history_folds_to_what_was_written(
         op = state.op(p)
         assert op is not None
         assert op.position == p
-        if isinstance(e, ValueRecorded):
-            assert (op.kind, op.status, op.result) == (e.kind, "recorded", e.value)
-            continue
-        assert (op.kind, op.name, op.attempts) == ("step", e.name, e.attempt)
-        assert op.status == {StepStarted: "started", StepCompleted: "completed"}.get(
-            type(e), "failed"
-        )
+        match e:
+            case ValueRecorded():
+                assert (op.kind, op.status, op.result) == (e.kind, "recorded", e.value)
+            case WaitStarted():
+                assert (op.kind, op.name, op.status) == ("wait", e.key, "waiting")
+                assert (op.signals, op.deadline, op.children) == (e.signals, e.deadline, e.children)
+            case WaitCompleted():
+                assert (op.kind, op.name, op.status) == ("wait", e.key, "completed")
+                assert (op.outcome, op.result) == (e.outcome, e.payload)
+            case ChildStarted():
+                assert (op.kind, op.name, op.status) == ("child", e.agent, "completed")
+                assert op.result is not None
+                assert msgspec.json.decode(op.result) == e.child_run_id
+            case _:
+                assert (op.kind, op.name, op.attempts) == ("step", e.name, e.attempt)
+                assert op.status == {StepStarted: "started", StepCompleted: "completed"}.get(
+                    type(e), "failed"
+                )
+
+    # Buffered signals: received and not consumed, in arrival order (from the events alone).
+    consumed = {e.signal_id for e in events if isinstance(e, WaitCompleted)}
+    received = [signal_record(e) for e in events if isinstance(e, SignalReceived)]
+    assert state.signals == tuple(r for r in received if r.signal_id not in consumed)
+    # A run is parked iff its last operation is an open wait.
+    open_wait = bool(state.ops) and state.ops[-1].status == "waiting"
+    assert (state.waiting_on != ()) == open_wait
+    if state.status == "waiting":
+        assert open_wait
 
 
 @given(valid_histories())
@@ -308,6 +615,7 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
         before = state
         state = evolve(state, event)
         assert state.anomalies == ()
+        assert state.signals == before.signals or isinstance(event, (SignalReceived, WaitCompleted))
         match event:
             case RunStarted():
                 assert state.status == "pending"
@@ -315,6 +623,36 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
                 assert state.status == "running"
             case ValueRecorded() | CancelRequested():
                 assert state.status == before.status
+            case WaitStarted():
+                parked = "suspended" if before.status == "suspended" else "waiting"
+                assert state.status == parked
+                assert state.waiting_on == waiting_on(event.signals, event.children, event.deadline)
+                assert state.deadline == event.deadline
+                assert state.op(event.position) == OpRecord(
+                    position=event.position,
+                    kind="wait",
+                    name=event.key,
+                    status="waiting",
+                    signals=event.signals,
+                    deadline=event.deadline,
+                    children=event.children,
+                )
+            case WaitCompleted():
+                assert state.status == "running"
+                assert (state.waiting_on, state.deadline) == ((), None)
+                if event.outcome == "signal":
+                    # it consumed exactly one buffered signal: the one it names
+                    (sig,) = [r for r in before.signals if r.signal_id == event.signal_id]
+                    assert (sig.name, sig.payload) == (event.signal, event.payload)
+                    assert state.signals == tuple(r for r in before.signals if r is not sig)
+                else:
+                    assert state.signals == before.signals
+            case SignalReceived():
+                assert state.status == before.status
+                assert state.signals == (*before.signals, signal_record(event))
+            case ChildStarted():
+                assert state.status == before.status
+                assert state.children == (*before.children, event.child_run_id)
             case RunSuspended():
                 assert state.status == "suspended"
             case RunResumed():
@@ -325,9 +663,43 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
                 assert state.status == "failed"
             case RunCancelled():
                 assert state.status == "cancelled"
+        if not isinstance(event, (WaitStarted, WaitCompleted)):
+            assert (state.waiting_on, state.deadline) == (before.waiting_on, before.deadline)
+        if not isinstance(event, ChildStarted):
+            assert state.children == before.children
 
 
 # --- arbitrary sequences, event by event ------------------------------------------------------
+
+BOOKKEEPING = {"events", "updated_at", "anomalies"}
+MAY_CHANGE: dict[type, set[str]] = {
+    RunStarted: {"run_id", "agent", "code_version", "input", "status", "started_at"}
+    | {"parent_run_id"},
+    RunCompleted: {"status", "output", "ended_at"},
+    RunFailed: {"status", "error", "ended_at"},
+    CancelRequested: {"cancel_requested"},
+    RunCancelled: {"status", "ended_at", "cancel_requested"},
+    RunSuspended: {"status", "suspended_reason", "suspended_detail"},
+    RunResumed: {"status", "suspended_reason", "suspended_detail", "cap_resumes"},
+    StepStarted: {"ops", "status", "step_attempts"},
+    StepCompleted: {"ops", "status", "steps_completed"},
+    StepFailed: {"ops", "status"},
+    ValueRecorded: {"ops"},
+    WaitStarted: {"ops", "status", "waiting_on", "deadline"},
+    WaitCompleted: {"ops", "status", "waiting_on", "deadline", "signals"},
+    SignalReceived: {"signals"},
+    ChildStarted: {"ops", "children"},
+}
+"""The fields of the state each event may change (besides the bookkeeping)."""
+
+
+def test_every_event_type_says_what_it_may_change() -> None:
+    assert set(MAY_CHANGE) == set(get_args(RunEvent))
+
+
+def _changed(before: RunState, after: RunState) -> set[str]:
+    a, b = msgspec.structs.asdict(before), msgspec.structs.asdict(after)
+    return {k for k in a if a[k] != b[k]} - BOOKKEEPING
 
 
 @given(arbitrary_histories)
@@ -354,6 +726,64 @@ def test_evolve_is_total_and_nothing_after_the_end_changes_the_outcome(
             assert state.anomalies[:-1] == before.anomalies
             assert len(state.anomalies) == len(before.anomalies) + 1
             assert "after the run ended" in state.anomalies[-1]
+
+
+@given(arbitrary_histories)
+def test_each_event_changes_only_what_it_may_and_an_anomaly_changes_nothing(
+    events: list[RunEvent],
+) -> None:
+    state = RunState()
+    for event in events:
+        before, state = state, evolve(state, event)
+        changed = _changed(before, state)
+        assert state.anomalies[: len(before.anomalies)] == before.anomalies
+        if len(state.anomalies) > len(before.anomalies):
+            assert len(state.anomalies) == len(before.anomalies) + 1
+            assert changed == set(), state.anomalies[-1]
+        else:
+            assert changed <= MAY_CHANGE[type(event)]
+
+
+@given(arbitrary_histories)
+def test_what_replay_was_handed_is_never_rewritten(events: list[RunEvent]) -> None:
+    """A completed step, a recorded value, a completed wait and a started child are final;
+    a waiting wait only ever becomes that wait completed."""
+    state = RunState()
+    for event in events:
+        before, state = state, evolve(state, event)
+        assert len(state.ops) >= len(before.ops)
+        for old, new in zip(before.ops, state.ops, strict=False):
+            if old.status in ("completed", "recorded"):
+                assert new == old
+            elif old.status == "waiting" and new != old:
+                assert isinstance(event, WaitCompleted)
+                assert (new.kind, new.name, new.status) == ("wait", old.name, "completed")
+
+
+@given(arbitrary_histories)
+def test_wait_bookkeeping_stays_consistent(events: list[RunEvent]) -> None:
+    state = RunState()
+    received: list[SignalRecord] = []
+    for event in events:
+        before, state = state, evolve(state, event)
+        if isinstance(event, SignalReceived) and not before.terminal:
+            received.append(signal_record(event))
+        # A timer is awaited iff there is a deadline.
+        assert ("timer" in state.waiting_on) == (state.deadline is not None)
+        # Only a WaitStarted makes a run wait, and it leaves an open wait behind.
+        if state.status == "waiting":
+            assert any(op.status == "waiting" for op in state.ops)
+        # Buffered signals are received ones, in arrival order (a subsequence).
+        it = iter(received)
+        assert all(any(r == x for x in it) for r in state.signals)
+        # A completion that fits removes the signal it consumed (and only that one).
+        accepted = len(state.anomalies) == len(before.anomalies)
+        if isinstance(event, WaitCompleted) and accepted and event.signal_id is not None:
+            assert all(r.signal_id != event.signal_id for r in state.signals)
+        # The children are the run ids recorded by the child operations, in order.
+        assert state.children == tuple(
+            msgspec.json.decode(op.result or b"") for op in state.ops if op.kind == "child"
+        )
 
 
 # --- examples ---------------------------------------------------------------------------------
@@ -474,6 +904,10 @@ def test_a_step_event_while_suspended_keeps_the_run_suspended() -> None:
         RunSuspended(reason="manual", detail="x"),
         RunResumed(),
         RunStarted(run_id="r1", agent="greeter", input=R1),
+        WaitStarted(position=0, key="sleep", deadline=1.0),
+        WaitCompleted(position=0, key="sleep", outcome="timeout", payload=NULL),
+        SignalReceived(name="approve", payload=R1, signal_id="s1"),
+        ChildStarted(position=0, child_run_id="r1-c0", agent="mailer"),
     ],
     ids=lambda e: type(e).__name__,
 )
@@ -620,6 +1054,215 @@ def test_fold_continues_from_a_given_state() -> None:
     tail: list[RunEvent] = [StepCompleted(position=0, name="a", result=R1)]
     assert fold(tail, head) == fold([START, StepStarted(position=0, name="a"), *tail])
     assert head.op(0) == OpRecord(position=0, kind="step", name="a", status="started", attempts=1)
+
+
+# --- waits, signals and children, by example --------------------------------------------------
+
+
+def signal(name: str, sid: str, payload: bytes = b"1", at: float = 0.0) -> SignalReceived:
+    return SignalReceived(name=name, payload=msgspec.Raw(payload), signal_id=sid, at=at)
+
+
+def test_a_signal_wait_parks_then_consumes_the_oldest_matching_signal() -> None:
+    other = signal("docs.signed", "s1", b'"doc"', at=11.0)
+    first = signal("approve", "s2", b'"yes"', at=13.0)
+    second = signal("approve", "s3", b'"again"', at=14.0)
+    parked = fold(
+        [
+            START,
+            other,
+            WaitStarted(
+                position=0, key="signal:approve", signals=("approve",), deadline=99.0, at=12.0
+            ),
+        ]
+    )
+    assert parked.status == "waiting"
+    assert (parked.waiting_on, parked.deadline) == (("signal:approve", "timer"), 99.0)
+    assert parked.op(0) == OpRecord(
+        position=0,
+        kind="wait",
+        name="signal:approve",
+        status="waiting",
+        signals=("approve",),
+        deadline=99.0,
+    )
+    assert parked.signals == (
+        SignalRecord(name="docs.signed", payload=msgspec.Raw(b'"doc"'), signal_id="s1", at=11.0),
+    )
+    done = fold(
+        [
+            first,
+            second,
+            WaitCompleted(
+                position=0,
+                key="signal:approve",
+                outcome="signal",
+                payload=msgspec.Raw(b'"yes"'),
+                signal="approve",
+                signal_id="s2",
+                at=15.0,
+            ),
+        ],
+        parked,
+    )
+    assert done.anomalies == ()
+    assert (done.status, done.waiting_on, done.deadline) == ("running", (), None)
+    assert [r.signal_id for r in done.signals] == ["s1", "s3"]
+    assert done.op(0) == OpRecord(
+        position=0,
+        kind="wait",
+        name="signal:approve",
+        status="completed",
+        result=msgspec.Raw(b'"yes"'),
+        outcome="signal",
+        detail="approve",
+    )
+
+
+def test_a_wait_may_complete_without_parking() -> None:
+    events: list[RunEvent] = [
+        START,
+        signal("approve", "s1"),
+        WaitCompleted(
+            position=0,
+            key="signal:approve",
+            outcome="signal",
+            payload=R1,
+            signal="approve",
+            signal_id="s1",
+        ),
+        WaitCompleted(position=1, key="sleep", outcome="timeout", payload=NULL),
+    ]
+    state = fold(events)
+    assert state.anomalies == ()
+    assert (state.status, state.signals, state.waiting_on) == ("running", (), ())
+    assert [(op.outcome, op.detail) for op in state.ops] == [
+        ("signal", "approve"),
+        ("timeout", None),
+    ]
+
+
+def test_a_child_run_and_the_wait_for_it() -> None:
+    child = "r1-c0"
+    events: list[RunEvent] = [
+        START,
+        ChildStarted(position=0, child_run_id=child, agent="it-provision"),
+        WaitStarted(
+            position=1, key=f"child:{child}", signals=(child_signal(child),), children=(child,)
+        ),
+    ]
+    state = fold(events)
+    assert state.status == "waiting"
+    assert state.children == (child,)
+    assert state.op(0) == OpRecord(
+        position=0, kind="child", name="it-provision", status="completed", result=raw_json(child)
+    )
+    assert state.waiting_on == (f"signal:{CHILD_SIGNAL}.{child}", f"run:{child}")
+    assert state.deadline is None
+    ended = evolve(
+        state,
+        WaitCompleted(
+            position=1,
+            key=f"child:{child}",
+            outcome="child",
+            payload=msgspec.Raw(b'{"status":"failed"}'),
+            child_status="failed",
+        ),
+    )
+    assert (ended.status, ended.waiting_on, ended.anomalies) == ("running", (), ())
+    assert ended.op(1) == OpRecord(
+        position=1,
+        kind="wait",
+        name=f"child:{child}",
+        status="completed",
+        result=msgspec.Raw(b'{"status":"failed"}'),
+        outcome="child",
+        detail="failed",
+    )
+    assert ended.children == (child,)
+
+
+def raw_json(v: object) -> msgspec.Raw:
+    return msgspec.Raw(msgspec.json.encode(v))
+
+
+def test_a_deadline_at_zero_is_still_a_timer() -> None:
+    state = fold([START, WaitStarted(position=0, key="sleep", deadline=0.0)])
+    assert (state.waiting_on, state.deadline) == (("timer",), 0.0)
+
+
+def test_a_wait_while_suspended_keeps_the_run_suspended() -> None:
+    suspended = fold([START, RunSuspended(reason="manual", detail="x")])
+    parked = evolve(suspended, WaitStarted(position=0, key="sleep", deadline=5.0))
+    assert (parked.status, parked.waiting_on, parked.anomalies) == ("suspended", ("timer",), ())
+    resumed = evolve(parked, RunResumed())
+    assert (resumed.status, resumed.waiting_on, resumed.deadline) == ("pending", ("timer",), 5.0)
+    woken = evolve(resumed, WaitCompleted(position=0, key="sleep", outcome="timeout", payload=NULL))
+    assert (woken.status, woken.waiting_on, woken.deadline) == ("running", (), None)
+    # and a completion that lands while suspended does not lift the suspension
+    still = fold(
+        [
+            RunSuspended(reason="manual", detail="y"),
+            WaitCompleted(position=0, key="sleep", outcome="timeout", payload=NULL),
+        ],
+        parked,
+    )
+    assert (still.status, still.waiting_on, still.anomalies) == ("suspended", (), ())
+
+
+def test_misplaced_wait_and_child_events_are_anomalies() -> None:
+    events: list[RunEvent] = [
+        START,
+        *[StepStarted(position=0, name="a"), StepCompleted(position=0, name="a", result=R1)],
+        signal("approve", "s1"),
+        WaitCompleted(  # over a completed step: does not consume the signal either
+            position=0,
+            key="sleep",
+            outcome="signal",
+            payload=R1,
+            signal="approve",
+            signal_id="s1",
+        ),
+        WaitStarted(position=1, key="sleep", deadline=9.0),
+        WaitCompleted(position=1, key="signal:approve", outcome="timeout", payload=NULL),
+        WaitStarted(position=1, key="sleep", deadline=10.0),
+        ChildStarted(position=1, child_run_id="r1-c1", agent="mailer"),
+        StepStarted(position=1, name="sleep"),
+        WaitCompleted(position=1, key="sleep", outcome="timeout", payload=NULL),
+        WaitCompleted(position=1, key="sleep", outcome="timeout", payload=NULL),
+        ChildStarted(position=2, child_run_id="r1-c2", agent="mailer"),
+        StepStarted(position=2, name="mailer"),
+        ValueRecorded(position=2, kind="now", value=R1),
+        WaitStarted(position=7, key="sleep"),
+        ChildStarted(position=-1, child_run_id="r1-c9", agent="mailer"),
+    ]
+    state = fold(events)
+    assert state.anomalies == (
+        "wait 0 completed over step 'a' (completed)",
+        "wait 1 completed over wait sleep (waiting)",
+        "wait 1 started again over wait sleep (waiting)",
+        "child 1 started again over wait sleep (waiting)",
+        "step 1 'sleep' started over wait sleep (waiting)",
+        "wait 1 completed over wait sleep (completed)",
+        "step 2 'mailer' started over child mailer (completed)",
+        "value 2 recorded again over child mailer (completed)",
+        "wait 7 started out of order",
+        "child -1 started out of order",
+    )
+    assert [r.signal_id for r in state.signals] == ["s1"]
+    assert state.children == ("r1-c2",)
+    assert [(op.kind, op.status) for op in state.ops] == [
+        ("step", "completed"),
+        ("wait", "completed"),
+        ("child", "completed"),
+    ]
+    assert state.op(1) is not None and state.op(1).deadline is None  # type: ignore[union-attr]
+    assert state == reduce_evolve(events)
+
+
+def test_started_run_records_its_parent() -> None:
+    state = fold([RunStarted(run_id="r1-c0", agent="a", input=R1, parent_run_id="r1")])
+    assert state.parent_run_id == "r1"
 
 
 # --- performance ------------------------------------------------------------------------------
