@@ -22,6 +22,7 @@ import json
 import logging
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
@@ -213,17 +214,17 @@ async def _require_deployment(client: Client, run_id: str) -> None:
         ) from None
 
 
-def _parse_input(text: str) -> Any:
+def _parse_input(text: str, flag: str = "--input") -> Any:
     if text.startswith("@"):
         try:
             text = Path(text[1:]).read_text(encoding="utf-8")
         except OSError as e:
-            raise UsageError(f"--input {text}: cannot read: {e.strerror or e}") from None
+            raise UsageError(f"{flag} {text}: cannot read: {e.strerror or e}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(
-            f'--input is not valid JSON: {e} (quote it: --input \'{{"name": "Ada"}}\')'
+            f'{flag} is not valid JSON: {e} (quote it: {flag} \'{{"name": "Ada"}}\')'
         ) from None
 
 
@@ -395,6 +396,11 @@ def _status_json(state: RunState, run_id: str) -> dict[str, Any]:
         "updated_at": _iso(state.updated_at),
         "code_version": state.code_version,
         "cancel_requested": state.cancel_requested,
+        "waiting_on": list(state.waiting_on),
+        "deadline": _iso(state.deadline),
+        "buffered_signals": [r.name for r in state.signals],
+        "children": list(state.children),
+        "parent_run_id": state.parent_run_id,
         "suspended_reason": state.suspended_reason,
         "suspended_detail": state.suspended_detail,
         "anomalies": list(state.anomalies),
@@ -418,6 +424,17 @@ async def cmd_status(args: argparse.Namespace) -> int:
     last = state.ops[-1] if state.ops else None
     if not state.terminal and last is not None and last.status == "started":
         rows.append(("executing", f"{last.name} pos={last.position} attempt={last.attempts}"))
+    if state.status == "waiting":
+        rows.append(("waiting on", ", ".join(state.waiting_on) or "-"))
+        if state.deadline is not None:
+            left = state.deadline - time.time()
+            rows.append(("deadline", f"{_stamp(state.deadline)} (in {max(left, 0.0):.1f}s)"))
+    if state.signals:
+        rows.append(("signals", "buffered: " + ", ".join(r.name for r in state.signals)))
+    if state.children:
+        rows.append(("children", ", ".join(state.children)))
+    if state.parent_run_id:
+        rows.append(("parent", state.parent_run_id))
     rows.append(("started", _stamp(state.started_at)))
     ended = _stamp(state.ended_at)
     if state.ended_at and state.started_at:
@@ -478,6 +495,40 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
         f"cancel requested for run {args.run_id}: it stops before its next step "
         f"(see `sojourn status {args.run_id}`)"
     )
+    return EXIT_OK
+
+
+async def cmd_signal(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    payload = _parse_input(args.payload, "--payload")
+    async with await _connect(args) as client:
+        await _require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)  # a typo'd run id is an error here, not a DLQ
+        if state.terminal:
+            raise UsageError(f"run {args.run_id} has ended ({state.status}): signal not sent")
+        sid = await client.signal(
+            args.run_id, args.name, payload, signal_id=args.signal_id, sender=args.sender
+        )
+    out(
+        f"signal {args.name} sent to run {args.run_id} (id {sid}); it is buffered until the "
+        "run waits for it"
+    )
+    return EXIT_OK
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    async with await _connect(args) as client:
+        await _require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)
+        if state.status != "suspended":
+            raise UsageError(f"run {args.run_id} is {_public_status(state)}, not suspended")
+        try:
+            by = f"cli:{getpass.getuser()}"
+        except Exception:
+            by = "cli"
+        await client.resume(args.run_id, args.note, by=by)
+    out(f"resume requested for run {args.run_id} (it was suspended: {state.suspended_reason})")
     return EXIT_OK
 
 
@@ -700,6 +751,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_id", metavar="RUN", help="run id")
     p.add_argument("--reason", metavar="TEXT", default="", help="recorded in the history")
+
+    p = command(
+        "signal",
+        cmd_signal,
+        "Send a signal to a run (buffered until the run waits for it).",
+        'sojourn signal 5f0c9e2d docs.signed --payload \'{"by": "ada@example.com"}\'',
+        detail="Durable: the run need not be waiting, nor any worker running. The same "
+        "--signal-id sent twice counts once.",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("name", metavar="NAME", help="signal name, e.g. docs.signed")
+    p.add_argument(
+        "--payload",
+        metavar="JSON",
+        default="null",
+        help="the signal's payload as JSON, or @FILE (default: null)",
+    )
+    p.add_argument(
+        "--signal-id", metavar="ID", default=None, help="idempotency id (default: a fresh one)"
+    )
+    p.add_argument("--sender", metavar="WHO", default=None, help="recorded in the history")
+
+    p = command(
+        "resume",
+        cmd_resume,
+        "Lift a run's suspension (a poll cap reached, a fixed non-determinism).",
+        "sojourn resume 5f0c9e2d --note 'job is slow today'",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("--note", metavar="TEXT", default="", help="recorded in the history")
 
     p = command(
         "schemas",

@@ -194,7 +194,8 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
         )
         exp.signals.append(signal_record(e))
 
-    def start_child() -> None:
+    def start_child(last: bool) -> None:
+        """``ctx.start_child``, often followed at once by the wait for it (``ctx.child``)."""
         p = len(exp.ops)
         child = f"{run_id}-c{p}"
         name = draw(st.sampled_from(CHILD_AGENTS))
@@ -209,13 +210,20 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
             )
         )
         exp.children.append(child)
+        if draw(st.booleans()):
+            wait(last, awaited=child)
 
-    def wait(last: bool) -> None:
+    def wait(last: bool, awaited: str | None = None) -> None:
         """``Context._wait``: done at once if it can be (a buffered signal, a passed deadline, an
-        ended child), else parked (``WaitStarted``) and completed on a later activation."""
+        ended child), else parked (``WaitStarted``) and completed on a later activation.
+        ``awaited``: a child run to wait for (``ChildHandle.result()``)."""
         p = len(exp.ops)
-        shape = draw(
-            st.sampled_from(["sleep", "signal", "select", *(["child"] * bool(exp.children))])
+        shape = (
+            "child"
+            if awaited
+            else draw(
+                st.sampled_from(["sleep", "signal", "select", *(["child"] * bool(exp.children))])
+            )
         )
         deadline = draw(st.none() | deadlines)
         children: tuple[str, ...] = ()
@@ -228,7 +236,7 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
             names = draw(st.lists(st.sampled_from(SIGNAL_NAMES), min_size=1, unique=True))
             key, signals = "select:" + "|".join(names), tuple(names)
         else:
-            child = draw(st.sampled_from(exp.children))
+            child = awaited or draw(st.sampled_from(exp.children))
             key, signals, children, deadline = (
                 f"child:{child}",
                 (child_signal(child),),
@@ -324,7 +332,7 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
     actions = ["step", "step", "value", "cancel", "pause", "signal", "wait", "wait", "child"]
     for i in range(n):
         last = i == n - 1
-        action = draw(st.sampled_from(actions))
+        action = draw(st.sampled_from([*actions, *(["wait"] * 3 if last else [])]))
         p = len(exp.ops)
         if action == "step":
             name = draw(st.sampled_from(NAMES))
@@ -360,7 +368,7 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
         elif action == "wait":
             wait(last)
         elif action == "child":
-            start_child()
+            start_child(last)
         else:
             pause()
 
