@@ -10,21 +10,33 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sojourn.actors.journal import Execute, Journal, Recorded, RecordedFailure
-from sojourn.actors.state import fold
+from sojourn.actors.journal import (
+    Execute,
+    Journal,
+    OpenWait,
+    Recorded,
+    RecordedFailure,
+    RecordedWait,
+)
+from sojourn.actors.state import OpRecord, fold
 from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import (
+    ChildStarted,
     ErrorInfo,
     RunEvent,
     RunStarted,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepStarted,
     ValueRecorded,
+    WaitCompleted,
+    WaitStarted,
 )
 from tests.actors.test_state import Expected, valid_histories
 
 BOOM = ErrorInfo(type="ValueError", message="boom")
+NULL = msgspec.Raw(b"null")
 
 
 def raw(v: object) -> msgspec.Raw:
@@ -40,6 +52,18 @@ def completed(p: int, name: str, result: object = None, attempt: int = 1) -> lis
         StepStarted(position=p, name=name, attempt=attempt),
         StepCompleted(position=p, name=name, attempt=attempt, result=raw(result)),
     ]
+
+
+def slept(p: int, key: str = "sleep", *, parked: bool = True) -> list[RunEvent]:
+    """A wait at ``p`` that timed out (after parking, or at once: its deadline had passed)."""
+    done = WaitCompleted(position=p, key=key, outcome="timeout", payload=NULL)
+    if not parked:
+        return [done]
+    return [WaitStarted(position=p, key=key, deadline=100.0), done]
+
+
+def child(p: int, agent: str, run_id: str = "r1") -> ChildStarted:
+    return ChildStarted(position=p, child_run_id=f"{run_id}-c{p}", agent=agent)
 
 
 # --- the contract, by example -----------------------------------------------------------------
@@ -174,36 +198,257 @@ def test_replaying_flips_exactly_after_the_last_recorded_position() -> None:
     assert seen == [True, True, True, False, False, False]
 
 
+# --- waits and children, by example -----------------------------------------------------------
+
+
+def test_a_new_wait_is_open_and_unrecorded() -> None:
+    j = history(*completed(0, "fetch"))
+    j.step("fetch")
+    assert j.wait("signal:approve") == OpenWait(position=1, recorded=None)
+    assert j.wait("sleep") == OpenWait(position=2, recorded=None)
+    assert not j.replaying
+    j.finish()
+
+
+def test_a_parked_wait_is_open_with_what_was_recorded() -> None:
+    j = history(
+        *completed(0, "fetch"),
+        WaitStarted(
+            position=1,
+            key="select:approve|reject",
+            signals=("approve", "reject"),
+            deadline=1234.5,
+        ),
+        SignalReceived(name="other", payload=raw(1), signal_id="s1"),
+    )
+    j.step("fetch")
+    assert j.replaying
+    assert j.wait("select:approve|reject") == OpenWait(
+        position=1,
+        recorded=OpRecord(
+            position=1,
+            kind="wait",
+            name="select:approve|reject",
+            status="waiting",
+            signals=("approve", "reject"),
+            deadline=1234.5,
+        ),
+    )
+    assert not j.replaying
+    j.finish()
+
+
+@pytest.mark.parametrize("parked", [True, False], ids=["parked", "at-once"])
+@pytest.mark.parametrize(
+    ("completion", "expected_signal"),
+    [
+        (
+            WaitCompleted(
+                position=0,
+                key="k",
+                outcome="signal",
+                payload=raw({"by": "hr"}),
+                signal="approve",
+                signal_id="s1",
+            ),
+            "approve",
+        ),
+        (WaitCompleted(position=0, key="k", outcome="timeout", payload=NULL), None),
+        # A child outcome carries no signal name: live (``resolve_child_wait``) returns
+        # ``signal=None``, so replay must too.
+        (
+            WaitCompleted(
+                position=0,
+                key="k",
+                outcome="child",
+                payload=raw({"status": "failed"}),
+                child_status="failed",
+            ),
+            None,
+        ),
+    ],
+    ids=lambda v: v.outcome if isinstance(v, WaitCompleted) else None,
+)
+def test_a_completed_wait_returns_how_it_ended(
+    completion: WaitCompleted, expected_signal: str | None, parked: bool
+) -> None:
+    events: list[RunEvent] = [
+        SignalReceived(name="approve", payload=raw({"by": "hr"}), signal_id="s1")
+    ]
+    if parked:
+        events.append(WaitStarted(position=0, key="k", signals=("approve",), deadline=9.0))
+    j = history(*events, completion)
+    assert j.wait("k") == RecordedWait(
+        position=0,
+        outcome=completion.outcome,
+        payload=completion.payload,
+        signal=expected_signal,
+    )
+    assert j.step("next") == Execute(position=1, attempt=1, in_doubt=False)
+    j.finish()
+
+
+def test_a_started_child_is_recorded_with_its_run_id() -> None:
+    j = history(child(0, "it-provision"), *slept(1, "child:r1-c0"))
+    assert j.child("it-provision") == Recorded(position=0, result=raw("r1-c0"))
+    assert j.wait("child:r1-c0") == RecordedWait(
+        position=1, outcome="timeout", payload=NULL, signal=None
+    )
+    assert j.child("it-provision") == Execute(position=2, attempt=1, in_doubt=False)
+    j.finish()
+
+
+@pytest.mark.parametrize(
+    ("recorded", "call", "was", "now"),
+    [
+        # a wait under another key, parked or completed
+        (
+            [WaitStarted(position=0, key="sleep", deadline=1.0)],
+            ("wait", "signal:approve"),
+            "a wait on sleep",
+            "a wait on signal:approve",
+        ),
+        (slept(0, "signal:a"), ("wait", "signal:b"), "a wait on signal:a", "a wait on signal:b"),
+        (slept(0, parked=False), ("wait", "select:a|b"), "a wait on sleep", "a wait on select:a|b"),
+        # a wait where something else was recorded, and vice versa
+        (completed(0, "sleep"), ("wait", "sleep"), "step 'sleep'", "a wait on sleep"),
+        (slept(0), ("step", "sleep"), "a wait on sleep", "step 'sleep'"),
+        (
+            [ValueRecorded(position=0, kind="now", value=raw(0))],
+            ("wait", "now"),
+            "ctx.now()",
+            "a wait on now",
+        ),
+        (slept(0, "now"), ("value", "now"), "a wait on now", "ctx.now()"),
+        (
+            [child(0, "mailer")],
+            ("wait", "child:r1-c0"),
+            "a child run of 'mailer'",
+            "a wait on child:r1-c0",
+        ),
+        (
+            slept(0, "child:r1-c0"),
+            ("child", "mailer"),
+            "a wait on child:r1-c0",
+            "a child run of 'mailer'",
+        ),
+        # a child of another agent, and children where other operations were recorded
+        (
+            [child(0, "mailer")],
+            ("child", "it-provision"),
+            "a child run of 'mailer'",
+            "a child run of 'it-provision'",
+        ),
+        ([child(0, "mailer")], ("step", "mailer"), "a child run of 'mailer'", "step 'mailer'"),
+        (completed(0, "mailer"), ("child", "mailer"), "step 'mailer'", "a child run of 'mailer'"),
+        (
+            [StepStarted(position=0, name="mailer")],
+            ("child", "mailer"),
+            "step 'mailer'",
+            "a child run of 'mailer'",
+        ),
+        (
+            [ValueRecorded(position=0, kind="uuid", value=raw(0))],
+            ("child", "uuid"),
+            "ctx.uuid()",
+            "a child run of 'uuid'",
+        ),
+        ([child(0, "now")], ("value", "now"), "a child run of 'now'", "ctx.now()"),
+    ],
+)
+def test_a_wait_or_child_mismatch_is_nondeterminism_naming_both(
+    recorded: list[RunEvent], call: tuple[str, str], was: str, now: str
+) -> None:
+    j = history(*recorded)
+    with pytest.raises(NondeterminismError) as info:
+        perform(j, call)  # type: ignore[arg-type]
+    e = info.value
+    assert f"run r1: operation 0 was recorded as {was} but the code now calls {now};" in e.message
+    assert (e.run_id, e.seq, e.step) == ("r1", 0, now)
+    assert j.position == 1  # the position was taken: the run parks, nothing more is matched
+
+
+def test_finish_names_a_pending_wait_or_child() -> None:
+    j = history(*slept(0, "signal:approve"), child(1, "mailer"))
+    with pytest.raises(NondeterminismError, match=r"\(next: a wait on signal:approve at 0\)"):
+        j.finish()
+    j.wait("signal:approve")
+    with pytest.raises(NondeterminismError, match=r"\(next: a child run of 'mailer' at 1\)"):
+        j.finish()
+    j.child("mailer")
+    j.finish()
+
+
 # --- the contract, generated ------------------------------------------------------------------
 
-Op = tuple[Literal["step", "value"], str]
-# "now" is both a step name and a value kind: a step named "now" must not match ctx.now().
+Kind = Literal["step", "value", "wait", "child"]
+Op = tuple[Kind, str]
+# Names shared across kinds on purpose ("now" is a step name, a value kind, a wait key and a
+# child agent; "sleep" a step and a wait; "fetch" a step and an agent): only kind *and* name
+# match.
 ops = st.one_of(
-    st.tuples(st.just("step"), st.sampled_from(["fetch", "send", "now"])),
+    st.tuples(st.just("step"), st.sampled_from(["fetch", "send", "now", "sleep"])),
     st.tuples(st.just("value"), st.sampled_from(["now", "uuid"])),
+    st.tuples(st.just("wait"), st.sampled_from(["sleep", "signal:approve", "now"])),
+    st.tuples(st.just("child"), st.sampled_from(["mailer", "fetch", "now"])),
 )
+Status = Literal["completed", "failed", "started", "recorded", "waiting"]
 
 
 @dataclass(frozen=True)
 class Recording:
     op: Op
-    status: Literal["completed", "failed", "started", "recorded"]
-    attempts: int
+    status: Status
+    attempts: int = 0
+    outcome: str | None = None  # a completed wait: signal, timeout or child
+    parked: bool = False  # a completed wait: WaitStarted was recorded before its completion
 
 
 @st.composite
 def recordings(draw: st.DrawFn) -> list[Recording]:
-    """What history recorded, op by op; only the last step may be left started (in doubt)."""
+    """What history recorded, op by op; only the last step may be left started (in doubt) and
+    only the last wait may still be waiting (the code is sequential)."""
     recorded = draw(st.lists(ops, max_size=6))
     out = []
     for i, op in enumerate(recorded):
-        if op[0] == "value":
-            out.append(Recording(op, "recorded", 0))
-            continue
         last = i == len(recorded) - 1
-        status = draw(st.sampled_from(["completed", "failed", *(["started"] if last else [])]))
-        out.append(Recording(op, status, draw(st.integers(1, 3))))
+        match op[0]:
+            case "value":
+                out.append(Recording(op, "recorded"))
+            case "child":
+                out.append(Recording(op, "completed"))
+            case "wait":
+                status = draw(st.sampled_from(["completed", *(["waiting"] if last else [])]))
+                out.append(
+                    Recording(
+                        op,
+                        status,
+                        outcome=draw(st.sampled_from(["signal", "timeout", "child"])),
+                        parked=draw(st.booleans()),
+                    )
+                )
+            case _:
+                status = draw(
+                    st.sampled_from(["completed", "failed", *(["started"] if last else [])])
+                )
+                out.append(Recording(op, status, draw(st.integers(1, 3))))
     return out
+
+
+def wait_payload(p: int, outcome: str | None) -> msgspec.Raw:
+    return NULL if outcome == "timeout" else raw(p)
+
+
+def waiting_record(p: int, key: str) -> OpRecord:
+    return OpRecord(
+        position=p,
+        kind="wait",
+        name=key,
+        status="waiting",
+        signals=("approve",),
+        deadline=float(p),
+        children=("c",),
+    )
 
 
 def events_of(recorded: list[Recording]) -> list[RunEvent]:
@@ -211,7 +456,43 @@ def events_of(recorded: list[Recording]) -> list[RunEvent]:
     for p, rec in enumerate(recorded):
         kind, name = rec.op
         if kind == "value":
-            events.append(ValueRecorded(position=p, kind=name, value=raw(p)))  # type: ignore[arg-type]
+            events.append(ValueRecorded(position=p, kind=name, value=raw(p)))
+            continue
+        if kind == "child":
+            events.append(ChildStarted(position=p, child_run_id=f"r9-c{p}", agent=name))
+            continue
+        if kind == "wait":
+            if rec.status == "waiting" or rec.parked:
+                w = waiting_record(p, name)
+                events.append(
+                    WaitStarted(
+                        position=p,
+                        key=name,
+                        signals=w.signals,
+                        deadline=w.deadline,
+                        children=w.children,
+                    )
+                )
+            if rec.status == "waiting":
+                continue
+            payload = wait_payload(p, rec.outcome)
+            if rec.outcome == "signal":
+                events.append(SignalReceived(name="approve", payload=payload, signal_id=f"s{p}"))
+                done = WaitCompleted(
+                    position=p,
+                    key=name,
+                    outcome="signal",
+                    payload=payload,
+                    signal="approve",
+                    signal_id=f"s{p}",
+                )
+            elif rec.outcome == "timeout":
+                done = WaitCompleted(position=p, key=name, outcome="timeout", payload=payload)
+            else:
+                done = WaitCompleted(
+                    position=p, key=name, outcome="child", payload=payload, child_status="failed"
+                )
+            events.append(done)
             continue
         for a in range(1, rec.attempts + 1):
             events.append(StepStarted(position=p, name=name, attempt=a))
@@ -222,12 +503,60 @@ def events_of(recorded: list[Recording]) -> list[RunEvent]:
     return events
 
 
-def call(j: Journal, op: Op) -> Recorded | RecordedFailure | Execute:
-    return j.step(op[1]) if op[0] == "step" else j.value(op[1])
+Plan = Recorded | RecordedFailure | Execute | RecordedWait | OpenWait
+
+
+def perform(j: Journal, op: Op) -> Plan:
+    match op[0]:
+        case "step":
+            return j.step(op[1])
+        case "value":
+            return j.value(op[1])
+        case "wait":
+            return j.wait(op[1])
+    return j.child(op[1])
 
 
 def describe(op: Op) -> str:
-    return f"step '{op[1]}'" if op[0] == "step" else f"ctx.{op[1]}()"
+    match op[0]:
+        case "step":
+            return f"step '{op[1]}'"
+        case "value":
+            return f"ctx.{op[1]}()"
+        case "wait":
+            return f"a wait on {op[1]}"
+    return f"a child run of '{op[1]}'"
+
+
+def expected_plan(i: int, rec: Recording) -> Plan:
+    """What call ``i`` gets when history recorded ``rec`` there and the code matches it."""
+    kind, name = rec.op
+    match rec.status:
+        case "recorded":
+            return Recorded(position=i, result=raw(i))
+        case "completed" if kind == "child":
+            return Recorded(position=i, result=raw(f"r9-c{i}"))
+        case "completed" if kind == "wait":
+            return RecordedWait(
+                position=i,
+                outcome=rec.outcome or "",
+                payload=wait_payload(i, rec.outcome),
+                signal="approve" if rec.outcome == "signal" else None,
+            )
+        case "completed":
+            return Recorded(position=i, result=raw(i))
+        case "failed":
+            return RecordedFailure(position=i, error=BOOM, attempts=rec.attempts)
+        case "waiting":
+            return OpenWait(position=i, recorded=waiting_record(i, name))
+    return Execute(position=i, attempt=rec.attempts + 1, in_doubt=True)
+
+
+def new_plan(i: int, op: Op) -> Plan:
+    """What call ``i`` gets beyond history."""
+    if op[0] == "wait":
+        return OpenWait(position=i, recorded=None)
+    return Execute(position=i, attempt=1, in_doubt=False)
 
 
 @given(recordings(), st.lists(ops, max_size=8))
@@ -241,41 +570,38 @@ def test_the_journal_raises_iff_history_is_not_a_prefix_of_the_code(
     * Otherwise, if C is shorter than R, every call returns and ``finish()`` raises (seq =
       len(C)).
     * Otherwise (R is a prefix of C) nothing raises: call i < len(R) gets the recorded
-      outcome, call i >= len(R) gets ``Execute(i, 1, in_doubt=False)``.
+      outcome, call i >= len(R) gets new work (``Execute(i, 1, in_doubt=False)``, or
+      ``OpenWait(i, None)`` for a wait).
 
     So: the journal raises iff R is not a prefix of C.
     """
-    j = Journal(fold(events_of(recorded)))
+    state = fold(events_of(recorded))
+    assert state.anomalies == ()
+    j = Journal(state)
     r = [rec.op for rec in recorded]
     mismatch = next((i for i, (a, b) in enumerate(zip(r, code, strict=False)) if a != b), None)
     for i, op in enumerate(code):
         assert j.replaying == (i < len(r))
         if i == mismatch:
             with pytest.raises(NondeterminismError) as info:
-                call(j, op)
+                perform(j, op)
             assert info.value.seq == i
             assert f"operation {i} was recorded as {describe(r[i])}" in info.value.message
             assert f"calls {describe(op)}" in info.value.message
             assert code[: len(r)] != r
             return
-        plan = call(j, op)
+        plan = perform(j, op)
         if i >= len(r):
-            assert plan == Execute(position=i, attempt=1, in_doubt=False)
-            continue
-        rec = recorded[i]
-        match rec.status:
-            case "completed" | "recorded":
-                assert plan == Recorded(position=i, result=raw(i))
-            case "failed":
-                assert plan == RecordedFailure(position=i, error=BOOM, attempts=rec.attempts)
-            case "started":
-                assert plan == Execute(position=i, attempt=rec.attempts + 1, in_doubt=True)
+            assert plan == new_plan(i, op)
+        else:
+            assert plan == expected_plan(i, recorded[i])
     assert mismatch is None
     assert j.replaying == (len(code) < len(r))
     if len(code) < len(r):
         with pytest.raises(NondeterminismError) as info:
             j.finish()
         assert info.value.seq == len(code)
+        assert f"(next: {describe(r[len(code)])} at {len(code)})" in info.value.message
     else:
         assert code[: len(r)] == r
         j.finish()
@@ -290,13 +616,26 @@ def test_the_code_that_wrote_a_valid_history_replays_it(
     for p, op in enumerate(exp.ops):
         assert j.replaying
         if op.kind == "step":
-            plan = j.step(op.name)
+            plan: Plan = j.step(op.name)
             if op.status == "completed":
                 assert plan == Recorded(position=p, result=op.result)  # type: ignore[arg-type]
             elif op.status == "failed":
                 assert plan == RecordedFailure(position=p, error=op.error, attempts=op.attempts)  # type: ignore[arg-type]
             else:
                 assert plan == Execute(position=p, attempt=op.attempts + 1, in_doubt=True)
+        elif op.kind == "wait":
+            plan = j.wait(op.name)
+            if op.status == "waiting":
+                assert plan == OpenWait(position=p, recorded=op)
+            else:
+                assert isinstance(plan, RecordedWait)
+                assert (plan.position, plan.outcome, plan.payload) == (p, op.outcome, op.result)
+                assert plan.signal == (op.detail if op.outcome == "signal" else None)
+        elif op.kind == "child":
+            plan = j.child(op.name)
+            child_run_id = f"{exp.run_id}-c{p}"  # deterministic: replay starts it once
+            assert child_run_id in exp.children
+            assert plan == Recorded(position=p, result=raw(child_run_id))
         else:
             assert j.value(op.kind) == Recorded(position=p, result=op.result)  # type: ignore[arg-type]
     assert not j.replaying
