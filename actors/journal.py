@@ -126,8 +126,11 @@ class Journal:
         if rec.status == "waiting":
             return OpenWait(position=p, recorded=rec)
         assert rec.result is not None
+        # ``detail`` is the signal's name for a signal outcome but the child's status for a
+        # child outcome; live (``Activation.resolve_child_wait``) the latter has no signal.
+        signal = rec.detail if rec.outcome == "signal" else None
         return RecordedWait(
-            position=p, outcome=rec.outcome or "", payload=rec.result, signal=rec.detail
+            position=p, outcome=rec.outcome or "", payload=rec.result, signal=signal
         )
 
     def child(self, agent: str) -> Recorded | Execute:

@@ -456,6 +456,7 @@ class EmbeddedServer:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
                 limit=_READ_LIMIT,
             )
         except OSError as exc:
@@ -562,3 +563,23 @@ class EmbeddedServer:
             await drain
         self._proc = None
         self._drain = None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM the server when its parent dies.
+
+    The server runs in its own session (so Ctrl-C reaches only Python), which also means a
+    parent killed with SIGKILL (or a test run cut off by a timeout) would leave it orphaned
+    and holding its port and store. ``PR_SET_PDEATHSIG`` closes that gap; elsewhere it is a
+    no-op and the atexit hook remains the only guard.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except Exception:
+        pass

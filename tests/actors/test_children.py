@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,7 +22,14 @@ from sojourn.actors import (
     agent,
 )
 from sojourn.broker import EmbeddedServer
-from sojourn.schemas import ChildStarted, RunCancelled, RunStarted, WaitCompleted
+from sojourn.schemas import (
+    ChildStarted,
+    RunCancelled,
+    RunStarted,
+    SignalReceived,
+    WaitCompleted,
+    decode_dead_letter,
+)
 from sojourn.schemas.config import Settings
 from tests.actors.test_waits import (
     WorkerProc,
@@ -99,7 +107,36 @@ async def grandparent(ctx: Context, _: None) -> str:
     return result
 
 
-AGENTS = [kid, parent, fanout, failing_kid, careful, careless, sleepy_kid, middle, grandparent]
+changed_code: set[str] = set()
+"""Run ids whose agent code "changed" since their last activation (to provoke a replay error)."""
+
+
+def before_deploy() -> str:
+    return "old"
+
+
+def after_deploy() -> str:
+    return "new"
+
+
+@agent("fickle_kid")
+async def fickle_kid(ctx: Context, _: None) -> Any:
+    await ctx.step(after_deploy if ctx.run_id in changed_code else before_deploy)
+    return await ctx.wait_for("go")
+
+
+AGENTS = [
+    kid,
+    parent,
+    fanout,
+    failing_kid,
+    careful,
+    careless,
+    sleepy_kid,
+    middle,
+    grandparent,
+    fickle_kid,
+]
 
 
 @pytest_asyncio.fixture
@@ -257,3 +294,98 @@ async def test_parent_replayed_after_sigkills_starts_its_child_once(
     execs = Counter((name, key) for ev, name, key, _ in executions(log) if ev == "exec")
     assert execs[("slow", "guard/1")] == 2  # in doubt after the first kill: ran again
     assert execs[("times", "guard-c0/1")] == 1
+
+
+async def test_parent_with_a_long_run_id_learns_its_childs_fate(
+    worker: Worker, client: Client
+) -> None:
+    """Run ids may have 128 characters; the child's id ``<parent>-c0`` is then longer."""
+    run_id = "p" * 126
+    await client.start("careful", Ask(agent="kid", input=1), run_id=run_id, wait=True)
+    await until_state(client, run_id, is_waiting, what="the parent's wait")
+    try:
+        out = await client.result(run_id, timeout=10)
+    except RunFailedError:
+        return  # failing the parent with a clear error is an acceptable answer too
+    assert out["status"] in ("completed", "rejected"), out
+
+
+async def test_suspended_child_is_not_reported_as_ended(worker: Worker, client: Client) -> None:
+    """A suspended run has not ended (it waits for a human); its parent must keep waiting."""
+    run_id = await client.start("careful", Ask(agent="fickle_kid"), run_id="susp-1", wait=True)
+    child_id = "susp-1-c0"
+    await until_state(client, child_id, is_waiting, what="the child's wait")
+    await until_state(client, run_id, is_waiting, what="the parent's wait")
+    changed_code.add(child_id)  # a deploy changed the child's code
+    await client.signal(child_id, "go", 1)
+    await until_state(client, child_id, lambda s: s.status == "suspended", what="suspension")
+
+    async def child_rested() -> bool:
+        return child_id not in worker._active  # its activation (and its end's side jobs) done
+
+    await wait_for(child_rested, what="the child's activation to finish")
+    # A marker signal queued behind anything the child's activation sent the parent.
+    await client.signal(run_id, "marker", 1, signal_id="marker-1")
+
+    async def settled() -> bool:
+        st = await client.state(run_id)
+        return st.terminal or any(s.signal_id == "marker-1" for s in st.signals)
+
+    await wait_for(settled, what="the marker to reach the parent")
+    st = await client.state(run_id)
+    assert st.status == "waiting", (st.status, st.output and bytes(st.output))
+    received = [e for e in await events_of(client, run_id) if isinstance(e, SignalReceived)]
+    assert [e.name for e in received] == ["marker"]
+
+
+async def test_cancel_cascade_reaches_a_child_whose_start_is_still_queued(
+    nats_server: EmbeddedServer, settings: Settings, client: Client
+) -> None:
+    """The child's agent is served by another pool that is down when the parent is cancelled."""
+    url = nats_server.url
+    async with Worker([kid], nats=url, settings=settings):
+        pass  # the kid pool has served "kid" once: the deployment knows the agent
+    async with Worker([parent], nats=url, settings=settings):
+        run_id = await client.start("parent", 4, run_id="orphan", wait=True)
+        child_id = "orphan-c0"
+        await until_state(client, run_id, is_waiting, what="the parent's wait for its child")
+        assert await client.store.last_seq(child_id) == 0  # queued: no kid worker is up
+        await client.cancel(run_id, "stop everything")
+        with pytest.raises(RunCancelledError):
+            await client.result(run_id, timeout=30)
+        # The kid pool stays down until the intake has given up on the cascade's cancel for
+        # the child (dead-lettered as an unknown run), or 8 s at most.
+        names = client.names
+        give_up = time.monotonic() + 8.0
+
+        async def outage_over() -> bool:
+            m = await client.broker.direct_get_last(names.dlq_stream, names.dlq("cancel"))
+            if m is not None and decode_dead_letter(m.data).subject == names.cancel(child_id):
+                return True
+            return time.monotonic() >= give_up
+
+        await wait_for(outage_over, timeout=20, interval=0.1, what="the outage to end")
+    async with Worker([kid], nats=url, settings=settings):
+        await intake_idle(client)  # the queued start (and anything else) has been handled
+
+        async def settled() -> bool:
+            return await client.store.last_seq(child_id) == 0 or (
+                (await client.state(child_id)).terminal
+            )
+
+        await wait_for(settled, what="the child to be refused or to end")
+    if await client.store.last_seq(child_id) > 0:
+        assert await client.status(child_id) == "cancelled"  # not run to completion, orphaned
+
+
+async def intake_idle(client: Client) -> None:
+    """Wait until the intake consumer has nothing pending or unacknowledged."""
+    names = client.names
+
+    async def idle() -> bool:
+        info = await client.broker.api(
+            f"$JS.API.CONSUMER.INFO.{names.inbox_stream}.{names.intake_consumer}"
+        )
+        return info["num_pending"] == 0 and info["num_ack_pending"] == 0
+
+    await wait_for(idle, timeout=30, interval=0.1, what="the intake to drain")
