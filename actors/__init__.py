@@ -15,21 +15,35 @@ Example:
 """
 
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import ChildRunError, NondeterminismError, StepError
+from sojourn.schemas.errors import (
+    ChildRunError,
+    NondeterminismError,
+    RetryableError,
+    StepError,
+    TerminalError,
+)
 
 from .agent import Agent, agent
 from .client import Client, RunCancelledError, RunFailedError, StartReceipt, TriggerRejected
 from .context import ChildHandle, Context, Selected, StepInfo, current_step
+from .patterns import ApprovalDecision, ApprovalTimeout, PollTimeout
+from .retry import NOT_DONE, RetryPolicy, step
 from .state import RunState, evolve, fold
 from .worker import Worker
 
 __all__ = [
+    "NOT_DONE",
     "Agent",
+    "ApprovalDecision",
+    "ApprovalTimeout",
     "ChildHandle",
     "ChildRunError",
     "Client",
     "Context",
     "NondeterminismError",
+    "PollTimeout",
+    "RetryPolicy",
+    "RetryableError",
     "RunCancelledError",
     "RunFailedError",
     "RunState",
@@ -38,10 +52,12 @@ __all__ = [
     "StartReceipt",
     "StepError",
     "StepInfo",
+    "TerminalError",
     "TriggerRejected",
     "Worker",
     "agent",
     "current_step",
     "evolve",
     "fold",
+    "step",
 ]

@@ -16,6 +16,8 @@ import msgspec
 
 from sojourn.broker.names import validate_token
 
+from .retry import RetryPolicy
+
 if TYPE_CHECKING:
     from .context import Context
 
@@ -36,10 +38,18 @@ class Agent(Generic[I, O]):
         version: recorded in every run it starts (``RunStarted.code_version``), so a replay on
             different code can be told apart.
         poll_cap: how many ``ctx.poll`` checks a run may make before it is suspended.
+        retry: the default ``RetryPolicy`` of this agent's steps (``@step(retry=...)``
+            overrides it per step); none by default: a failing step fails at once.
     """
 
     def __init__(
-        self, name: str, fn: AgentFn[I, O], *, version: str | None = None, poll_cap: int = 1000
+        self,
+        name: str,
+        fn: AgentFn[I, O],
+        *,
+        version: str | None = None,
+        poll_cap: int = 1000,
+        retry: RetryPolicy | None = None,
     ) -> None:
         validate_token(name, "agent name")
         if poll_cap < 1:
@@ -48,6 +58,7 @@ class Agent(Generic[I, O]):
         self.fn = fn
         self.version = version
         self.poll_cap = poll_cap
+        self.retry = retry
         hints = _hints(fn)
         params = list(inspect.signature(fn).parameters)
         self.takes_input = len(params) > 1
@@ -80,7 +91,11 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def agent(
-    name: str, *, version: str | None = None, poll_cap: int = 1000
+    name: str,
+    *,
+    version: str | None = None,
+    poll_cap: int = 1000,
+    retry: RetryPolicy | None = None,
 ) -> Callable[[AgentFn[I, O]], Agent[I, O]]:
     """Decorate ``async def fn(ctx, input) -> output`` into an ``Agent``.
 
@@ -94,6 +109,6 @@ def agent(
     """
 
     def wrap(fn: AgentFn[I, O]) -> Agent[I, O]:
-        return Agent(name, fn, version=version, poll_cap=poll_cap)
+        return Agent(name, fn, version=version, poll_cap=poll_cap, retry=retry)
 
     return wrap

@@ -242,6 +242,21 @@ class Client:
         replays again. Durable, like a signal."""
         await self.signal(run_id, "sojourn-resume", {"note": note, "by": by})
 
+    async def decide(
+        self, run_id: str, position: int, action: str, result: Any = None, *, by: str | None = None
+    ) -> None:
+        """Settle an in-doubt step of a run suspended by ``@step(in_doubt="ask")``: ``retry``
+        runs it again (same idempotency key), ``skip`` records ``result`` as its result without
+        running it, ``fail`` fails it. Then the run resumes."""
+        if action not in ("retry", "skip", "fail"):
+            raise ValueError("action must be retry, skip or fail")
+        await self.signal(
+            run_id,
+            f"sojourn-decide.{int(position)}",
+            {"action": action, "result": result, "by": by},
+        )
+        await self.resume(run_id, f"decided {action} for position {position}", by=by)
+
     async def cancel(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
         """Ask for a run to be cancelled (durable: takes effect even if no worker is up)."""
         validate_token(run_id, "run_id")

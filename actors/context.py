@@ -26,9 +26,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
+import msgspec
+
 from sojourn.broker.names import validate_signal_name
 from sojourn.schemas.codec import from_raw, to_raw
-from sojourn.schemas.errors import ChildRunError, NondeterminismError, StepError
+from sojourn.schemas.errors import (
+    ChildRunError,
+    NondeterminismError,
+    RetryableError,
+    StepError,
+    TerminalError,
+)
 from sojourn.schemas.events import (
     ChildStarted,
     ErrorInfo,
@@ -43,6 +51,7 @@ from sojourn.schemas.wire import ChildOutcome
 from . import patterns as _patterns
 from .journal import Execute, OpenWait, Recorded, RecordedFailure, RecordedWait
 from .patterns import ApprovalDecision
+from .retry import DEFAULT_RETRYABLE, NOT_DONE, RetryPolicy, StepOptions, step_options
 
 if TYPE_CHECKING:
     from .executor import Activation
@@ -70,6 +79,23 @@ class Selected:
 
 def _seconds(d: Duration) -> float:
     return d.total_seconds() if isinstance(d, timedelta) else float(d)
+
+
+_RUN_AGAIN: Any = object()
+
+
+def _retry_delay(e: Exception, policy: RetryPolicy | None, attempt: int) -> float | None:
+    """Seconds until the next attempt, or ``None`` when the failure is final."""
+    if isinstance(e, TerminalError):
+        return None
+    if isinstance(e, RetryableError):
+        p = policy or DEFAULT_RETRYABLE
+        if attempt >= p.attempts:
+            return None
+        return e.retry_after if e.retry_after is not None else p.delay(attempt)
+    if policy is None or attempt >= policy.attempts or not isinstance(e, policy.retry_on):
+        return None
+    return policy.delay(attempt)
 
 
 CHILD_SIGNAL = "sojourn-child"
@@ -214,18 +240,35 @@ class Context:
                 step=name,
             )
         assert isinstance(plan, Execute)
+        opts = step_options(fn)
+        policy = opts.retry or self._act.agent.retry
+        while True:
+            if plan.retry_at is not None:
+                await self._act.backoff(plan.position, plan.retry_at)
+            elif plan.in_doubt:
+                settled = await self._settle_in_doubt(fn, name, plan, opts, rtype)
+                if settled is not _RUN_AGAIN:
+                    return settled
+            outcome = await self._attempt(fn, name, plan, args, kwargs, policy)
+            if isinstance(outcome, Execute):
+                plan = outcome  # a retry is due
+                continue
+            return from_raw(outcome, rtype)
+
+    async def _attempt(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        plan: Execute,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        policy: RetryPolicy | None,
+    ) -> msgspec.Raw | Execute:
+        """One recorded attempt: start, run, record the result or the failure."""
         await self._act.commit(
             [StepStarted(position=plan.position, name=name, attempt=plan.attempt, at=time.time())]
         )
-        info = StepInfo(
-            run_id=self.run_id,
-            position=plan.position,
-            name=name,
-            attempt=plan.attempt,
-            idempotency_key=f"{self.run_id}/{plan.position}",
-            in_doubt=plan.in_doubt,
-        )
-        token = _current.set(info)
+        token = _current.set(self._info(name, plan))
         t0 = time.perf_counter()
         try:
             if _is_async(fn):
@@ -241,6 +284,8 @@ class Context:
                 message=str(e),
                 traceback="".join(traceback.format_exception(e))[-4000:],
             )
+            delay = _retry_delay(e, policy, plan.attempt)
+            retry_at = None if delay is None else time.time() + delay
             self._act.buffer(
                 StepFailed(
                     position=plan.position,
@@ -248,11 +293,19 @@ class Context:
                     attempt=plan.attempt,
                     error=err,
                     duration=time.perf_counter() - t0,
+                    retry_at=retry_at,
                     at=time.time(),
                 )
             )
+            if retry_at is not None:
+                return Execute(
+                    position=plan.position,
+                    attempt=plan.attempt + 1,
+                    in_doubt=False,
+                    retry_at=retry_at,
+                )
             raise StepError(
-                f"step '{name}' failed: {err.type}: {err.message}",
+                f"step '{name}' failed after {plan.attempt} attempt(s): {err.type}: {err.message}",
                 error_type=err.type,
                 run_id=self.run_id,
                 step=name,
@@ -266,6 +319,89 @@ class Context:
                 attempt=plan.attempt,
                 result=raw,
                 duration=time.perf_counter() - t0,
+                at=time.time(),
+            )
+        )
+        return raw
+
+    def _info(self, name: str, plan: Execute) -> StepInfo:
+        return StepInfo(
+            run_id=self.run_id,
+            position=plan.position,
+            name=name,
+            attempt=plan.attempt,
+            idempotency_key=f"{self.run_id}/{plan.position}",
+            in_doubt=plan.in_doubt,
+        )
+
+    async def _settle_in_doubt(
+        self, fn: Callable[..., Any], name: str, plan: Execute, opts: StepOptions, rtype: Any
+    ) -> Any:
+        """A step that may have run: apply its in-doubt policy before running it again."""
+        policy = opts.in_doubt
+        if policy == "retry":
+            return _RUN_AGAIN
+        if policy == "ask":
+            decision = self._act.take_decision(plan.position)
+            if decision is None:
+                await self._act.suspend(
+                    "in_doubt",
+                    f"step '{name}' at position {plan.position} (key "
+                    f"{self.run_id}/{plan.position}) started but its end was never recorded; "
+                    f"decide with `sojourn decide {self.run_id} {plan.position} "
+                    "retry|skip|fail [--result JSON]`",
+                )
+            assert decision is not None
+            if decision.action == "retry":
+                return _RUN_AGAIN
+            if decision.action == "skip":
+                raw = decision.result
+                self._act.buffer(
+                    StepCompleted(
+                        position=plan.position,
+                        name=name,
+                        attempt=plan.attempt - 1,
+                        result=raw,
+                        at=time.time(),
+                    )
+                )
+                return from_raw(raw, rtype)
+            err = ErrorInfo(
+                type="InDoubtFailed",
+                message=f"failed by decision of {decision.by or 'an operator'}",
+            )
+            self._act.buffer(
+                StepFailed(
+                    position=plan.position,
+                    name=name,
+                    attempt=plan.attempt - 1,
+                    error=err,
+                    at=time.time(),
+                )
+            )
+            raise StepError(
+                f"step '{name}' failed: {err.message}",
+                error_type=err.type,
+                run_id=self.run_id,
+                step=name,
+            )
+        # A reconcile function: ask the external system, by idempotency key.
+        token = _current.set(self._info(name, plan))
+        try:
+            found = policy(f"{self.run_id}/{plan.position}")
+            if inspect.isawaitable(found):
+                found = await found
+        finally:
+            _current.reset(token)
+        if found is NOT_DONE:
+            return _RUN_AGAIN
+        raw = to_raw(found)
+        self._act.buffer(
+            StepCompleted(
+                position=plan.position,
+                name=name,
+                attempt=plan.attempt - 1,
+                result=raw,
                 at=time.time(),
             )
         )

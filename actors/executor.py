@@ -20,6 +20,8 @@ import time
 import traceback
 from typing import Any, Literal
 
+import msgspec
+
 from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.timers import cancel_timers, schedule_timer
@@ -72,6 +74,25 @@ _OP_EVENTS = (
     ChildStarted,
 )
 _NULL = to_raw(None)
+IN_PROCESS_BACKOFF = 5.0
+"""Backoffs up to this many seconds also sleep in the worker (the timer is set regardless)."""
+DECIDE_SIGNAL = "sojourn-decide"
+"""Prefix of the signal carrying an operator's decision about an in-doubt step."""
+
+
+class InDoubtDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """``sojourn decide``: what to do with an in-doubt step."""
+
+    action: Literal["retry", "skip", "fail"]
+    result: msgspec.Raw = msgspec.Raw(b"null")
+    by: str | None = None
+
+
+_decision_decoder = msgspec.json.Decoder(InDoubtDecision)
+
+
+def decode_decision(data: bytes) -> InDoubtDecision:
+    return _decision_decoder.decode(data)
 
 
 class BrokerLost(BaseException):
@@ -299,6 +320,30 @@ class Activation:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def backoff(self, p: int, retry_at: float) -> None:
+        """Wait until a retry is due: on a broker timer (a crash or deploy meanwhile loses
+        nothing), in this process too when it is short."""
+        left = retry_at - time.time()
+        if left <= 0:
+            return
+        await schedule_timer(self.store.broker, self.store.names, self.run_id, str(p), retry_at)
+        self.timers_used = True
+        await self.commit([])  # the failed attempt, with its retry_at
+        if left > IN_PROCESS_BACKOFF:
+            raise Parked()
+        await asyncio.sleep(left)
+
+    def take_decision(self, p: int) -> InDoubtDecision | None:
+        """An operator's decision about the in-doubt step at ``p`` (signal ``sojourn-decide.p``)."""
+        name = f"{DECIDE_SIGNAL}.{p}"
+        for rec in reversed(self.state.signals):
+            if rec.name == name:
+                try:
+                    return decode_decision(bytes(rec.payload))
+                except msgspec.MsgspecError:
+                    return None
+        return None
 
     async def suspend(self, reason: str, detail: str) -> None:
         """Park the run visibly for a human (``sojourn resume`` lifts it)."""

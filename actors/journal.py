@@ -45,6 +45,7 @@ class Execute:
     position: int
     attempt: int
     in_doubt: bool
+    retry_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,10 @@ class Journal:
             return Recorded(position=p, result=rec.result)
         if rec.status == "failed":
             assert rec.error is not None
+            if rec.deadline is not None:  # a retry is due at ``deadline``
+                return Execute(
+                    position=p, attempt=rec.attempts + 1, in_doubt=False, retry_at=rec.deadline
+                )
             return RecordedFailure(position=p, error=rec.error, attempts=rec.attempts)
         return Execute(position=p, attempt=rec.attempts + 1, in_doubt=True)
 

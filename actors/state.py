@@ -314,6 +314,8 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 attempts=event.attempt,
             )
             s = msgspec.structs.replace(s, status=_active(s), step_attempts=s.step_attempts + 1)
+            if s.waiting_on == (f"retry:{event.name}",):
+                s = msgspec.structs.replace(s, waiting_on=(), deadline=None)
         case StepCompleted():
             rec = OpRecord(
                 position=event.position,
@@ -332,8 +334,17 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 status="failed",
                 attempts=event.attempt,
                 error=event.error,
+                deadline=event.retry_at,
             )
-            s = msgspec.structs.replace(s, status=_active(s))
+            if event.retry_at is None:
+                s = msgspec.structs.replace(s, status=_active(s))
+            else:  # backing off: the run waits for its retry timer
+                s = msgspec.structs.replace(
+                    s,
+                    status="suspended" if s.status == "suspended" else "waiting",
+                    waiting_on=(f"retry:{event.name}",),
+                    deadline=event.retry_at,
+                )
         case ValueRecorded():
             rec = OpRecord(
                 position=event.position,

@@ -17,10 +17,12 @@ __all__ = [
     "InvalidName",
     "NondeterminismError",
     "PayloadTooLarge",
+    "RetryableError",
     "RunNotFound",
     "ServerStartError",
     "SojournError",
     "StepError",
+    "TerminalError",
     "UnknownAgent",
 ]
 
@@ -102,6 +104,20 @@ class ChildRunError(SojournError):
         super().__init__(message, run_id=run_id)
         self.child_run_id = child_run_id
         self.status = status
+
+
+class RetryableError(Exception):
+    """Raise from a step to ask for another attempt, optionally not before ``retry_after``
+    seconds (an HTTP 429's Retry-After, say). Retried even if the step's ``RetryPolicy`` does
+    not list it, within the policy's attempts (3 when the step has no policy)."""
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class TerminalError(Exception):
+    """Raise from a step to fail it at once, whatever its retry policy says."""
 
 
 class NondeterminismError(SojournError):

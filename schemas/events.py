@@ -122,11 +122,15 @@ class StepCompleted(Event, tag="step.completed.v1", frozen=True, kw_only=True):
 
 
 class StepFailed(Event, tag="step.failed.v1", frozen=True, kw_only=True):
+    """One failed attempt. ``retry_at`` set: another attempt is due then (a broker timer wakes
+    the run); ``None``: the failure is final and the agent sees ``StepError``."""
+
     position: int
     name: str
     attempt: int = 1
     error: ErrorInfo
     duration: float = 0.0
+    retry_at: float | None = None
 
 
 class ValueRecorded(Event, tag="value.recorded.v1", frozen=True, kw_only=True):

@@ -195,7 +195,9 @@ async def test_failed_child_raises_child_run_error_in_the_parent(
 async def test_rejected_child_raises_child_run_error_with_status_rejected(
     worker: Worker, client: Client
 ) -> None:
-    bad_input = await client.start("careful", Ask(agent="kid", input="not a number"), run_id="rej-1")
+    bad_input = await client.start(
+        "careful", Ask(agent="kid", input="not a number"), run_id="rej-1"
+    )
     out = await client.result(bad_input, timeout=30)
     assert out["status"] == "rejected" and out["child"] == "rej-1-c0", out
     assert "invalid_input" in out["message"], out
@@ -311,7 +313,8 @@ async def test_parent_with_a_long_run_id_learns_its_childs_fate(
 
 
 async def test_suspended_child_is_not_reported_as_ended(worker: Worker, client: Client) -> None:
-    """A suspended run has not ended (it waits for a human); its parent must keep waiting."""
+    """A suspended run has not ended (a human may resume it); its parent must keep waiting
+    and, once the child is resumed and completes, get its real result."""
     run_id = await client.start("careful", Ask(agent="fickle_kid"), run_id="susp-1", wait=True)
     child_id = "susp-1-c0"
     await until_state(client, child_id, is_waiting, what="the child's wait")
@@ -336,6 +339,12 @@ async def test_suspended_child_is_not_reported_as_ended(worker: Worker, client: 
     assert st.status == "waiting", (st.status, st.output and bytes(st.output))
     received = [e for e in await events_of(client, run_id) if isinstance(e, SignalReceived)]
     assert [e.name for e in received] == ["marker"]
+    # The fix is deployed and the child resumed: it takes its buffered "go" and completes,
+    # and the parent gets the child's real result.
+    changed_code.discard(child_id)
+    await client.resume(child_id, "fixed", by="ops")
+    assert await client.result(child_id, timeout=30) == 1
+    assert await client.result(run_id, timeout=30) == {"status": "completed", "output": 1}
 
 
 async def test_cancel_cascade_reaches_a_child_whose_start_is_still_queued(

@@ -1,0 +1,1147 @@
+"""Durable-waits benchmark: parking many runs, timer lateness, signal -> next step latency.
+
+Run from the repository root::
+
+    python -m bench.waits            # ~2.5 min: 10,000 parked runs, 10,000 timers, 300 signals
+    python -m bench.waits --quick    # ~30 s: 1,000 / 1,000 / 100
+
+It starts its own ``EmbeddedServer`` (free port, temp dir, ``sync_interval: always``), one
+in-process ``Worker`` (unique ``Settings`` prefix, default concurrency and flush delay), a
+``Client``, and an *observer* connection whose core subscriptions on ``<prefix>.ev.*`` and
+``<prefix>.lease.*`` see every event append and every lease write as it reaches the server. Nothing
+in the runtime is patched or wrapped: every instant below is an event stamp, a lease stamp, a
+stored message's server timestamp, or the moment the observer saw a message.
+
+1. **Parking**: N runs (half ``wait_for("go", timeout=3600)``, half ``ctx.sleep(3600)``) are
+   triggered at once. Time to park = first trigger publish -> the observer has seen a
+   ``WaitStarted`` of every run. Memory: this process's RSS (the worker, the client and the
+   observer share it) before the burst, at its peak (a thread samples /proc every 20 ms), and after
+   all runs are parked and ``gc.collect()``; nats-server RSS the same way; ``len(worker._active)``.
+   Then (untimed, on a second prefix and a fresh worker) ``tracemalloc`` snapshots around a
+   smaller burst give the Python heap retained per parked run and where it is held.
+2. **Timer lateness**: N runs each ``await ctx.sleep(until=T_i)``, T_i spread evenly over
+   ``--spread`` seconds, all in the future once every run is parked; then they complete.
+   Lateness = ``WaitCompleted.at`` - ``WaitStarted.deadline`` (decoded from the observer's copies
+   of the appends). Split: deadline -> the fired wake was stored (its ``Nats-Time-Stamp``, read
+   back afterwards: the scheduler's own lateness), -> the worker started the activation (the
+   ``acquired_at`` stamp of its lease write, i.e. the wake reached the worker), -> ``WaitCompleted``
+   stamped.
+3. **Signal -> next step**: one run loops ``wait_for("go")`` -> ``ctx.step`` -> wait again. Each of
+   K rounds: wait until the run is parked and inactive, pause ``--gap``, then time from just before
+   ``client.signal`` to the observer seeing the ``StepStarted`` that follows the ``WaitCompleted``.
+   Raw floors in the same run: publish to an inbox-like work-queue stream -> pull consumer ->
+   one CAS append seen by the observer; and publish-ack then CAS append from one task.
+
+It is a benchmark, not a test: it asserts nothing and prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import random
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sojourn.actors import Client, Context, Worker, agent
+from sojourn.broker import Broker, EmbeddedServer, find_nats_server
+from sojourn.broker.names import Names
+from sojourn.broker.topology import consumer_configs, stream_configs
+from sojourn.schemas.codec import decode_events, encode_events, to_raw
+from sojourn.schemas.config import Settings
+from sojourn.schemas.events import (
+    RunCompleted,
+    SignalReceived,
+    StepCompleted,
+    StepStarted,
+    WaitCompleted,
+    WaitStarted,
+)
+
+from .trace import gather_limited
+from .util import cpu_process, cpu_server, fmt_ms, git_state, machine_facts, pct, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("park", "timer", "signal")
+
+TARGET_RETAINED_PER_RUN = 100  # bytes: "~0" (below this, noise of the measurement itself)
+TARGET_SERVER_PER_RUN = 10 * 1024  # bytes
+TARGET_TIMER_P99 = 0.300  # seconds
+TARGET_SIGNAL_P50 = 0.005  # seconds
+
+
+# --- the agents under test ----------------------------------------------------------------------
+
+
+@agent("parker")
+async def parker(ctx: Context, kind: str) -> None:
+    """Parks at once: on a signal with a 1 h timeout, or on a 1 h durable sleep."""
+    if kind == "signal":
+        await ctx.wait_for("go", timeout=3600)
+    else:
+        await ctx.sleep(3600)
+
+
+@agent("sleeper")
+async def sleeper(ctx: Context, until: float) -> float:
+    """Sleeps until an absolute instant, then completes."""
+    await ctx.sleep(until=datetime.fromtimestamp(until, UTC))
+    return until
+
+
+async def bump(n: int) -> int:
+    return n + 1
+
+
+@agent("looper")
+async def looper(ctx: Context) -> int:
+    """Waits for ``go``, runs one step, waits again; ``"stop"`` ends it."""
+    n = 0
+    while True:
+        got = await ctx.wait_for("go")
+        if got == "stop":
+            return n
+        n = await ctx.step(bump, n)
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    park_runs: int = 10_000
+    timer_runs: int = 10_000
+    low_rate_runs: int = 1_000
+    spread: float = 2.0
+    rounds: int = 300
+    gap: float = 0.005
+    tracemalloc_runs: int = 2_000
+    sections: tuple[str, ...] = SECTIONS
+    store_dir: str | None = None
+    json_out: str | None = None
+    quick: bool = False
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.waits",
+        description="sojourn durable waits: parking, timer lateness, signal latency (a table)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="~30 s version: 1,000 parked runs, 1,000 timers, 100 signal rounds",
+    )
+    p.add_argument("--runs", type=int, help="runs parked at once (default 10,000)")
+    p.add_argument("--timer-runs", type=int, help="runs sleeping until T (default 10,000)")
+    p.add_argument(
+        "--low-rate-runs",
+        type=int,
+        help="also time this many timers over the same spread, at a rate the worker keeps up "
+        "with (default 1,000; 0 skips; skipped by --quick)",
+    )
+    p.add_argument(
+        "--spread", type=float, default=2.0, help="seconds the timer deadlines span (default 2)"
+    )
+    p.add_argument("--rounds", type=int, help="signal -> step rounds (default 300)")
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=0.005,
+        metavar="SECONDS",
+        help="untimed pause once the looping run rests, before the next signal (default 0.005)",
+    )
+    p.add_argument(
+        "--tracemalloc-runs",
+        type=int,
+        help="runs parked under tracemalloc on a second prefix (default 2,000; 0 skips)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        metavar="SECTION",
+        help="run only this section (park, timer or signal); repeat to pick several",
+    )
+    p.add_argument("--store-dir", help="parent directory for the server's temp store")
+    p.add_argument("--json", dest="json_out", help="also write all figures to this JSON file")
+    a = p.parse_args(argv)
+    c = Config(quick=a.quick)
+    if a.quick:
+        c.park_runs, c.timer_runs, c.low_rate_runs = 1_000, 1_000, 0
+        c.rounds, c.tracemalloc_runs = 100, 500
+    c.park_runs = a.runs or c.park_runs
+    c.timer_runs = a.timer_runs or c.timer_runs
+    if a.low_rate_runs is not None:
+        c.low_rate_runs = max(0, a.low_rate_runs)
+    c.spread = max(0.0, a.spread)
+    c.rounds = a.rounds or c.rounds
+    c.gap = max(0.0, a.gap)
+    if a.tracemalloc_runs is not None:
+        c.tracemalloc_runs = max(0, a.tracemalloc_runs)
+    c.sections = tuple(x for x in SECTIONS if not a.only or x in a.only)
+    c.store_dir = a.store_dir
+    c.json_out = a.json_out
+    return c
+
+
+# --- measuring instruments ----------------------------------------------------------------------
+
+
+def rss(pid: int | str | None) -> int:
+    """VmRSS of ``pid`` (or ``"self"``) in bytes; 0 when unknown."""
+    if pid is None:
+        return 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class RssSampler(threading.Thread):
+    """Samples the RSS of this process and of the server every ``period`` seconds."""
+
+    def __init__(self, server_pid: Callable[[], int | None], period: float = 0.02) -> None:
+        super().__init__(name="bench-rss", daemon=True)
+        self.server_pid = server_pid
+        self.period = period
+        self.peak_self = 0
+        self.peak_server = 0
+        self._stop = threading.Event()
+
+    def reset(self) -> None:
+        self.peak_self = rss("self")
+        self.peak_server = rss(self.server_pid())
+
+    def run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.peak_self = max(self.peak_self, rss("self"))
+            self.peak_server = max(self.peak_server, rss(self.server_pid()))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Observer:
+    """Core subscriptions on every event append and lease write of one prefix.
+
+    Callbacks only copy what they need (the subject, the bytes and the arrival time); decoding
+    happens after the timed part. A plain subscriber also sees appends the stream refuses (a
+    fenced writer's), so every consumer of these copies takes the first matching one per run.
+    """
+
+    def __init__(self, broker: Broker, names: Names) -> None:
+        self.b = broker
+        self.names = names
+        self._cut = len(names.prefix) + 4  # "<prefix>.ev."
+        self._lcut = len(names.prefix) + 7  # "<prefix>.lease."
+        self.on_event: Callable[[float, str, bytes], None] | None = None
+        self.on_lease: Callable[[float, str, bytes], None] | None = None
+        self._subs: list[Any] = []
+
+    async def start(self) -> None:
+        self._subs.append(await self.b.nc.subscribe(self.names.events_all, cb=self._ev))
+        self._subs.append(await self.b.nc.subscribe(f"{self.names.prefix}.lease.*", cb=self._ls))
+        await self.b.nc.flush()
+
+    async def stop(self) -> None:
+        for s in self._subs:
+            with contextlib.suppress(Exception):
+                await s.unsubscribe()
+
+    async def _ev(self, msg: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(time.time(), msg.subject[self._cut :], msg.data)
+
+    async def _ls(self, msg: Any) -> None:
+        if self.on_lease is not None:
+            self.on_lease(time.time(), msg.subject[self._lcut :], msg.data)
+
+
+class _LeaseBody(msgspec.Struct):
+    owner: str | None = None
+    expires_at: float = 0.0
+    acquired_at: float = 0.0
+
+
+_lease_decoder = msgspec.json.Decoder(_LeaseBody)
+
+
+def _stored_at(stamp: str) -> float:
+    """``Nats-Time-Stamp`` (RFC 3339 with nanoseconds) as Unix seconds."""
+    base, _, frac = stamp.rstrip("Z").partition(".")
+    whole = datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    return whole + (float("0." + frac) if frac else 0.0)
+
+
+async def stream_state(b: Broker, stream: str) -> dict[str, int]:
+    info = await b.api(f"$JS.API.STREAM.INFO.{stream}")
+    st = info.get("state", {})
+    return {
+        "messages": int(st.get("messages", 0)),
+        "bytes": int(st.get("bytes", 0)),
+        "subjects": int(st.get("num_subjects", 0)),
+    }
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+async def _until(cond: Callable[[], bool], limit: float, what: str, poll: float = 0.005) -> None:
+    deadline = time.perf_counter() + limit
+    while not cond():
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"timed out after {limit:.0f} s waiting for {what}")
+        await asyncio.sleep(poll)
+
+
+# --- 1. parking ---------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(
+        self,
+        worker: Worker,
+        client: Client,
+        observer: Observer,
+        server_pid: Callable[[], int | None],
+        tag: str,
+        log: Callable[[str], None],
+    ) -> None:
+        self.w = worker
+        self.c = client
+        self.obs = observer
+        self.server_pid = server_pid
+        self.tag = tag
+        self.log = log
+        self.names = client.names
+
+    async def _burst(self, agent_name: str, items: list[tuple[str, Any]]) -> float:
+        """Publish every trigger (256 in flight); returns the wall time the publishing took."""
+        t0 = time.perf_counter()
+        await gather_limited(
+            [self.c.start(agent_name, inp, run_id=rid) for rid, inp in items], 256
+        )
+        return time.perf_counter() - t0
+
+    def rids(self, n: int, kind_tag: str) -> list[str]:
+        return [f"{kind_tag}{i}-{self.tag}" for i in range(n)]
+
+    async def park_burst(self, rids: list[str]) -> dict[str, Any]:
+        """Trigger these parker runs at once; return when every one has recorded its wait."""
+        n = len(rids)
+        wanted = set(rids)
+        parked: set[str] = set()
+        done = asyncio.Event()
+        last = [0.0]
+
+        def on_event(t: float, rid: str, data: bytes) -> None:
+            if rid in wanted and b'"wait.started.v1"' in data and rid not in parked:
+                parked.add(rid)
+                last[0] = t
+                if len(parked) >= n:
+                    done.set()
+
+        self.obs.on_event = on_event
+        try:
+            w0 = time.time()
+            publish = await self._burst(
+                "parker", [(r, "signal" if i % 2 == 0 else "sleep") for i, r in enumerate(rids)]
+            )
+            await asyncio.wait_for(done.wait(), 600)
+            park_time = last[0] - w0
+            await _until(lambda: not self.w._active, 120, "the worker to go idle")
+            idle = time.time() - w0
+        finally:
+            self.obs.on_event = None
+        return {"publish": publish, "park_time": park_time, "idle": idle}
+
+    async def parking(self, n: int, sampler: RssSampler) -> dict[str, Any]:
+        self.log(f"parking: warm-up ({min(200, n)} runs)")
+        await self.park_burst(self.rids(min(200, n), "pw"))
+        rids = self.rids(n, "park")  # allocated before the baseline: not counted as retained
+        base_acts = self.w.activations_completed
+        gc.collect()
+        await asyncio.sleep(0.5)  # let the server settle after the warm-up
+        py0, srv0, blocks0 = rss("self"), rss(self.server_pid()), sys.getallocatedblocks()
+        released0 = len(self.w.leases._released)
+        sampler.reset()
+        c0, s0 = cpu_process(), cpu_server(self.server_pid())
+        self.log(f"parking: burst of {n} runs")
+        r = await self.park_burst(rids)
+        c1, s1 = cpu_process(), cpu_server(self.server_pid())
+        peak_py, peak_srv = sampler.peak_self, sampler.peak_server
+        active = len(self.w._active)
+        gc.collect()
+        py1, srv1, blocks1 = rss("self"), rss(self.server_pid()), sys.getallocatedblocks()
+        released1 = len(self.w.leases._released)
+        # Untimed checks: the observer's count is only a hint (it also sees refused appends).
+        sample = random.Random(7).sample(rids, min(50, n))
+        states = await gather_limited([self.c.state(x) for x in sample], 10)
+        waiting = sum(1 for s in states if s.status == "waiting")
+        streams = {
+            k: await stream_state(self.c.broker, s)
+            for k, s in (
+                ("events", self.names.events_stream),
+                ("wake (timers + wakes)", self.names.wake_stream),
+                ("leases", self.names.leases_stream),
+                ("inbox", self.names.inbox_stream),
+            )
+        }
+        await asyncio.sleep(3.0)
+        srv_settled = rss(self.server_pid())
+        return {
+            "n": n,
+            "publish": r["publish"],
+            "park_time": r["park_time"],
+            "idle_time": r["idle"],
+            "rate": n / r["park_time"],
+            "activations": self.w.activations_completed - base_acts,
+            "py_rss_before": py0,
+            "py_rss_peak": peak_py,
+            "py_rss_after": py1,
+            "py_blocks_delta": blocks1 - blocks0,
+            "srv_rss_before": srv0,
+            "srv_rss_peak": peak_srv,
+            "srv_rss_after": srv1,
+            "srv_rss_settled": srv_settled,
+            "active_after": active,
+            "released_cache_growth": released1 - released0,
+            "released_cache_len": released1,
+            "py_cpu_per_run": (c1 - c0) / n,
+            "srv_cpu_per_run": (s1 - s0) / n,
+            "sample_waiting": f"{waiting}/{len(sample)}",
+            "streams": streams,
+        }
+
+    # --- 2. timers --------------------------------------------------------------------------
+
+    async def timers(self, n: int, spread: float, park_rate: float, label: str) -> dict[str, Any]:
+        rids = [f"{label}{i}-{self.tag}" for i in range(n)]
+        wanted = set(rids)
+        evs: list[tuple[float, str, bytes]] = []
+        leases: list[tuple[float, str, bytes]] = []
+        parked: set[str] = set()
+        completed: set[str] = set()
+        all_parked, all_done = asyncio.Event(), asyncio.Event()
+
+        def on_event(t: float, rid: str, data: bytes) -> None:
+            if rid not in wanted:
+                return
+            if b'"wait.' in data:
+                evs.append((t, rid, data))
+                if b'"wait.started.v1"' in data and rid not in parked:
+                    parked.add(rid)
+                    if len(parked) >= n:
+                        all_parked.set()
+            if b'"run.completed.v1"' in data and rid not in completed:
+                evs.append((t, rid, data))
+                completed.add(rid)
+                if len(completed) >= n:
+                    all_done.set()
+
+        def on_lease(t: float, rid: str, data: bytes) -> None:
+            if rid in wanted:
+                leases.append((t, rid, data))
+
+        # Every run must be parked before the first deadline: leave the measured parking time
+        # of this many runs, half again, plus 3 s.
+        lead = 1.5 * n / max(park_rate, 50.0) + 3.0
+        t_first = time.time() + lead
+        deadlines = {r: t_first + spread * i / max(n - 1, 1) for i, r in enumerate(rids)}
+        self.obs.on_event, self.obs.on_lease = on_event, on_lease
+        try:
+            self.log(f"timers ({label}): {n} runs, first deadline in {lead:.1f} s")
+            w0 = time.time()
+            await self._burst("sleeper", [(r, deadlines[r]) for r in rids])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_parked.wait(), max(0.1, t_first - time.time()))
+            parked_at = time.time() - w0
+            c0, s0 = cpu_process(), cpu_server(self.server_pid())
+            await asyncio.wait_for(all_done.wait(), t_first + spread - time.time() + 300)
+            c1, s1 = cpu_process(), cpu_server(self.server_pid())
+            await _until(lambda: not self.w._active, 60, "the worker to go idle")
+        finally:
+            self.obs.on_event = self.obs.on_lease = None
+        # Untimed: when did each fired wake reach the wake stream (server timestamp)?
+        wakes = await gather_limited(
+            [
+                self.c.broker.direct_get_last(self.names.wake_stream, self.names.wake(r))
+                for r in rids
+            ],
+            64,
+        )
+        fired: dict[str, float] = {}
+        for r, m in zip(rids, wakes, strict=True):
+            h = (m.headers or {}) if m is not None else {}
+            if "Nats-Scheduler" in h and "Nats-Time-Stamp" in h:
+                fired[r] = _stored_at(h["Nats-Time-Stamp"])
+        started: dict[str, WaitStarted] = {}
+        ended: dict[str, WaitCompleted] = {}
+        finished: dict[str, float] = {}
+        for t, rid, data in evs:
+            for e in decode_events(data):
+                if isinstance(e, WaitStarted):
+                    started.setdefault(rid, e)
+                elif isinstance(e, WaitCompleted):
+                    ended.setdefault(rid, e)
+                elif isinstance(e, RunCompleted):
+                    finished.setdefault(rid, t)
+        acquired: dict[str, list[float]] = defaultdict(list)
+        for _t, rid, data in leases:
+            body = _lease_decoder.decode(data)
+            if body.owner is not None:
+                acquired[rid].append(body.acquired_at)
+        late: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "total",
+                "fired",
+                "to_worker",
+                "to_decided",
+                "durable",
+                "to_worker_total",
+            )
+        }
+        early_parked = not_parked = extra = 0
+        for r in rids:
+            ws, wc = started.get(r), ended.get(r)
+            if ws is None:
+                not_parked += 1  # the deadline passed before the wait was recorded
+                continue
+            assert ws.deadline is not None
+            if ws.at >= ws.deadline:
+                early_parked += 1
+                continue
+            if wc is None:
+                continue
+            d = ws.deadline
+            late["total"].append(wc.at - d)
+            if r in finished:
+                late["durable"].append(finished[r] - d)
+            after = sorted(a for a in acquired.get(r, []) if a >= d - 0.5)
+            extra += max(0, len(after) - 1)
+            f = fired.get(r)
+            if f is not None:
+                late["fired"].append(f - d)
+                took = [a for a in after if a >= f - 0.001]
+                if took:
+                    late["to_worker"].append(took[0] - f)
+                    late["to_worker_total"].append(took[0] - d)
+                    late["to_decided"].append(wc.at - took[0])
+        first_d = min(deadlines.values())
+        last_wc = max((e.at for e in ended.values()), default=float("nan"))
+        return {
+            "n": n,
+            "spread": spread,
+            "lead": lead,
+            "parked_after": parked_at,
+            "measured": len(late["total"]),
+            "not_parked_in_time": not_parked + early_parked,
+            "fired_seen": len(fired),
+            "extra_activations": extra,
+            "drain_rate": len(late["total"]) / (last_wc - first_d) if last_wc > first_d else 0.0,
+            "drain_time": last_wc - first_d,
+            "py_cpu_per_run": (c1 - c0) / n,
+            "srv_cpu_per_run": (s1 - s0) / n,
+            "lateness": {k: {**summarize(v), "max": max(v, default=float("nan"))} for k, v in late.items()},
+        }
+
+    # --- 3. signal -> next step ------------------------------------------------------------
+
+    async def signals(self, k: int, gap: float) -> dict[str, Any]:
+        rid = f"loop-{self.tag}"
+        state: dict[str, Any] = {}
+        step_fut: asyncio.Future[tuple[float, bytes]] | None = None
+        park_fut: asyncio.Future[float] | None = None
+        sig_at: list[float] = []
+        lease_at: list[float] = []
+
+        def on_event(t: float, r: str, data: bytes) -> None:
+            if r != rid:
+                return
+            if b'"signal.received.v1"' in data:
+                for e in decode_events(data):
+                    if isinstance(e, SignalReceived):
+                        sig_at.append(e.at)
+            if step_fut is not None and not step_fut.done() and b'"step.started.v1"' in data:
+                step_fut.set_result((t, data))
+            elif (
+                park_fut is not None
+                and not park_fut.done()
+                and step_fut is not None
+                and step_fut.done()
+                and b'"wait.started.v1"' in data
+            ):
+                park_fut.set_result(t)
+            if b'"wait.started.v1"' in data:
+                state["parked"] = True
+
+        def on_lease(t: float, r: str, data: bytes) -> None:
+            if r == rid:
+                body = _lease_decoder.decode(data)
+                if body.owner is not None:
+                    lease_at.append(body.acquired_at)
+
+        self.obs.on_event, self.obs.on_lease = on_event, on_lease
+        loop = asyncio.get_running_loop()
+        rows: list[dict[str, float]] = []
+        try:
+            await self.c.start("looper", run_id=rid)
+            await _until(lambda: state.get("parked", False), 30, "the looping run to park")
+            warm = 10
+            for i in range(warm + k):
+                await _until(lambda: rid not in self.w._active, 30, "the looping run to rest")
+                await asyncio.sleep(gap)
+                step_fut, park_fut = loop.create_future(), loop.create_future()
+                n_sig, n_lease = len(sig_at), len(lease_at)
+                w0 = time.time()
+                t0 = time.perf_counter()
+                await self.c.signal(rid, "go", i)
+                acked = time.perf_counter() - t0
+                seen, data = await asyncio.wait_for(step_fut, 30)
+                await asyncio.wait_for(park_fut, 30)
+                if i < warm:
+                    continue
+                ev = decode_events(data)
+                wc = next(e for e in ev if isinstance(e, WaitCompleted))
+                ss = next(e for e in ev if isinstance(e, StepStarted))
+                row = {
+                    "observed": seen - w0,
+                    "stamped": ss.at - w0,
+                    "signal_acked": acked,
+                    "wait_completed": wc.at - w0,
+                }
+                if len(sig_at) > n_sig:
+                    row["intake"] = sig_at[n_sig] - w0
+                if len(lease_at) > n_lease:
+                    row["lease"] = lease_at[n_lease] - w0
+                rows.append(row)
+            await self.c.signal(rid, "go", "stop")
+            await self.c.result(rid, timeout=30)
+        finally:
+            self.obs.on_event = self.obs.on_lease = None
+        hist = await self.c.history(rid)
+
+        def col(key: str, sel: slice = slice(None)) -> list[float]:
+            return [r[key] for r in rows[sel] if key in r]
+
+        phases = {
+            "client.signal: publish -> inbox ack": col("signal_acked"),
+            "publish -> intake stamped SignalReceived (inbox hop + history load)": col("intake"),
+            "SignalReceived -> worker's lease write (append, wake publish, wake fetch)": [
+                r["lease"] - r["intake"] for r in rows if "lease" in r and "intake" in r
+            ],
+            "lease write -> WaitCompleted stamped (lease CAS, history load, replay)": [
+                r["wait_completed"] - r["lease"] for r in rows if "lease" in r
+            ],
+            "WaitCompleted -> StepStarted stamped": [
+                r["stamped"] - r["wait_completed"] for r in rows
+            ],
+            "StepStarted stamped -> seen by the observer (the append)": [
+                r["observed"] - r["stamped"] for r in rows
+            ],
+        }
+        tenth = max(1, k // 6)
+        return {
+            "k": k,
+            "observed": summarize(col("observed")),
+            "stamped": summarize(col("stamped")),
+            "first": summarize(col("observed", slice(0, tenth))),
+            "last": summarize(col("observed", slice(-tenth, None))),
+            "tenth": tenth,
+            "history_msgs": len(hist),
+            "phases": {p: pct(v, 50) for p, v in phases.items()},
+        }
+
+
+# --- raw floor for the signal round trip ---------------------------------------------------------
+
+
+async def signal_floor(
+    url: str, settings: Settings, tag: str, k: int, gap: float
+) -> dict[str, dict[str, float]]:
+    """The least JetStream work a durable signal -> step start needs, with no sojourn code.
+
+    ``hop``: publish to a stream configured like sojourn's inbox (await the ack), a pull consumer
+    (``fetch(batch=64)`` like the intake) receives it and makes one CAS append, timed to the moment
+    an observer sees that append. ``direct``: one task publishes (awaits the ack), then makes the
+    CAS append, timed the same way.
+    """
+    names = Names(f"rw{tag}")
+    pub = await Broker.connect(url, name="bench-floor-client")
+    srv = await Broker.connect(url, name="bench-floor-service")
+    obs = await Broker.connect(url, name="bench-floor-observer")
+    cfgs = stream_configs(names, settings)
+    await srv.ensure_stream(cfgs[0])
+    await srv.ensure_stream(cfgs[1])
+    for stream, ccfg in consumer_configs(names, settings):
+        if stream == names.inbox_stream:
+            await srv.ensure_consumer(stream, ccfg)
+    pc = await srv.pull(names.inbox_stream, names.intake_consumer)
+    body = encode_events(
+        [
+            WaitCompleted(
+                position=1,
+                key="signal:go",
+                outcome="signal",
+                payload=to_raw(1),
+                signal="go",
+                signal_id=uuid.uuid4().hex,
+                at=time.time(),
+            ),
+            StepStarted(position=2, name="bump", attempt=1, at=time.time()),
+        ]
+    )
+    seqs: dict[str, int] = defaultdict(int)
+    loop = asyncio.get_running_loop()
+    waiting: dict[str, asyncio.Future[float]] = {}
+
+    async def append(b: Broker, run: str) -> None:
+        ack = await b.publish_raw(
+            names.events(run),
+            body,
+            {
+                "Nats-Expected-Last-Subject-Sequence": str(seqs[run]),
+                "Nats-Msg-Id": f"{run}:{seqs[run]}:w",
+            },
+        )
+        if "error" in ack:
+            raise RuntimeError(ack["error"])
+        seqs[run] = int(ack["seq"])
+
+    async def consumer() -> None:
+        while True:
+            for m in await pc.fetch(batch=64, timeout=1.0):
+                run = names.subject_token(m.subject, 1)
+                if run.startswith("floorhop"):  # the direct half appends by itself
+                    await append(srv, run)
+                await m.ack()
+
+    async def seen(msg: Any) -> None:
+        fut = waiting.pop(msg.subject, None)
+        if fut is not None and not fut.done():
+            fut.set_result(time.time())
+
+    sub = await obs.nc.subscribe(names.events_all, cb=seen)
+    await obs.nc.flush()
+    task = asyncio.create_task(consumer())
+    hop: list[float] = []
+    direct: list[float] = []
+    try:
+        for i in range(k + 10):
+            for kind, out in (("hop", hop), ("direct", direct)):
+                await asyncio.sleep(gap)
+                run = f"floor{kind}-{tag}"
+                fut = waiting[names.events(run)] = loop.create_future()
+                w0 = time.time()
+                ack = await pub.publish_raw(
+                    names.signal(run, "go"), b"1", {"Nats-Msg-Id": uuid.uuid4().hex}
+                )
+                if "error" in ack:
+                    raise RuntimeError(ack["error"])
+                if kind == "direct":
+                    await append(pub, run)
+                t = await asyncio.wait_for(fut, 10)
+                if i >= 10:
+                    out.append(t - w0)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await sub.unsubscribe()
+        for b in (pub, srv, obs):
+            await b.close()
+    return {"hop": summarize(hop), "direct": summarize(direct)}
+
+
+# --- tracemalloc pass -----------------------------------------------------------------------------
+
+
+async def heap_pass(url: str, n: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Python heap retained per parked run, on a fresh worker and prefix, under tracemalloc."""
+    tag = uuid.uuid4().hex[:8]
+    settings = Settings(prefix=f"heap{tag}")
+    worker = Worker([parker], nats=url, settings=settings)
+    await worker.start()
+    client = await Client.connect(url, settings=settings)
+    try:
+
+        async def burst(k: int, kind: str) -> None:
+            base = worker.activations_completed
+            rids = [f"{kind}{i}-{tag}" for i in range(k)]
+            await gather_limited(
+                [
+                    client.start("parker", "signal" if i % 2 == 0 else "sleep", run_id=r)
+                    for i, r in enumerate(rids)
+                ],
+                256,
+            )
+            await _until(
+                lambda: worker.activations_completed >= base + k and not worker._active,
+                300,
+                "the runs to park",
+            )
+
+        await burst(100, "hw")  # warm the code paths and the connection buffers
+        tracemalloc.start(1)
+        try:
+            gc.collect()
+            before = tracemalloc.take_snapshot()
+            log(f"tracemalloc: burst of {n} runs on a fresh worker")
+            await burst(n, "h")
+            await asyncio.sleep(0.2)
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        flt = [
+            tracemalloc.Filter(False, tracemalloc.__file__),
+            tracemalloc.Filter(False, "*/bench/*"),
+        ]
+        diff = after.filter_traces(flt).compare_to(before.filter_traces(flt), "lineno")
+        total = sum(d.size_diff for d in diff)
+        top = sorted(diff, key=lambda d: -d.size_diff)[:5]
+        sites = [
+            {
+                "where": _short(str(d.traceback[0])),
+                "bytes": d.size_diff,
+                "blocks": d.count_diff,
+            }
+            for d in top
+            if d.size_diff > 0
+        ]
+        return {
+            "n": n,
+            "retained": total,
+            "per_run": total / n,
+            "sites": sites,
+            "released_cache_len": len(worker.leases._released),
+            "active": len(worker._active),
+        }
+    finally:
+        await client.close()
+        await worker.stop()
+
+
+def _short(where: str) -> str:
+    for marker in ("/site-packages/", "/work/main/", "/lib/python3"):
+        i = where.find(marker)
+        if i >= 0:
+            return where[i + len(marker) :].lstrip("/")
+    return where
+
+
+# --- the whole run --------------------------------------------------------------------------------
+
+
+async def run_all(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
+    out: dict[str, Any] = {"load_before": _loadavg()}
+    parent = cfg.store_dir or None
+    with tempfile.TemporaryDirectory(prefix="sojourn-waits-", dir=parent) as tmp:
+        srv = EmbeddedServer(store_dir=tmp, port=0)  # sync_interval: always (the default)
+        async with srv:
+            tag = uuid.uuid4().hex[:8]
+            settings = Settings(prefix=f"waits{tag}")
+            worker = Worker([parker, sleeper, looper], nats=srv.url, settings=settings)
+            await worker.start()
+            client = await Client.connect(srv.url, settings=settings)
+            ob = await Broker.connect(srv.url, name="bench-observer")
+            obs = Observer(ob, client.names)
+            await obs.start()
+            sampler = RssSampler(lambda: srv.pid)
+            sampler.start()
+            bench = Bench(worker, client, obs, lambda: srv.pid, tag, log)
+            try:
+                park_rate = 400.0
+                if "park" in cfg.sections:
+                    out["park"] = await bench.parking(cfg.park_runs, sampler)
+                    park_rate = out["park"]["rate"]
+                if "timer" in cfg.sections:
+                    out["timer"] = await bench.timers(
+                        cfg.timer_runs, cfg.spread, park_rate, "sl"
+                    )
+                    if cfg.low_rate_runs:
+                        out["timer_low"] = await bench.timers(
+                            cfg.low_rate_runs, cfg.spread, park_rate, "slow"
+                        )
+                if "signal" in cfg.sections:
+                    log(f"signal -> step: {cfg.rounds} rounds")
+                    out["signal"] = await bench.signals(cfg.rounds, cfg.gap)
+                    log(f"signal floor: {cfg.rounds} rounds")
+                    out["signal_floor"] = await signal_floor(
+                        srv.url, settings, tag, cfg.rounds, cfg.gap
+                    )
+                if "park" in cfg.sections and cfg.tracemalloc_runs:
+                    out["heap"] = await heap_pass(srv.url, cfg.tracemalloc_runs, log)
+            finally:
+                sampler.stop()
+                await obs.stop()
+                await client.close()
+                await worker.stop()
+                await ob.close()
+    out["load_after"] = _loadavg()
+    return out
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _b(n: float) -> str:
+    if n != n:
+        return "—"
+    if abs(n) >= 1024 * 1024:
+        return f"{n / 1024 / 1024:,.1f} MiB"
+    if abs(n) >= 10 * 1024:
+        return f"{n / 1024:,.1f} KiB"
+    return f"{n:,.0f} B"
+
+
+def _p(s: dict[str, float], keys: tuple[str, ...] = ("p50", "p90", "p99", "max")) -> str:
+    return " / ".join(fmt_ms(s.get(k, float("nan"))) for k in keys)
+
+
+def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
+    lines: list[str] = []
+    add = lines.append
+    add("## Machine")
+    add("")
+    for k, v in facts.items():
+        add(f"- {k}: {v}")
+    add("")
+    add(
+        f"Parameters: {cfg.park_runs:,} parked runs; {cfg.timer_runs:,} timers over "
+        f"{cfg.spread:g} s (and {cfg.low_rate_runs:,} as a low-rate control); {cfg.rounds} "
+        f"signal rounds with {cfg.gap * 1e3:g} ms idle before each; tracemalloc pass "
+        f"{cfg.tracemalloc_runs:,} runs; sync_interval always; sections: "
+        f"{', '.join(cfg.sections)}. Load average before / after: {res['load_before']} / "
+        f"{res['load_after']}."
+    )
+    add("")
+    add("| measurement | sojourn | reference (same server, same run) | target | verdict |")
+    add("|---|---|---|---|---|")
+    pk = res.get("park")
+    heap = res.get("heap")
+    if pk:
+        n = pk["n"]
+        add(
+            f"| park {n:,} runs at once: first trigger -> every WaitStarted seen "
+            f"| {pk['park_time']:.2f} s ({pk['rate']:,.0f} runs/s) "
+            f"| publishing the {n:,} triggers alone took {pk['publish']:.2f} s | none set | — |"
+        )
+        per = (pk["py_rss_after"] - pk["py_rss_before"]) / n
+        add(
+            f"| worker process RSS retained per parked run ((after gc - before) / N) "
+            f"| {_b(per)} ({_b(pk['py_rss_before'])} -> peak {_b(pk['py_rss_peak'])} -> "
+            f"{_b(pk['py_rss_after'])}) "
+            f"| allocated blocks +{pk['py_blocks_delta'] / n:.2f} per run "
+            f"| ~0 (<= {TARGET_RETAINED_PER_RUN} B) | {_verdict(per <= TARGET_RETAINED_PER_RUN)} |"
+        )
+        if heap:
+            add(
+                f"| Python heap retained per parked run (tracemalloc, {heap['n']:,} runs, "
+                f"fresh worker) | {_b(heap['per_run'])} | top site: "
+                f"{heap['sites'][0]['where'] if heap['sites'] else '—'} "
+                f"| ~0 (<= {TARGET_RETAINED_PER_RUN} B) "
+                f"| {_verdict(heap['per_run'] <= TARGET_RETAINED_PER_RUN)} |"
+            )
+        add(
+            f"| `len(worker._active)` once all are parked | {pk['active_after']} | — | 0 "
+            f"| {_verdict(pk['active_after'] == 0)} |"
+        )
+        sper = (pk["srv_rss_after"] - pk["srv_rss_before"]) / n
+        add(
+            f"| nats-server RSS per parked run | {_b(sper)} ({_b(pk['srv_rss_before'])} -> "
+            f"peak {_b(pk['srv_rss_peak'])} -> {_b(pk['srv_rss_after'])}) "
+            f"| 3 s later: {_b((pk['srv_rss_settled'] - pk['srv_rss_before']) / n)} per run "
+            f"| <= 10 KB | {_verdict(sper <= TARGET_SERVER_PER_RUN)} |"
+        )
+    for key, what in (("timer", "timer lateness"), ("timer_low", "timer lateness, control")):
+        tm = res.get(key)
+        if not tm:
+            continue
+        lt = tm["lateness"]
+        add(
+            f"| {what}: {tm['n']:,} runs due over {tm['spread']:g} s, WaitCompleted.at - "
+            f"deadline, p50 / p90 / p99 / max | {_p(lt['total'])} "
+            f"| the scheduler alone (deadline -> wake stored): {_p(lt['fired'])} "
+            f"| p99 <= 300 ms | {_verdict(lt['total']['p99'] <= TARGET_TIMER_P99)} |"
+        )
+        add(
+            f"| {what}: the fired wake reached the worker (deadline -> activation's lease "
+            f"stamp) | {_p(lt['to_worker_total'])} | the 250 ms scheduler tick is the floor "
+            f"| — | — |"
+        )
+    sg = res.get("signal")
+    fl = res.get("signal_floor")
+    if sg:
+        ref = "—"
+        if fl:
+            ref = (
+                f"inbox-hop floor (publish -> consumer -> CAS append seen) p50 / p90 / p99 "
+                f"{_p(fl['hop'], ('p50', 'p90', 'p99'))}; direct (publish, then append) "
+                f"{_p(fl['direct'], ('p50', 'p90', 'p99'))}"
+            )
+        ob = sg["observed"]
+        add(
+            f"| signal -> next StepStarted seen, 1 run x {sg['k']} rounds, p50 / p90 / p99 "
+            f"| {_p(ob, ('p50', 'p90', 'p99'))} "
+            + (f"({ob['p50'] / fl['hop']['p50']:.1f}x the hop floor) " if fl else "")
+            + f"| {ref} | p50 <= 5 ms | {_verdict(ob['p50'] <= TARGET_SIGNAL_P50)} |"
+        )
+    add("")
+    add("Details:")
+    add("")
+    add("| figure | value |")
+    add("|---|---|")
+    if pk:
+        add(
+            f"| parking: worker idle (`_active` empty) after the burst | {pk['idle_time']:.2f} s |"
+        )
+        add(f"| parking: activations for {pk['n']:,} runs | {pk['activations']:,} |")
+        add(
+            f"| parking: CPU per parked run, Python process / nats-server "
+            f"| {pk['py_cpu_per_run'] * 1e6:,.0f} µs / {pk['srv_cpu_per_run'] * 1e6:,.0f} µs |"
+        )
+        add(
+            f"| parking: LeaseStore `_released` cache entries added by the burst (now) "
+            f"| {pk['released_cache_growth']:,} ({pk['released_cache_len']:,}) |"
+        )
+        add(f"| parking: sampled `client.state` reads that say `waiting` | {pk['sample_waiting']} |")
+        for k, st in pk["streams"].items():
+            add(
+                f"| server streams after parking: {k} | {st['messages']:,} msgs, "
+                f"{_b(st['bytes'])}, {st['subjects']:,} subjects |"
+            )
+    if heap:
+        for s in heap["sites"][:5]:
+            add(
+                f"| tracemalloc: retained at {s['where']} | {_b(s['bytes'])} "
+                f"({s['blocks']:+,} blocks, {s['bytes'] / heap['n']:.0f} B per run) |"
+            )
+        add(
+            f"| tracemalloc pass: `_released` entries / `_active` after | "
+            f"{heap['released_cache_len']:,} / {heap['active']} |"
+        )
+    for key, what in (("timer", "timers"), ("timer_low", "timers (control)")):
+        tm = res.get(key)
+        if not tm:
+            continue
+        lt = tm["lateness"]
+        add(
+            f"| {what}: runs measured / deadline passed before the wait was recorded "
+            f"| {tm['measured']:,} / {tm['not_parked_in_time']:,} (first deadline "
+            f"{tm['lead']:.1f} s after the burst; all parked after {tm['parked_after']:.1f} s) |"
+        )
+        add(
+            f"| {what}: deadline -> wake stored (scheduler), p50 / p90 / p99 / max "
+            f"| {_p(lt['fired'])} ({tm['fired_seen']:,} fired wakes read back) |"
+        )
+        add(
+            f"| {what}: wake stored -> activation's lease stamp, p50 / p90 / p99 / max "
+            f"| {_p(lt['to_worker'])} |"
+        )
+        add(
+            f"| {what}: lease stamp -> WaitCompleted stamped, p50 / p90 / p99 / max "
+            f"| {_p(lt['to_decided'])} |"
+        )
+        add(
+            f"| {what}: deadline -> RunCompleted seen (durable end), p50 / p90 / p99 / max "
+            f"| {_p(lt['durable'])} |"
+        )
+        add(
+            f"| {what}: completion rate, first deadline -> last WaitCompleted "
+            f"| {tm['drain_rate']:,.0f} runs/s over {tm['drain_time']:.2f} s "
+            f"(deadlines arrive at {tm['n'] / max(tm['spread'], 1e-9):,.0f}/s) |"
+        )
+        add(
+            f"| {what}: CPU per run while firing, Python / nats-server "
+            f"| {tm['py_cpu_per_run'] * 1e6:,.0f} µs / {tm['srv_cpu_per_run'] * 1e6:,.0f} µs |"
+        )
+        add(f"| {what}: extra activations (a wake taken before its deadline) | {tm['extra_activations']} |")
+    if sg:
+        add(
+            f"| signal: StepStarted.at (worker stamp) - before client.signal, p50 / p90 / p99 "
+            f"| {_p(sg['stamped'], ('p50', 'p90', 'p99'))} |"
+        )
+        add(
+            f"| signal: first {sg['tenth']} rounds vs last {sg['tenth']} rounds, p50 "
+            f"| {fmt_ms(sg['first']['p50'])} vs {fmt_ms(sg['last']['p50'])} (history at the "
+            f"end: {sg['history_msgs']} messages) |"
+        )
+        add("")
+        add("Signal -> next step, where the time goes (p50 of each phase; same clock):")
+        add("")
+        add("| phase | p50 |")
+        add("|---|---|")
+        for p, v in sg["phases"].items():
+            add(f"| {p} | {fmt_ms(v)} |")
+    return "\n".join(lines)
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+async def amain(cfg: Config) -> dict[str, Any]:
+    logging.basicConfig(level=logging.WARNING)
+
+    def log(msg: str) -> None:
+        print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+    binary = find_nats_server()
+    facts = machine_facts(binary, Path(cfg.store_dir or tempfile.gettempdir()))
+    facts["event loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    facts["sojourn"] = git_state(ROOT)
+    t0 = time.perf_counter()
+    res = await run_all(cfg, log)
+    elapsed = time.perf_counter() - t0
+    print(render(cfg, facts, res))
+    print(f"\n(bench took {elapsed:.0f} s)")
+    return {"config": cfg.__dict__, "machine": facts, "results": res}
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None  # type: ignore[assignment]
+    if uvloop is not None:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            out = runner.run(amain(cfg))
+    else:
+        out = asyncio.run(amain(cfg))
+    if cfg.json_out:
+        Path(cfg.json_out).write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
