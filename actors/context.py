@@ -49,6 +49,7 @@ from sojourn.schemas.events import (
 from sojourn.schemas.wire import ChildOutcome
 
 from . import patterns as _patterns
+from .faults import fault
 from .journal import Execute, OpenWait, Recorded, RecordedFailure, RecordedWait
 from .patterns import ApprovalDecision
 from .retry import DEFAULT_RETRYABLE, NOT_DONE, RetryPolicy, StepOptions, step_options
@@ -231,6 +232,7 @@ class Context:
             raise
         rtype = _return_type(fn)
         if isinstance(plan, Recorded):
+            fault("replay")
             return from_raw(plan.result, rtype)
         if isinstance(plan, RecordedFailure):
             raise StepError(
@@ -278,6 +280,7 @@ class Context:
                 if inspect.isawaitable(result):
                     result = await result
             raw = to_raw(result)
+            fault("after_step")
         except Exception as e:
             err = ErrorInfo(
                 type=type(e).__name__,

@@ -34,6 +34,7 @@ from sojourn.schemas.wire import DeadLetter
 
 from .agent import Agent
 from .executor import Activation
+from .faults import fault
 from .intake import Intake
 
 __all__ = ["Worker"]
@@ -263,6 +264,8 @@ class Worker:
         keepalive: list[asyncio.Task[None]] = []
         lease_task: asyncio.Task[None] | None = None
         try:
+            if history is None and (wake.headers or {}).get("Nats-Scheduler"):
+                fault("timer_wake")
             if history is None:
                 got = await self.leases.acquire(run_id, writer, ttl)
                 if not isinstance(got, Lease):
@@ -293,6 +296,7 @@ class Worker:
                     self._lease_late(act, run_id, writer, wake, leases, keepalive)
                 )
             outcome = await act.run()
+            fault("before_ack")
             log.debug("run %s: %s", run_id, outcome)
             self.activations_completed += 1
             if lease_task is not None:

@@ -1,0 +1,31 @@
+"""Deliberate crashes at named seams, for the chaos harness only.
+
+Off unless ``$SOJOURN_FAULTS`` names seams (comma-separated) in a worker's environment; then at
+each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RATE`` (default
+0.05). The seams are the windows where a resumed run could repeat or lose an effect:
+
+- ``after_step``: a step's function returned (its effect happened) but its completion is not
+  recorded yet;
+- ``before_ack``: the activation's last append landed but its wake is not acknowledged;
+- ``replay``: while replaying recorded history, before reaching new work;
+- ``timer_wake``: a fired timer's wake was delivered but not yet handled.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+__all__ = ["SEAMS", "fault"]
+
+SEAMS = ("after_step", "before_ack", "replay", "timer_wake")
+
+_ARMED = frozenset(s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s)
+_RATE = float(os.environ.get("SOJOURN_FAULT_RATE", "0.05") or 0.05)
+
+
+def fault(seam: str) -> None:
+    """Maybe die here (only when this seam is armed)."""
+    if seam in _ARMED and random.random() < _RATE:
+        os.kill(os.getpid(), signal.SIGKILL)
