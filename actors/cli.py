@@ -532,6 +532,23 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_decide(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    result = _parse_input(args.result, "--result")
+    async with await _connect(args) as client:
+        await _require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)
+        if state.status != "suspended" or state.suspended_reason != "in_doubt":
+            raise UsageError(f"run {args.run_id} is not suspended on an in-doubt step")
+        try:
+            by = f"cli:{getpass.getuser()}"
+        except Exception:
+            by = "cli"
+        await client.decide(args.run_id, args.position, args.action, result, by=by)
+    out(f"decided {args.action} for step {args.position} of run {args.run_id}; it resumes")
+    return EXIT_OK
+
+
 async def cmd_schemas(args: argparse.Namespace) -> int:
     for path in export_schemas(args.out):
         out(path)
@@ -781,6 +798,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_id", metavar="RUN", help="run id")
     p.add_argument("--note", metavar="TEXT", default="", help="recorded in the history")
+
+    p = command(
+        "decide",
+        cmd_decide,
+        "Settle an in-doubt step of a suspended run, then resume it.",
+        "sojourn decide 5f0c9e2d 3 skip --result '\"ch_123\"'",
+        detail='For steps declared @step(in_doubt="ask"): retry runs the step again with '
+        "the same idempotency key; skip records --result as its result without running it; "
+        "fail fails the step.",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("position", metavar="POSITION", type=int, help="the step's position")
+    p.add_argument("action", choices=("retry", "skip", "fail"), help="what to do")
+    p.add_argument(
+        "--result",
+        metavar="JSON",
+        default="null",
+        help="the step's result for skip, as JSON (default: null)",
+    )
 
     p = command(
         "schemas",
