@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import inspect
 import random as _random
 import time
@@ -83,6 +84,16 @@ def _seconds(d: Duration) -> float:
 
 
 _RUN_AGAIN: Any = object()
+
+
+def child_run_id(parent: str, position: int) -> str:
+    """``<parent>-c<position>``; hashed when that would pass the 128-character id limit (deep
+    nesting), so a child id is always valid and always the same for the same parent and call."""
+    plain = f"{parent}-c{position}"
+    if len(plain) <= 128:
+        return plain
+    digest = hashlib.blake2b(parent.encode(), digest_size=12).hexdigest()
+    return f"{parent[:80]}-h{digest}-c{position}"
 
 
 def _retry_delay(e: Exception, policy: RetryPolicy | None, attempt: int) -> float | None:
@@ -423,6 +434,8 @@ class Context:
         """
         if (duration is None) == (until is None):
             raise ValueError("ctx.sleep takes a duration or until=, not both")
+        if until is not None and until.tzinfo is None:
+            raise ValueError("ctx.sleep(until=...) needs a timezone-aware datetime")
         await self._wait("sleep", timeout=duration, until=until)
 
     async def wait_for(self, name: str, *, timeout: Duration | None = None, type: Any = Any) -> Any:
@@ -466,7 +479,7 @@ class Context:
             raise
         if isinstance(plan, Recorded):
             return ChildHandle(self, from_raw(plan.result, str), name)
-        child_id = f"{self.run_id}-c{plan.position}"
+        child_id = child_run_id(self.run_id, plan.position)
         await self._act.start_child_run(name, input, child_id)
         self._act.buffer(
             ChildStarted(position=plan.position, child_run_id=child_id, agent=name, at=time.time())

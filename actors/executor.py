@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import time
 import traceback
-from typing import Any, Literal
+from collections.abc import Awaitable
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -73,6 +74,7 @@ _OP_EVENTS = (
     WaitCompleted,
     ChildStarted,
 )
+T = TypeVar("T")
 _NULL = to_raw(None)
 IN_PROCESS_BACKOFF = 5.0
 """Backoffs up to this many seconds also sleep in the worker (the timer is set regardless)."""
@@ -223,6 +225,13 @@ class Activation:
             if interrupted:
                 raise RunCancelledInterrupt()
 
+    async def _io(self, op: Awaitable[T]) -> T:
+        """Broker I/O done on behalf of agent code: an outage unwinds it as ``BrokerLost``."""
+        try:
+            return await op
+        except (BrokerUnavailable, JetStreamError) as e:
+            raise BrokerLost() from e
+
     async def _append(self, batch: list[RunEvent]) -> int:
         try:
             return await self.store.append(
@@ -281,7 +290,7 @@ class Activation:
     ) -> RecordedWait | None:
         """A child may have ended without its notification reaching us: look at its history."""
         for child in children:
-            outcome = await child_outcome(self.store, child)
+            outcome = await self._io(child_outcome(self.store, child))
             if outcome is not None:
                 payload = to_raw(outcome)
                 self.buffer(
@@ -303,7 +312,9 @@ class Activation:
         """Record the wait (timer first, then the event: a recorded wait never lacks its timer)
         and flush; return True if a matching signal turned up meanwhile."""
         if deadline is not None:
-            await schedule_timer(self.store.broker, self.store.names, self.run_id, str(p), deadline)
+            await self._io(
+                schedule_timer(self.store.broker, self.store.names, self.run_id, str(p), deadline)
+            )
             self.timers_used = True
         await self.commit([event] if event is not None else [])
         return self._find_signal(signals) is not None
@@ -327,7 +338,9 @@ class Activation:
         left = retry_at - time.time()
         if left <= 0:
             return
-        await schedule_timer(self.store.broker, self.store.names, self.run_id, str(p), retry_at)
+        await self._io(
+            schedule_timer(self.store.broker, self.store.names, self.run_id, str(p), retry_at)
+        )
         self.timers_used = True
         await self.commit([])  # the failed attempt, with its retry_at
         if left > IN_PROCESS_BACKOFF:
@@ -353,8 +366,10 @@ class Activation:
     async def start_child_run(self, agent: str, input: Any, child_id: str) -> None:
         names = self.store.names
         body = encode({"input": input, "run_id": child_id, "parent_run_id": self.run_id})
-        await self.store.broker.publish(
-            names.start(agent), body, {"Nats-Msg-Id": f"start:{agent}:{child_id}"}
+        await self._io(
+            self.store.broker.publish(
+                names.start(agent), body, {"Nats-Msg-Id": f"start:{agent}:{child_id}"}
+            )
         )
         self.children.append(child_id)
 
@@ -456,6 +471,8 @@ class Activation:
                         encode({"reason": f"parent {self.run_id} cancelled", "by": self.run_id}),
                         {"Nats-Msg-Id": f"cascade:{child}"},
                     )
+        if not s.terminal:
+            return  # a suspension is not an end: the parent keeps waiting, timers stay
         if s.parent_run_id:
             outcome = outcome_of(self.run_id, s)
             await broker.publish(
@@ -469,6 +486,8 @@ class Activation:
 
 def outcome_of(run_id: str, s: RunState) -> ChildOutcome:
     """How an ended run looks to its parent."""
+    if not s.terminal:
+        raise ValueError(f"run {run_id} has not ended ({s.status})")
     if s.status == "completed":
         return ChildOutcome(child_run_id=run_id, status="completed", output=s.output or _NULL)
     if s.status == "failed":

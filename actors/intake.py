@@ -192,6 +192,8 @@ class Intake:
     async def _create(
         self, msg: Msg, agent_name: str, trigger: StartTrigger
     ) -> tuple[IntakeOk, Decision | None, bool] | None:
+        if trigger.parent_run_id:
+            await self._check_parent(trigger.parent_run_id)
         agent = self.agents.get(agent_name)
         if agent is None:
             if await self.registry.is_known(agent_name):
@@ -246,6 +248,18 @@ class Intake:
             return IntakeOk(run_id=run_id, created=True), None, True
         created = Decision(seq=seq, events=(started,), writer=self.writer, msg_id=msg_id)
         return IntakeOk(run_id=run_id, created=True), created, True
+
+    async def _check_parent(self, parent_run_id: str) -> None:
+        """A child whose parent was cancelled (or ended) while its start was queued must not
+        run: the parent's cancel cascade could not reach a run that did not exist yet."""
+        history = await self.store.load(parent_run_id)
+        parent = fold(e for d in history for e in d.events)
+        if parent.terminal or parent.cancel_requested is not None:
+            raise Rejected(
+                "run_ended",
+                f"parent run '{parent_run_id}' is {parent.status}"
+                + (" (cancel requested)" if parent.cancel_requested else ""),
+            )
 
     # --- signals -----------------------------------------------------------------------------
 

@@ -269,7 +269,9 @@ class Worker:
             if history is None:
                 got = await self.leases.acquire(run_id, writer, ttl)
                 if not isinstance(got, Lease):
-                    delay = min(max(got.expires_at - time.time(), 0.05), ttl)
+                    # Look again soon: the holder may be about to rest without seeing what
+                    # this wake is about (a signal that arrived as it parked).
+                    delay = min(max(got.expires_at - time.time(), 0.05), 1.0)
                     await wake.nak(delay=delay)
                     return
                 leases.append(got)

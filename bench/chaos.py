@@ -1,0 +1,974 @@
+"""Chaos harness: many agent runs, real worker processes, real crashes; then check every history.
+
+Run from the repository root::
+
+    python -m bench.chaos                                   # 50 runs, 2 workers, 20 faults
+    python -m bench.chaos --runs 1000 --faults 200 --seed 7 # the large run of docs/chaos.md
+
+It starts, all on 127.0.0.1 and all its own:
+
+- an ``EmbeddedServer`` (temporary store directory, free port, ``sync_interval: always``);
+- the effect store ``python -m bench.chaos_store`` (SQLite in WAL mode, its own process), which
+  applies each effect once per idempotency key and also counts every raw execution;
+- K worker processes ``python -m bench.chaos_agents`` serving the ``chaos`` agent
+  (``bench/chaos_agents.py``: M steps, each one effect, a durable sleep between steps, random
+  transient failures retried by a ``RetryPolicy``), with a short lease, and with
+  ``SOJOURN_FAULTS``/``SOJOURN_FAULT_RATE`` arming the runtime's named seams
+  (``sojourn.actors.faults``): a worker SIGKILLs itself there at random. A worker that dies, by
+  a seam or by the harness, is replaced at once, so K stay up.
+
+Then it starts N runs (at random times over the fault window) and injects F faults at random
+times, each one of: SIGKILL a worker; SIGSTOP a worker for longer than the lease, then SIGCONT
+it (its runs are taken over meanwhile, and it wakes up a stale writer); SIGKILL the nats-server
+and restart it on the same store and port. It waits (bounded by ``--timeout`` after the last
+fault) for every run to end, stops the workers and the store, reads every run's history (the
+server is no longer touched) and the store's tables, and checks the invariants listed in
+docs/chaos.md. It prints a summary table and exits 1 on any violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sojourn.actors import Client, fold
+from sojourn.broker import EmbeddedServer
+from sojourn.broker.eventstore import Decision
+from sojourn.schemas.codec import decode_events
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import SojournError
+from sojourn.schemas.events import (
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    WaitCompleted,
+    WaitStarted,
+)
+
+from .chaos_agents import AGENT, STEP
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+SEAMS = ("after_step", "before_ack", "replay", "timer_wake")
+FAULT_TYPES = ("sigkill_worker", "sigstop_worker", "restart_nats")
+TERMINAL = (RunCompleted, RunFailed, RunCancelled)
+OP_EVENTS = (StepStarted, StepCompleted, StepFailed, WaitStarted, WaitCompleted)
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr; the report goes to stdout."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _die_with_parent() -> None:
+    """In a child, before exec: have Linux SIGKILL it if the harness dies (no orphans)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    for k in ("SOJOURN_FAULTS", "SOJOURN_FAULT_RATE"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+class Child:
+    """A child process the harness started (Popen from the main thread, so PDEATHSIG holds).
+
+    Its stdout is read line by line by a thread; stderr goes to a log file. Signals are sent
+    through ``Popen.send_signal``, which checks the child is not yet reaped, so a PID that has
+    been recycled is never signalled.
+    """
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the harness only; it stops everyone
+            preexec_fn=_die_with_parent,
+        )
+        self.pid = self.proc.pid
+        self.ready = threading.Event()
+        self.first_line = ""
+        self.last_seam: str | None = None
+        self.seam_passes: Counter[str] = Counter()
+        self.killed_by_harness = False
+        self.stopped = False  # SIGSTOPped by the harness right now
+        self.started_at = time.monotonic()
+        self._reader = threading.Thread(target=self._read, name=f"{name}-stdout", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").strip()
+            if line.startswith("seam "):
+                seam = line[5:]
+                self.last_seam = seam
+                self.seam_passes[seam] += 1
+            elif not self.ready.is_set():
+                self.first_line = line
+                self.ready.set()
+        self.proc.stdout.close()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> bool:
+        if self.proc.poll() is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(sig)
+        return True
+
+    async def exited(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """SIGCONT (a stopped process cannot act on SIGTERM), SIGTERM, then SIGKILL."""
+        if self.alive():
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            if not await self.exited(grace):
+                self.signal(signal.SIGKILL)
+                await self.exited(10)
+        self.close()
+
+    def kill_now(self) -> None:
+        """Synchronous last-resort cleanup."""
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
+        self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._log.close()
+
+    def tail(self, lines: int = 8) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+@dataclass
+class Tally:
+    """What happened to processes and what the harness did."""
+
+    faults: Counter[str] = field(default_factory=Counter)
+    faults_skipped: Counter[str] = field(default_factory=Counter)
+    seam_kills: Counter[str] = field(default_factory=Counter)
+    seam_passes: Counter[str] = field(default_factory=Counter)
+    other_exits: Counter[str] = field(default_factory=Counter)
+    other_exit_tails: list[str] = field(default_factory=list)
+    workers_started: int = 0
+    nats_down: float = 0.0
+
+
+class WorkerPool:
+    """Keeps K worker processes up: a worker that dies is replaced by a new one."""
+
+    def __init__(
+        self, k: int, argv: list[str], env: dict[str, str], logdir: Path, tally: Tally
+    ) -> None:
+        self.k = k
+        self.argv = argv
+        self.env = env
+        self.logdir = logdir
+        self.tally = tally
+        self.slots: list[Child | None] = [None] * k
+        self.everyone: list[Child] = []
+        self.closing = False
+        self._respawn_after = [0.0] * k
+
+    def _spawn(self, i: int) -> Child:
+        n = self.tally.workers_started
+        self.tally.workers_started += 1
+        child = Child(f"worker{n}", self.argv, self.env, self.logdir / f"worker{n:04d}.log")
+        self.slots[i] = child
+        self.everyone.append(child)
+        return child
+
+    def start(self) -> None:
+        for i in range(self.k):
+            self._spawn(i)
+
+    async def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(c is not None and c.ready.is_set() for c in self.slots):
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers did not become ready:\n" + self._tails())
+            self.reap()
+            await asyncio.sleep(0.05)
+
+    def _tails(self) -> str:
+        return "\n".join(f"{c.name}: {c.tail()}" for c in self.slots if c is not None)
+
+    def _record_death(self, c: Child) -> None:
+        self.tally.seam_passes.update(c.seam_passes)
+        code = c.proc.returncode
+        if c.killed_by_harness:
+            return
+        if code == -signal.SIGKILL:
+            self.tally.seam_kills[c.last_seam or "unknown"] += 1
+            return
+        why = f"exit {code}" if code is not None and code >= 0 else f"signal {-(code or 0)}"
+        self.tally.other_exits[why] += 1
+        if len(self.tally.other_exit_tails) < 5:
+            self.tally.other_exit_tails.append(f"{c.name} ({why}):\n{c.tail()}")
+
+    def reap(self) -> None:
+        """Record dead workers and replace them (a worker that fails to start, e.g. while
+        the nats-server is down, is retried after a short pause)."""
+        now = time.monotonic()
+        for i, c in enumerate(self.slots):
+            if c is not None and not c.alive():
+                self._record_death(c)
+                c.close()
+                self.slots[i] = None
+                if not c.killed_by_harness and c.proc.returncode not in (-signal.SIGKILL,):
+                    self._respawn_after[i] = now + 0.5
+            if c is not None and c.alive() and not c.ready.is_set():
+                if now - c.started_at > 60:  # hung at start-up: replace it
+                    c.killed_by_harness = True
+                    c.signal(signal.SIGKILL)
+            if self.slots[i] is None and not self.closing and now >= self._respawn_after[i]:
+                self._spawn(i)
+
+    async def supervise(self) -> None:
+        while not self.closing:
+            self.reap()
+            await asyncio.sleep(0.05)
+
+    def targets(self) -> list[Child]:
+        return [c for c in self.slots if c is not None and c.alive() and c.ready.is_set()]
+
+    async def stop_all(self) -> None:
+        self.closing = True
+        live = [c for c in self.everyone if c.alive()]
+        await asyncio.gather(*(c.stop() for c in live))
+        for c in self.everyone:
+            if c.proc.returncode is not None and c in self.slots:
+                self.tally.seam_passes.update(c.seam_passes)
+            c.close()
+
+    def kill_all_now(self) -> None:
+        self.closing = True
+        for c in self.everyone:
+            c.kill_now()
+
+
+# --- faults -------------------------------------------------------------------------------------
+
+
+class Chaos:
+    """Injects the harness's faults."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        server: EmbeddedServer,
+        rng: random.Random,
+        lease: float,
+        tally: Tally,
+    ) -> None:
+        self.pool = pool
+        self.server = server
+        self.rng = rng
+        self.lease = lease
+        self.tally = tally
+        self.nats_lock = asyncio.Lock()
+        self.holds: set[asyncio.Task[None]] = set()
+        self.done = False
+
+    async def _target(self) -> Child | None:
+        """A ready worker that is not paused (waits a little for one to come up)."""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            choices = [c for c in self.pool.targets() if not c.stopped]
+            if choices:
+                return self.rng.choice(choices)
+            await asyncio.sleep(0.1)
+        return None
+
+    async def inject(self, kind: str) -> None:
+        if kind == "restart_nats":
+            await self._restart_nats()
+            return
+        target = await self._target()
+        if target is None:
+            self.tally.faults_skipped[kind] += 1
+            return
+        if kind == "sigkill_worker":
+            target.killed_by_harness = True
+            if target.signal(signal.SIGKILL):
+                self.tally.faults[kind] += 1
+            else:
+                target.killed_by_harness = False
+                self.tally.faults_skipped[kind] += 1
+        else:
+            hold = self.lease * self.rng.uniform(1.5, 2.5)
+            target.stopped = True
+            if not target.signal(signal.SIGSTOP):
+                target.stopped = False
+                self.tally.faults_skipped[kind] += 1
+                return
+            self.tally.faults[kind] += 1
+            task = asyncio.create_task(self._resume_later(target, hold))
+            self.holds.add(task)
+            task.add_done_callback(self.holds.discard)
+
+    async def _resume_later(self, target: Child, hold: float) -> None:
+        try:
+            await asyncio.sleep(hold)
+        finally:
+            target.signal(signal.SIGCONT)
+            target.stopped = False
+
+    async def _restart_nats(self) -> None:
+        async with self.nats_lock:
+            down = self.rng.uniform(0.1, 1.0)
+            t0 = time.monotonic()
+            self.server.kill()
+            self.tally.faults["restart_nats"] += 1
+            await asyncio.sleep(down)
+            for attempt in range(5):
+                try:
+                    await self.server.start()
+                    break
+                except Exception as e:  # the port lingering, a slow recovery: try again
+                    log(f"  nats-server restart attempt {attempt + 1} failed: {e}")
+                    await asyncio.sleep(1.0)
+            else:
+                raise RuntimeError("the nats-server could not be restarted")
+            self.tally.nats_down += time.monotonic() - t0
+
+    async def run(self, schedule: list[tuple[float, str]], t0: float) -> None:
+        for at, kind in schedule:
+            delay = t0 + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self.inject(kind)
+        if self.holds:
+            await asyncio.gather(*self.holds, return_exceptions=True)
+        self.done = True
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+
+class Runs:
+    """Starts the runs and watches which have ended."""
+
+    def __init__(self, client: Client, run_ids: list[str], job: dict[str, Any]) -> None:
+        self.client = client
+        self.run_ids = run_ids
+        self.job = job
+        self.started: list[str] = []
+        self.ended: set[str] = set()
+        self.hinted: set[str] = set()
+        self.start_errors = 0
+
+    async def start_all(self, times: list[float], t0: float) -> None:
+        for run_id, at in zip(self.run_ids, times, strict=True):
+            delay = t0 + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            while True:  # the publish ack is the receipt; retry (same run id) until we have it
+                try:
+                    await self.client.start(AGENT, self.job, run_id=run_id)
+                    break
+                except (SojournError, TimeoutError, OSError) as e:
+                    self.start_errors += 1
+                    if self.start_errors <= 3:
+                        log(f"  start {run_id}: {type(e).__name__}: {e}; retrying")
+                    await asyncio.sleep(0.25)
+            self.started.append(run_id)
+
+    async def _ended(self, run_id: str) -> bool:
+        c = self.client
+        last = await c.broker.direct_get_last(c.names.events_stream, c.names.events(run_id))
+        if last is None:
+            return False
+        return any(isinstance(e, TERMINAL) for e in decode_events(last.data))
+
+    async def sweep(self, only_hinted: bool) -> None:
+        pending = [r for r in self.started if r not in self.ended]
+        if only_hinted:
+            pending = [r for r in pending if r in self.hinted]
+        sem = asyncio.Semaphore(16)
+
+        async def check(run_id: str) -> None:
+            async with sem:
+                with contextlib.suppress(Exception):
+                    if await self._ended(run_id):
+                        self.ended.add(run_id)
+
+        await asyncio.gather(*(check(r) for r in pending))
+
+    async def watch(self) -> None:
+        n = 0
+        while True:
+            await self.sweep(only_hinted=n % 10 != 0)
+            n += 1
+            await asyncio.sleep(0.5)
+
+    @property
+    def all_ended(self) -> bool:
+        return len(self.started) == len(self.run_ids) and len(self.ended) == len(self.run_ids)
+
+
+# --- invariants ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    completed: int = 0
+    lost: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+    ended_otherwise: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    steps_expected: int = 0
+    effects_per_step: Counter[int] = field(default_factory=Counter)
+    executions: int = 0
+    effects: int = 0
+    reexec_by_reason: Counter[str] = field(default_factory=Counter)
+    in_doubt: int = 0
+    failed_attempts: int = 0
+    attempts: int = 0
+    timer_waits: int = 0
+    decisions: int = 0
+    events: int = 0
+
+    def violate(self, text: str) -> None:
+        self.violations.append(text)
+
+
+def check_run(
+    run_id: str, history: list[Decision], steps: int, report: Report
+) -> dict[tuple[int, int], str]:
+    """Check one run's history; return how each recorded step attempt ended:
+    ``completed``, ``failed`` (retried), ``in_doubt`` (superseded by attempt + 1), or
+    ``open`` (never settled)."""
+    v = report.violate
+    events = [e for d in history for e in d.events]
+    report.decisions += len(history)
+    report.events += len(events)
+    outcome: dict[tuple[int, int], str] = {}
+    if not history:
+        report.lost.append(run_id)
+        return outcome
+    seqs = [d.seq for d in history]
+    if seqs != sorted(set(seqs)):
+        v(f"{run_id}: stream sequences not strictly increasing: {seqs}")
+    if not isinstance(events[0], RunStarted):
+        v(f"{run_id}: first event is {type(events[0]).__name__}, not RunStarted")
+    if sum(isinstance(e, RunStarted) for e in events) != 1:
+        v(f"{run_id}: {sum(isinstance(e, RunStarted) for e in events)} RunStarted events")
+
+    # Positions are contiguous: each operation event is at a known position or the next one.
+    top = -1
+    for e in events:
+        if isinstance(e, OP_EVENTS):
+            if e.position > top + 1:
+                v(f"{run_id}: {type(e).__name__} at position {e.position} after {top} (gap)")
+            top = max(top, e.position)
+
+    # Exactly one terminal event, RunCompleted, and nothing after it.
+    ends = [i for i, e in enumerate(events) if isinstance(e, TERMINAL)]
+    if not ends:
+        report.stuck.append(run_id)
+    elif len(ends) > 1:
+        v(f"{run_id}: {len(ends)} terminal events")
+    if ends:
+        end = events[ends[0]]
+        if ends[-1] != len(events) - 1:
+            v(f"{run_id}: events after the terminal event")
+        if isinstance(end, RunCompleted):
+            report.completed += 1
+            got = msgspec.json.decode(bytes(end.output))
+            if got != list(range(steps)):
+                v(f"{run_id}: output {got!r}, expected {list(range(steps))!r}")
+        else:
+            detail = getattr(end, "error", None) or getattr(end, "reason", "")
+            report.ended_otherwise.append(f"{run_id}: {type(end).__name__} {detail}")
+            v(f"{run_id}: ended with {type(end).__name__}: {detail}")
+
+    state = fold(events)
+    if state.anomalies != ():
+        v(f"{run_id}: fold anomalies {list(state.anomalies)}")
+
+    # Every started attempt is settled: completed, failed with a retry, or in doubt (a later
+    # attempt exists); attempts are 1, 2, 3... at each position.
+    starts: dict[int, list[int]] = defaultdict(list)
+    completed: dict[int, list[int]] = defaultdict(list)
+    failed: dict[int, list[StepFailed]] = defaultdict(list)
+    for e in events:
+        if isinstance(e, StepStarted):
+            if e.name != STEP or e.position % 2:
+                v(f"{run_id}: step {e.name!r} started at position {e.position}")
+            starts[e.position].append(e.attempt)
+        elif isinstance(e, StepCompleted):
+            completed[e.position].append(e.attempt)
+        elif isinstance(e, StepFailed):
+            failed[e.position].append(e)
+        elif isinstance(e, WaitStarted):
+            if e.position % 2 == 0 or e.key != "sleep":
+                v(f"{run_id}: wait {e.key!r} at position {e.position}")
+        elif isinstance(e, WaitCompleted) and e.outcome != "timeout":
+            v(f"{run_id}: sleep at {e.position} ended with {e.outcome!r}")
+    for p, attempts in starts.items():
+        report.attempts += len(attempts)
+        if attempts != list(range(1, len(attempts) + 1)):
+            v(f"{run_id}: position {p} attempts {attempts}, expected 1..{len(attempts)}")
+        if len(completed[p]) > 1:
+            v(f"{run_id}: position {p} completed {len(completed[p])} times")
+        for f in failed[p]:
+            if f.retry_at is None:
+                v(f"{run_id}: position {p} attempt {f.attempt} failed for good: {f.error.message}")
+        done = set(completed[p])
+        fails = {f.attempt for f in failed[p]}
+        for a in done | fails:
+            if a not in attempts:
+                v(f"{run_id}: position {p} attempt {a} ended but never started")
+        last = max(attempts)
+        for a in sorted(set(attempts)):
+            if a in done:
+                outcome[(p, a)] = "completed"
+            elif a in fails:
+                outcome[(p, a)] = "failed"
+                report.failed_attempts += 1
+            elif a < last:
+                outcome[(p, a)] = "in_doubt"
+                report.in_doubt += 1
+            else:
+                outcome[(p, a)] = "open"
+                if ends:
+                    v(f"{run_id}: position {p} attempt {a} started and never settled")
+    if ends and isinstance(events[ends[0]], RunCompleted):
+        for i in range(steps):
+            if not completed.get(2 * i):
+                v(f"{run_id}: completed without step {i} (position {2 * i}) completed")
+        kinds = [(op.kind, op.status) for op in state.ops]
+        want = [
+            ("step", "completed") if p % 2 == 0 else ("wait", "completed")
+            for p in range(2 * steps - 1)
+        ]
+        if kinds != want:
+            v(f"{run_id}: operations {kinds}, expected {want}")
+    report.timer_waits += sum(isinstance(e, WaitCompleted) for e in events)
+    return outcome
+
+
+def check_effects(
+    db_path: Path,
+    histories: dict[str, list[Decision]],
+    outcomes: dict[str, dict[tuple[int, int], str]],
+    steps: int,
+    report: Report,
+) -> None:
+    """Exactly one effect per (run, step position); every raw execution had its start recorded."""
+    v = report.violate
+    db = sqlite3.connect(str(db_path))
+    try:
+        effects = db.execute("SELECT key, run, step FROM effects").fetchall()
+        execs = db.execute("SELECT key, run, step, attempt FROM executions").fetchall()
+    finally:
+        db.close()
+    report.effects, report.executions = len(effects), len(execs)
+    per_key = Counter(key for key, _, _ in effects)
+    for key, run, step in effects:
+        if key != f"{run}/{step}":
+            v(f"effect {key!r} recorded for run {run} position {step}")
+        if run not in histories or step % 2 or not 0 <= step < 2 * steps:
+            v(f"effect {key!r} is not a step of any run")
+    for run_id, history in histories.items():
+        ended_ok = any(isinstance(e, RunCompleted) for d in history for e in d.events)
+        for i in range(steps):
+            key = f"{run_id}/{2 * i}"
+            n = per_key.get(key, 0)
+            report.steps_expected += 1
+            report.effects_per_step[n] += 1
+            recorded = outcomes.get(run_id, {}).get((2 * i, 1)) is not None
+            if n != 1 and (ended_ok or (n > 1) or recorded):
+                v(f"{run_id}: step {i} (key {key}) applied its effect {n} times")
+    per_attempt = Counter((run, step, attempt) for _, run, step, attempt in execs)
+    for (run, step, attempt), n in per_attempt.items():
+        how = outcomes.get(run, {}).get((step, attempt))
+        if how is None:
+            v(f"{run}: position {step} attempt {attempt} ran without its start recorded")
+            continue
+        if n > 1:
+            v(f"{run}: position {step} attempt {attempt} ran {n} times")
+        if how == "completed":
+            report.reexec_by_reason["completed attempt (the one that counts)"] += 1
+        elif how == "failed":
+            report.reexec_by_reason["failed attempt, retried"] += n
+        elif how == "in_doubt":
+            report.reexec_by_reason["in-doubt attempt, run again"] += n
+        else:
+            report.reexec_by_reason["attempt never settled"] += n
+    if report.executions < report.effects:
+        v(f"executions ({report.executions}) < effects ({report.effects})")
+
+
+# --- the harness --------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.chaos", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    ap.add_argument("--runs", type=int, default=50, help="agent runs (default 50)")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes kept up (2)")
+    ap.add_argument("--faults", type=int, default=20, help="faults the harness injects (20)")
+    ap.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    ap.add_argument(
+        "--seams",
+        default=",".join(SEAMS),
+        help="named seams armed in the workers, comma-separated, or 'none' (default: all four)",
+    )
+    ap.add_argument(
+        "--fault-rate", type=float, default=0.05, help="kill probability at an armed seam (0.05)"
+    )
+    ap.add_argument(
+        "--fault-types",
+        default=",".join(FAULT_TYPES),
+        help=f"harness faults to draw from (default {','.join(FAULT_TYPES)})",
+    )
+    ap.add_argument(
+        "--fault-gap", type=float, default=1.0, help="mean seconds between harness faults (1.0)"
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=90.0, help="seconds to wait for runs after the faults"
+    )
+    ap.add_argument("--steps", type=int, default=4, help="steps per run (4)")
+    ap.add_argument("--sleep", type=float, default=0.3, help="durable sleep between steps (0.3 s)")
+    ap.add_argument("--lease", type=float, default=2.0, help="worker lease TTL (2 s)")
+    ap.add_argument(
+        "--fail-rate", type=float, default=0.1, help="transient step failure probability (0.1)"
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 1_000_000)
+    seams = [] if args.seams in ("", "none") else args.seams.split(",")
+    bad = [s for s in seams if s not in SEAMS]
+    if bad:
+        ap.error(f"unknown seam(s) {bad}; known: {', '.join(SEAMS)}")
+    args.seam_list = seams
+    types = [t for t in args.fault_types.split(",") if t]
+    bad = [t for t in types if t not in FAULT_TYPES]
+    if bad or (not types and args.faults):
+        ap.error(f"unknown fault type(s) {bad}; known: {', '.join(FAULT_TYPES)}")
+    args.fault_type_list = types
+    if args.runs < 1 or args.workers < 1 or args.faults < 0 or args.steps < 1:
+        ap.error("--runs, --workers and --steps must be >= 1, --faults >= 0")
+    return args
+
+
+async def _start_store(workdir: Path) -> tuple[Child, str]:
+    store = Child(
+        "store",
+        [PYTHON, "-m", "bench.chaos_store", str(workdir / "effects.sqlite"), "0"],
+        _child_env(),
+        workdir / "store.log",
+    )
+    if not await asyncio.to_thread(store.ready.wait, 30) or not store.first_line.startswith(
+        "ready "
+    ):
+        raise RuntimeError(f"the effect store did not start: {store.first_line!r}\n{store.tail()}")
+    return store, f"127.0.0.1:{int(store.first_line.split()[1])}"
+
+
+async def harness(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    t_begin = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="sojourn-chaos-"))
+    (workdir / "workers").mkdir()
+    prefix = f"chaos{args.seed}"
+    settings = Settings(prefix=prefix, lease_ttl=args.lease)
+    tally = Tally()
+    server = EmbeddedServer(store_dir=workdir / "nats", port=0)
+    store: Child | None = None
+    pool: WorkerPool | None = None
+    client: Client | None = None
+    tasks: list[asyncio.Task[Any]] = []
+    keep = args.keep
+    ok = False
+    print(
+        f"sojourn chaos: {args.runs} runs x {args.steps} steps, {args.workers} workers, "
+        f"{args.faults} faults ({','.join(args.fault_type_list)}), "
+        f"seams {','.join(args.seam_list) or 'none'} @ {args.fault_rate}, "
+        f"lease {args.lease:g} s, seed {args.seed}",
+        flush=True,
+    )
+    try:
+        await server.start()
+        store, store_addr = await _start_store(workdir)
+        env = _child_env(
+            CHAOS_STORE=store_addr,
+            CHAOS_SEED=str(args.seed),
+            CHAOS_FAIL_RATE=str(args.fail_rate),
+        )
+        if args.seam_list:
+            env["SOJOURN_FAULTS"] = ",".join(args.seam_list)
+            env["SOJOURN_FAULT_RATE"] = str(args.fault_rate)
+        argv = [PYTHON, "-m", "bench.chaos_agents", server.url, prefix, str(args.lease)]
+        pool = WorkerPool(args.workers, argv, env, workdir / "workers", tally)
+        pool.start()
+        client = await Client.connect(server.url, settings=settings)
+        await client._ensure()  # create the streams before the first worker needs them
+        await pool.wait_ready(60)
+        tasks.append(asyncio.create_task(pool.supervise()))
+
+        window = max(args.faults * args.fault_gap, 5.0)
+        fault_times = sorted(rng.uniform(0, window) for _ in range(args.faults))
+        schedule = [(t, rng.choice(args.fault_type_list)) for t in fault_times]
+        start_times = sorted(rng.uniform(0, window * 0.75) for _ in range(args.runs))
+        run_ids = [f"r{i:05d}" for i in range(args.runs)]
+        job = {"steps": args.steps, "sleep": args.sleep}
+        runs = Runs(client, run_ids, job)
+        chaos = Chaos(pool, server, rng, args.lease, tally)
+        log(f"  work dir {workdir}; nats {server.url}; store {store_addr}")
+        t0 = time.monotonic()
+        starter = asyncio.create_task(runs.start_all(start_times, t0))
+        injector = asyncio.create_task(chaos.run(schedule, t0))
+        watcher = asyncio.create_task(runs.watch())
+        tasks += [starter, injector, watcher]
+        await _subscribe_hints(client, runs)
+
+        # Wait for the faults to be done and every run to end (bounded).
+        last_note = 0.0
+        deadline: float | None = None
+        while True:
+            for t in (starter, injector):
+                if t.done() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            now = time.monotonic()
+            if injector.done() and starter.done() and deadline is None:
+                deadline = now + args.timeout
+            if now - last_note > 5:
+                last_note = now
+                log(
+                    f"  [{now - t0:6.1f}s] started {len(runs.started)}/{args.runs} "
+                    f"ended {len(runs.ended)} faults {sum(tally.faults.values())}/{args.faults} "
+                    f"seam kills {sum(tally.seam_kills.values())} "
+                    f"workers up {len(pool.targets())}/{args.workers} "
+                    f"started so far {tally.workers_started}"
+                )
+            if injector.done() and runs.all_ended:
+                break
+            if deadline is not None and now > deadline:
+                log(f"  timed out after {args.timeout:g} s waiting for runs to end")
+                break
+            await asyncio.sleep(0.2)
+        t_end = time.monotonic()
+
+        # Settle: no more faults; stop workers and the store; the server stays up untouched.
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks.clear()
+        await pool.stop_all()
+        await store.stop()
+        report = Report()
+        histories: dict[str, list[Decision]] = {}
+        outcomes: dict[str, dict[tuple[int, int], str]] = {}
+        for run_id in run_ids:
+            if run_id not in runs.started:
+                report.violate(f"{run_id}: never started (harness error)")
+                continue
+            histories[run_id] = await client.history(run_id)
+            outcomes[run_id] = check_run(run_id, histories[run_id], args.steps, report)
+        for run_id in report.lost:
+            report.violate(f"{run_id}: lost (its start was acknowledged; it has no history)")
+        for run_id in report.stuck:
+            st = fold(e for d in histories[run_id] for e in d.events)
+            report.violate(
+                f"{run_id}: stuck in status {st.status!r} (waiting on {list(st.waiting_on)}, "
+                f"{len(histories[run_id])} decisions)"
+            )
+        check_effects(workdir / "effects.sqlite", histories, outcomes, args.steps, report)
+        _print_report(args, report, tally, runs, t_end - t0, time.monotonic() - t_begin)
+        ok = not report.violations
+        if not ok:
+            keep = True
+            print(f"work dir kept for inspection: {workdir}", flush=True)
+        return 0 if ok else 1
+    finally:
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if pool is not None:
+            try:
+                await pool.stop_all()
+            except BaseException:
+                pool.kill_all_now()
+                raise
+        if store is not None:
+            try:
+                await store.stop()
+            except BaseException:
+                store.kill_now()
+                raise
+        if client is not None:
+            with contextlib.suppress(BaseException):
+                await client.close()
+        with contextlib.suppress(BaseException):
+            await server.stop()
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif not ok:
+            log(f"  work dir: {workdir}")
+
+
+async def _subscribe_hints(client: Client, runs: Runs) -> None:
+    """Subscribe to every run's event subject: a terminal event seen there is a hint that
+    ``Runs.sweep`` confirms by reading what the stream stored."""
+    subject = client.names.events_all
+
+    async def on_msg(msg: Any) -> None:
+        with contextlib.suppress(Exception):
+            if any(isinstance(e, TERMINAL) for e in decode_events(msg.data)):
+                runs.hinted.add(msg.subject.rsplit(".", 1)[-1])
+
+    await client.broker.nc.subscribe(subject, cb=on_msg)
+
+
+def _fmt_counter(c: Iterable[tuple[str, int]]) -> str:
+    parts = [f"{k} {v}" for k, v in c]
+    return ", ".join(parts) if parts else "none"
+
+
+def _print_report(
+    args: argparse.Namespace,
+    report: Report,
+    tally: Tally,
+    runs: Runs,
+    elapsed: float,
+    total: float,
+) -> None:
+    per_step = report.effects_per_step
+    exactly_one = per_step.get(1, 0) == report.steps_expected
+    dist = ", ".join(f"{n} effect(s): {k}" for n, k in sorted(per_step.items()))
+    reexec = report.executions - report.effects
+    rows = [
+        ("runs started", f"{len(runs.started)}"),
+        ("runs completed", f"{report.completed}"),
+        ("runs lost (no history)", f"{len(report.lost)}"),
+        ("runs stuck (not ended)", f"{len(report.stuck)}"),
+        ("runs ended otherwise", f"{len(report.ended_otherwise)}"),
+        (
+            "effects applied per step",
+            f"{'exactly one' if exactly_one else 'NOT exactly one'} "
+            f"({report.effects} effects for {report.steps_expected} steps; {dist})",
+        ),
+        ("raw executions", f"{report.executions}"),
+        ("raw re-executions", f"{reexec} (executions - effects)"),
+        ("  by attempt outcome", _fmt_counter(sorted(report.reexec_by_reason.items()))),
+        ("step attempts recorded", f"{report.attempts}"),
+        ("in-doubt attempts", f"{report.in_doubt} (started, never completed or failed)"),
+        ("failed attempts retried", f"{report.failed_attempts}"),
+        ("sleeps completed", f"{report.timer_waits}"),
+        ("history", f"{report.decisions} decisions, {report.events} events"),
+        (
+            "faults injected",
+            f"{sum(tally.faults.values())} ({_fmt_counter(sorted(tally.faults.items()))})",
+        ),
+        ("faults skipped", _fmt_counter(sorted(tally.faults_skipped.items()))),
+        (
+            "seam kills",
+            f"{sum(tally.seam_kills.values())} ({_fmt_counter(sorted(tally.seam_kills.items()))})",
+        ),
+        ("seam passes", _fmt_counter(sorted(tally.seam_passes.items()))),
+        ("worker processes", f"{tally.workers_started} started"),
+        ("other worker exits", _fmt_counter(sorted(tally.other_exits.items()))),
+        ("nats-server down", f"{tally.nats_down:.1f} s in total"),
+        ("trigger publish retries", f"{runs.start_errors}"),
+        ("elapsed", f"{elapsed:.1f} s (runs and faults), {total:.1f} s in all"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("-" * 72)
+    for k, val in rows:
+        print(f"{k:<{width}}  {val}")
+    print("-" * 72)
+    for tail in tally.other_exit_tails:
+        print(f"note: a worker exited on its own: {tail}")
+    print(f"violations: {len(report.violations)}")
+    for text in report.violations[:50]:
+        print(f"  VIOLATION {text}")
+    if len(report.violations) > 50:
+        print(f"  ... and {len(report.violations) - 50} more")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+
+    async def top() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        return await harness(args)
+
+    try:
+        code = asyncio.run(top())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
