@@ -9,7 +9,7 @@ User errors print one line on stderr (``error: ...``) and exit non-zero, never a
 
 Example:
     $ sojourn dev --app examples.greeter
-    $ sojourn start greeter --input '{"name": "Ada"}' --wait
+    $ sojourn start greeter --input '{"name": "Ada", "email": "ada@example.com"}' --wait
 """
 
 from __future__ import annotations
@@ -422,7 +422,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
         ("steps", f"{state.steps_completed} completed, {state.step_attempts} attempts"),
     ]
     last = state.ops[-1] if state.ops else None
-    if not state.terminal and last is not None and last.status == "started":
+    if state.status == "running" and last is not None and last.status == "started":
         rows.append(("executing", f"{last.name} pos={last.position} attempt={last.attempts}"))
     if state.status == "waiting":
         rows.append(("waiting on", ", ".join(state.waiting_on) or "-"))
@@ -651,7 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  sojourn demo                                  see a crash recovered\n"
         "  sojourn dev --app examples.greeter            server + worker, locally\n"
-        '  sojourn start greeter --input \'{"name": "Ada"}\' --wait\n\n'
+        '  sojourn start greeter --input \'{"name": "Ada", "email": "a@b.c"}\' --wait\n\n'
         "user errors print one line and exit 1 (2 for bad arguments).",
     )
     parser.add_argument("--version", action="version", version=f"sojourn {_version()}")
@@ -711,7 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
         "start",
         cmd_start,
         "Start a run of an agent and print its run id.",
-        'sojourn start greeter --input \'{"name": "Ada"}\' --wait',
+        'sojourn start greeter --input \'{"name": "Ada", "email": "a@b.c"}\' --wait',
         detail="Prints the run id and the intake's answer. Without a worker serving the "
         "agent the trigger is stored and runs when one starts.",
     )

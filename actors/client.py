@@ -231,7 +231,9 @@ class Client:
             )
         await self._ensure()
         sid = signal_id or uuid.uuid4().hex
-        headers = {"Nats-Msg-Id": sid}
+        # The broker's Msg-Id dedup spans the whole inbox: scope it to the run, so the same
+        # signal id used for two runs is two signals. The intake dedups by Sojourn-Signal-Id.
+        headers = {"Nats-Msg-Id": f"signal:{run_id}:{sid}", "Sojourn-Signal-Id": sid}
         if sender:
             headers["Sojourn-Sender"] = sender
         await self._publish(self.names.signal(run_id, name), body, headers)
@@ -250,9 +252,12 @@ class Client:
         running it, ``fail`` fails it. Then the run resumes."""
         if action not in ("retry", "skip", "fail"):
             raise ValueError("action must be retry, skip or fail")
+        op = (await self.state(run_id)).op(int(position))
+        if op is None or op.kind != "step" or op.status != "started":
+            raise ValueError(f"position {position} of run {run_id} is not an in-doubt step")
         await self.signal(
             run_id,
-            f"sojourn-decide.{int(position)}",
+            f"sojourn-decide.{int(position)}.{op.attempts}",
             {"action": action, "result": result, "by": by},
         )
         await self.resume(run_id, f"decided {action} for position {position}", by=by)
@@ -317,7 +322,9 @@ class Client:
         # Subscribe first, then look at the last stored message: whichever way the end
         # arrives, it is seen, and only one message is read (not the whole history).
         sub = await self.broker.nc.subscribe(self.names.events(run_id), cb=on_event)
+        await self.broker.nc.flush()  # the server has our SUB before we look: nothing slips by
         deadline = None if timeout is None else time.monotonic() + timeout
+        hinted = 0
         try:
             while True:
                 last = await self.broker.direct_get_last(
@@ -332,9 +339,16 @@ class Client:
                 # Re-read now and then too: a core subscription misses what is published
                 # while the connection is down.
                 wait = 5.0 if remaining is None else min(remaining, 5.0)
+                if hinted:
+                    # The live message can overtake the stored copy's visibility to a direct
+                    # get by a moment: look again shortly rather than in 5 s.
+                    wait = min(wait, 0.005 * 2**hinted)
+                    hinted = hinted + 1 if hinted < 7 else 0
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), wait)
-                changed.clear()
+                if changed.is_set():
+                    changed.clear()
+                    hinted = 1
         finally:
             await sub.unsubscribe()
 

@@ -86,6 +86,11 @@ def _seconds(d: Duration) -> float:
 _RUN_AGAIN: Any = object()
 
 
+def _failure_text(name: str, attempts: int, err: ErrorInfo) -> str:
+    """The ``StepError`` message: built from recorded data only, so replay says the same."""
+    return f"step '{name}' failed after {attempts} attempt(s): {err.type}: {err.message}"
+
+
 def child_run_id(parent: str, position: int) -> str:
     """``<parent>-c<position>``; hashed when that would pass the 128-character id limit (deep
     nesting), so a child id is always valid and always the same for the same parent and call."""
@@ -247,7 +252,7 @@ class Context:
             return from_raw(plan.result, rtype)
         if isinstance(plan, RecordedFailure):
             raise StepError(
-                f"step '{name}' failed: {plan.error.type}: {plan.error.message}",
+                _failure_text(name, plan.attempts, plan.error),
                 error_type=plan.error.type,
                 run_id=self.run_id,
                 step=name,
@@ -356,7 +361,7 @@ class Context:
         if policy == "retry":
             return _RUN_AGAIN
         if policy == "ask":
-            decision = self._act.take_decision(plan.position)
+            decision = self._act.take_decision(plan.position, plan.attempt - 1)
             if decision is None:
                 await self._act.suspend(
                     "in_doubt",
@@ -394,7 +399,7 @@ class Context:
                 )
             )
             raise StepError(
-                f"step '{name}' failed: {err.message}",
+                _failure_text(name, plan.attempt - 1, err),
                 error_type=err.type,
                 run_id=self.run_id,
                 step=name,

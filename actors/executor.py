@@ -32,6 +32,7 @@ from sojourn.schemas.errors import (
     ConcurrencyConflict,
     Fenced,
     NondeterminismError,
+    PayloadTooLarge,
 )
 from sojourn.schemas.events import (
     CancelRequested,
@@ -347,9 +348,10 @@ class Activation:
             raise Parked()
         await asyncio.sleep(left)
 
-    def take_decision(self, p: int) -> InDoubtDecision | None:
-        """An operator's decision about the in-doubt step at ``p`` (signal ``sojourn-decide.p``)."""
-        name = f"{DECIDE_SIGNAL}.{p}"
+    def take_decision(self, p: int, attempt: int) -> InDoubtDecision | None:
+        """An operator's decision about attempt ``attempt`` of the in-doubt step at ``p``
+        (signal ``sojourn-decide.<p>.<attempt>``: a later attempt in doubt asks again)."""
+        name = f"{DECIDE_SIGNAL}.{p}.{attempt}"
         for rec in reversed(self.state.signals):
             if rec.name == name:
                 try:
@@ -366,6 +368,12 @@ class Activation:
     async def start_child_run(self, agent: str, input: Any, child_id: str) -> None:
         names = self.store.names
         body = encode({"input": input, "run_id": child_id, "parent_run_id": self.run_id})
+        limit = self.store.settings.max_payload
+        if len(body) > limit:
+            raise PayloadTooLarge(
+                f"child run input is {len(body)} bytes; the limit is {limit}",
+                run_id=self.run_id,
+            )
         await self._io(
             self.store.broker.publish(
                 names.start(agent), body, {"Nats-Msg-Id": f"start:{agent}:{child_id}"}

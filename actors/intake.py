@@ -26,7 +26,7 @@ from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import decode_events, decode_json, decode_start, encode, to_raw
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import ConcurrencyConflict, InvalidName
+from sojourn.schemas.errors import ConcurrencyConflict, HistoryError, InvalidName
 from sojourn.schemas.events import (
     CancelRequested,
     RunCancelled,
@@ -153,6 +153,8 @@ class Intake:
             await msg.ack()
         except Rejected as r:
             await self._reject(msg, kind, r.code, r.message)
+        except HistoryError as e:  # the run's history cannot be read: retrying cannot help
+            await self._reject(msg, kind, "internal", e.message)
 
     # --- start -------------------------------------------------------------------------------
 
@@ -276,7 +278,9 @@ class Intake:
         except msgspec.DecodeError as e:
             raise Rejected("invalid_json", f"signal payload is not valid JSON: {e}") from e
         inbox_seq = msg.metadata.sequence.stream
-        signal_id = header(msg, "Nats-Msg-Id") or f"inbox-{inbox_seq}"
+        signal_id = (
+            header(msg, "Sojourn-Signal-Id") or header(msg, "Nats-Msg-Id") or f"inbox-{inbox_seq}"
+        )
         for _ in range(20):
             history = await self.store.load(run_id)
             if not history:
@@ -301,7 +305,7 @@ class Intake:
             if name == RESUME_SIGNAL:
                 state = fold(events)
                 if state.status != "suspended":
-                    raise Rejected("invalid_trigger", f"run '{run_id}' is not suspended")
+                    return IntakeOk(run_id=run_id, created=False)  # resumed already: no-op
                 body = decode_json(msg.data) if msg.data.strip() else {}
                 by = body.get("by") if isinstance(body, dict) else None
                 note = body.get("note", "") if isinstance(body, dict) else ""

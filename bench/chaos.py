@@ -135,6 +135,8 @@ class Child:
         self.seam_passes: Counter[str] = Counter()
         self.killed_by_harness = False
         self.stopped = False  # SIGSTOPped by the harness right now
+        self.accounted = False
+        self.armed = False
         self.started_at = time.monotonic()
         self._reader = threading.Thread(target=self._read, name=f"{name}-stdout", daemon=True)
         self._reader.start()
@@ -211,6 +213,8 @@ class Tally:
     other_exit_tails: list[str] = field(default_factory=list)
     workers_started: int = 0
     nats_down: float = 0.0
+    fault_window: float = 0.0
+    heal: float = 0.0
 
 
 class WorkerPool:
@@ -222,6 +226,7 @@ class WorkerPool:
         self.k = k
         self.argv = argv
         self.env = env
+        self.armed = "SOJOURN_FAULTS" in env
         self.logdir = logdir
         self.tally = tally
         self.slots: list[Child | None] = [None] * k
@@ -233,6 +238,7 @@ class WorkerPool:
         n = self.tally.workers_started
         self.tally.workers_started += 1
         child = Child(f"worker{n}", self.argv, self.env, self.logdir / f"worker{n:04d}.log")
+        child.armed = self.armed
         self.slots[i] = child
         self.everyone.append(child)
         return child
@@ -252,18 +258,25 @@ class WorkerPool:
     def _tails(self) -> str:
         return "\n".join(f"{c.name}: {c.tail()}" for c in self.slots if c is not None)
 
-    def _record_death(self, c: Child) -> None:
+    def _record_death(self, c: Child, *, at_stop: bool = False) -> None:
+        if c.accounted:
+            return
+        c.accounted = True
         self.tally.seam_passes.update(c.seam_passes)
         code = c.proc.returncode
-        if c.killed_by_harness:
+        if c.killed_by_harness or at_stop:
             return
         if code == -signal.SIGKILL:
             self.tally.seam_kills[c.last_seam or "unknown"] += 1
             return
+        tail = c.tail()
+        if code == 1 and not c.ready.is_set() and "BrokerUnavailable" in tail:
+            self.tally.other_exits["no nats-server at start-up (restarting)"] += 1
+            return
         why = f"exit {code}" if code is not None and code >= 0 else f"signal {-(code or 0)}"
         self.tally.other_exits[why] += 1
         if len(self.tally.other_exit_tails) < 5:
-            self.tally.other_exit_tails.append(f"{c.name} ({why}):\n{c.tail()}")
+            self.tally.other_exit_tails.append(f"{c.name} ({why}):\n{tail}")
 
     def reap(self) -> None:
         """Record dead workers and replace them (a worker that fails to start, e.g. while
@@ -288,16 +301,24 @@ class WorkerPool:
             self.reap()
             await asyncio.sleep(0.05)
 
+    def disarm(self) -> None:
+        """Workers started from now on do not arm the seams (the fault window is over)."""
+        self.env = {k: v for k, v in self.env.items() if not k.startswith("SOJOURN_FAULT")}
+        self.armed = False
+
+    def armed_alive(self) -> int:
+        return sum(1 for c in self.slots if c is not None and c.alive() and c.armed)
+
     def targets(self) -> list[Child]:
         return [c for c in self.slots if c is not None and c.alive() and c.ready.is_set()]
 
     async def stop_all(self) -> None:
         self.closing = True
+        self.reap()  # record deaths that happened since the last look (no respawn now)
         live = [c for c in self.everyone if c.alive()]
         await asyncio.gather(*(c.stop() for c in live))
         for c in self.everyone:
-            if c.proc.returncode is not None and c in self.slots:
-                self.tally.seam_passes.update(c.seam_passes)
+            self._record_death(c, at_stop=True)
             c.close()
 
     def kill_all_now(self) -> None:
@@ -624,22 +645,22 @@ def check_effects(
     finally:
         db.close()
     report.effects, report.executions = len(effects), len(execs)
-    per_key = Counter(key for key, _, _ in effects)
+    per_step = Counter((run, step) for _, run, step in effects)
     for key, run, step in effects:
         if key != f"{run}/{step}":
-            v(f"effect {key!r} recorded for run {run} position {step}")
+            v(f"effect {key!r} applied for run {run} position {step}: not its idempotency key")
         if run not in histories or step % 2 or not 0 <= step < 2 * steps:
             v(f"effect {key!r} is not a step of any run")
-    for run_id, history in histories.items():
-        ended_ok = any(isinstance(e, RunCompleted) for d in history for e in d.events)
+    for run_id in histories:
+        done = {p for (p, _), how in outcomes.get(run_id, {}).items() if how == "completed"}
         for i in range(steps):
-            key = f"{run_id}/{2 * i}"
-            n = per_key.get(key, 0)
+            n = per_step.get((run_id, 2 * i), 0)
             report.steps_expected += 1
             report.effects_per_step[n] += 1
-            recorded = outcomes.get(run_id, {}).get((2 * i, 1)) is not None
-            if n != 1 and (ended_ok or (n > 1) or recorded):
-                v(f"{run_id}: step {i} (key {key}) applied its effect {n} times")
+            # A step recorded as completed applied its effect exactly once; a step of a stuck
+            # run that never completed may have applied it once or not yet, never twice.
+            if n > 1 or (n == 0 and 2 * i in done):
+                v(f"{run_id}: step {i} (position {2 * i}) applied its effect {n} times")
     per_attempt = Counter((run, step, attempt) for _, run, step, attempt in execs)
     for (run, step, attempt), n in per_attempt.items():
         how = outcomes.get(run, {}).get((step, attempt))
@@ -697,6 +718,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--fail-rate", type=float, default=0.1, help="transient step failure probability (0.1)"
     )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument(
+        "--break-idempotency",
+        action="store_true",
+        help="self-test: steps add the attempt to their key, so a re-run step applies its "
+        "effect again; the harness must then report violations and exit 1",
+    )
     args = ap.parse_args(argv)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 1_000_000)
@@ -759,6 +786,8 @@ async def harness(args: argparse.Namespace) -> int:
             CHAOS_SEED=str(args.seed),
             CHAOS_FAIL_RATE=str(args.fail_rate),
         )
+        if args.break_idempotency:
+            env["CHAOS_BREAK_KEYS"] = "1"
         if args.seam_list:
             env["SOJOURN_FAULTS"] = ",".join(args.seam_list)
             env["SOJOURN_FAULT_RATE"] = str(args.fault_rate)
@@ -789,13 +818,18 @@ async def harness(args: argparse.Namespace) -> int:
         # Wait for the faults to be done and every run to end (bounded).
         last_note = 0.0
         deadline: float | None = None
+        t_heal: float | None = None
         while True:
             for t in (starter, injector):
                 if t.done() and t.exception() is not None:
                     raise t.exception()  # type: ignore[misc]
             now = time.monotonic()
             if injector.done() and starter.done() and deadline is None:
+                # The fault window is over: replacements come up unarmed, and every run must
+                # now end within --timeout (liveness once faults stop).
                 deadline = now + args.timeout
+                pool.disarm()
+                t_heal = now
             if now - last_note > 5:
                 last_note = now
                 log(
@@ -803,7 +837,7 @@ async def harness(args: argparse.Namespace) -> int:
                     f"ended {len(runs.ended)} faults {sum(tally.faults.values())}/{args.faults} "
                     f"seam kills {sum(tally.seam_kills.values())} "
                     f"workers up {len(pool.targets())}/{args.workers} "
-                    f"started so far {tally.workers_started}"
+                    f"(armed {pool.armed_alive()}) started so far {tally.workers_started}"
                 )
             if injector.done() and runs.all_ended:
                 break
@@ -812,6 +846,7 @@ async def harness(args: argparse.Namespace) -> int:
                 break
             await asyncio.sleep(0.2)
         t_end = time.monotonic()
+        heal = t_end - t_heal if t_heal is not None else float("nan")
 
         # Settle: no more faults; stop workers and the store; the server stays up untouched.
         for t in tasks:
@@ -838,6 +873,8 @@ async def harness(args: argparse.Namespace) -> int:
                 f"{len(histories[run_id])} decisions)"
             )
         check_effects(workdir / "effects.sqlite", histories, outcomes, args.steps, report)
+        tally.fault_window = (t_heal - t0) if t_heal is not None else t_end - t0
+        tally.heal = heal
         _print_report(args, report, tally, runs, t_end - t0, time.monotonic() - t_begin)
         ok = not report.violations
         if not ok:
@@ -935,7 +972,11 @@ def _print_report(
         ("other worker exits", _fmt_counter(sorted(tally.other_exits.items()))),
         ("nats-server down", f"{tally.nats_down:.1f} s in total"),
         ("trigger publish retries", f"{runs.start_errors}"),
-        ("elapsed", f"{elapsed:.1f} s (runs and faults), {total:.1f} s in all"),
+        (
+            "elapsed",
+            f"{elapsed:.1f} s of runs: {tally.fault_window:.1f} s under faults, then "
+            f"{tally.heal:.1f} s until every run ended; {total:.1f} s in all",
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     print("-" * 72)

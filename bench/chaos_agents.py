@@ -50,6 +50,7 @@ STEP = "apply_effect"
 _SEED = os.environ.get("CHAOS_SEED", "0")
 _FAIL = float(os.environ.get("CHAOS_FAIL_RATE", "0.1") or 0.1)
 _STEP_TIME = float(os.environ.get("CHAOS_STEP_TIME", "0.02") or 0.0)
+_BREAK_KEYS = os.environ.get("CHAOS_BREAK_KEYS") == "1"  # the harness's self-test only
 _local = threading.local()
 
 
@@ -90,7 +91,10 @@ def apply_effect(index: int) -> int:
         raise Transient(f"store call failed (attempt {info.attempt})")
     if _STEP_TIME > 0:
         time.sleep(rng.uniform(0, _STEP_TIME))  # the step's "work": a window to be killed in
-    _store().apply(info.idempotency_key, info.run_id, info.position, info.attempt)
+    key = info.idempotency_key
+    if _BREAK_KEYS:  # self-test: a key that changes per attempt defeats the store's dedup
+        key = f"{key}#{info.attempt}"
+    _store().apply(key, info.run_id, info.position, info.attempt)
     if draw < _FAIL:
         raise Transient(f"store answer lost (attempt {info.attempt})")
     return index

@@ -22,10 +22,12 @@ CODEC = "schemas/codec.py"
 DECODER_ALLOWED = {
     # The agent's input type is a user annotation, only known to the actor layer.
     "actors/agent.py",
-    # Lease bodies live in a KV bucket (not a stream message); LeaseHolder is private to it.
+    # Lease bodies are messages of the leases stream, private to it (LeaseHolder).
     "broker/leases.py",
     # The cancel command body (``_CancelBody``) is declared in the intake, not in schemas.wire.
     "actors/intake.py",
+    # An operator's in-doubt decision (a signal payload only the executor reads).
+    "actors/executor.py",
 }
 
 

@@ -33,6 +33,8 @@ from sojourn.schemas.config import Settings
 from tests.conftest import wait_for
 from tests.procs import WorkerProc
 
+MODULE = "tests.apps.retry_agents"
+
 calls: Counter[tuple[str, str]] = Counter()
 """(run id, step name) -> how many times its body ran."""
 
@@ -55,9 +57,7 @@ def flaky() -> str:
     return f"ok on attempt {attempt}"
 
 
-@step(
-    retry=RetryPolicy(retry_on=(ConnectionError,), attempts=4, initial_interval=0.05, jitter=0)
-)
+@step(retry=RetryPolicy(retry_on=(ConnectionError,), attempts=4, initial_interval=0.05, jitter=0))
 def down() -> str:
     raise ConnectionError(f"still down (attempt {_attempt()})")
 
@@ -276,7 +276,8 @@ async def test_fails_twice_then_succeeds_with_exponential_backoff(
     assert calls[(run_id, "flaky")] == 3
     state = await client.state(run_id)
     assert state.status == "completed" and state.anomalies == ()
-    assert state.op(0) is not None and state.op(0).attempts == 3  # type: ignore[union-attr]
+    op = state.op(0)
+    assert op is not None and op.status == "completed" and op.attempts == 3
 
 
 async def test_state_shows_waiting_for_the_retry_while_backing_off(
@@ -346,8 +347,9 @@ async def test_retryable_error_is_retried_after_retry_after_without_a_policy(
         assert f.error.type == "RetryableError"
         assert f.retry_at is not None and abs((f.retry_at - f.at) - 0.3) < 0.05
     starts = [e for e in events if isinstance(e, StepStarted)]
-    assert starts[1].at >= f1.retry_at - CLOCKS  # type: ignore[operator]
-    assert starts[2].at >= f2.retry_at - CLOCKS  # type: ignore[operator]
+    assert f1.retry_at is not None and f2.retry_at is not None
+    assert starts[1].at >= f1.retry_at - CLOCKS
+    assert starts[2].at >= f2.retry_at - CLOCKS
     assert calls[(run_id, "throttled")] == 3
 
 
@@ -430,8 +432,9 @@ async def test_retry_schedule_survives_sigkill_during_backoff(
     nats_server: EmbeddedServer, settings: Settings, client: Client, tmp_path: Path
 ) -> None:
     log = tmp_path / "steps.log"
+    url = nats_server.url
     env = {"SOJOURN_TEST_LOG": str(log), "SOJOURN_RETRY_AFTER": "4"}
-    first = WorkerProc(nats_server.url, settings.prefix, "tests.apps.retry_agents", **env)
+    first = WorkerProc(url, settings.prefix, MODULE, lease_ttl=2.0, **env)
     second: WorkerProc | None = None
     try:
         await first.ready()
@@ -444,7 +447,7 @@ async def test_retry_schedule_survives_sigkill_during_backoff(
         first.kill()  # mid-backoff: the worker was sleeping until retry_at
         (failed,) = failures(await events_of(client, run_id))
         assert failed.retry_at is not None and failed.retry_at > failed.at + 3.5
-        second = WorkerProc(nats_server.url, settings.prefix, "tests.apps.retry_agents", **env)
+        second = WorkerProc(url, settings.prefix, MODULE, lease_ttl=2.0, **env)
         await second.ready()
         assert await asyncio.wait_for(client.result(run_id), 30) == [10, 20]
     finally:

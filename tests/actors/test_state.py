@@ -70,8 +70,9 @@ raws = st.one_of(st.integers(-3, 3), st.text(max_size=3), st.none(), st.booleans
 errors = st.builds(
     ErrorInfo, type=st.sampled_from(["ValueError", "KeyError"]), message=st.text(max_size=4)
 )
-# 0.0 included on purpose: a deadline at the epoch is still a deadline (``is not None``).
-deadlines = st.floats(0, 2e9, allow_nan=False, allow_infinity=False)
+# 0.0 on purpose (and explicitly: hypothesis rarely draws it from the range): a deadline at the
+# epoch is still a deadline (``is not None``).
+deadlines = st.just(0.0) | st.floats(0, 2e9, allow_nan=False, allow_infinity=False)
 
 E = TypeVar("E", bound=RunEvent)
 
@@ -431,7 +432,12 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
         result=raws,
     ),
     StepFailed: st.builds(
-        StepFailed, position=positions, name=st.sampled_from(NAMES), attempt=attempts, error=errors
+        StepFailed,
+        position=positions,
+        name=st.sampled_from(NAMES),
+        attempt=attempts,
+        error=errors,
+        retry_at=st.none() | st.sampled_from([0.0, 5.0]),
     ),
     ValueRecorded: st.builds(
         ValueRecorded, position=positions, kind=st.sampled_from(VALUE_KINDS), value=raws
@@ -475,20 +481,40 @@ any_event: st.SearchStrategy[RunEvent] = st.one_of(*ARBITRARY.values()).flatmap(
 )
 
 
+REWRITES: dict[type, dict[str, st.SearchStrategy[Any]]] = {
+    StepStarted: {"name": st.sampled_from(NAMES), "attempt": attempts},
+    StepCompleted: {"name": st.sampled_from(NAMES), "result": raws},
+    StepFailed: {"name": st.sampled_from(NAMES), "error": errors},
+    ValueRecorded: {"kind": st.sampled_from(VALUE_KINDS), "value": raws},
+    WaitStarted: {"key": wait_keys, "deadline": st.none() | deadlines},
+    WaitCompleted: {"key": wait_keys, "outcome": st.sampled_from(WAIT_OUTCOMES), "payload": raws},
+    ChildStarted: {"child_run_id": child_ids, "agent": st.sampled_from(CHILD_AGENTS)},
+}
+"""For an operation event: fields to change in a later, conflicting event at its position."""
+
+
 @st.composite
 def mutated_histories(draw: st.DrawFn) -> list[RunEvent]:
-    """A valid history with arbitrary events inserted and some events dropped or duplicated:
-    reaches the deep states a random sequence rarely gets to."""
+    """A valid history with arbitrary events inserted and some events dropped or duplicated, or
+    contradicted (a later event at the same position that says something else): reaches the
+    deep states a random sequence rarely gets to."""
     events = list(draw(valid_histories())[0])
     for _ in range(draw(st.integers(1, 4))):
         i = draw(st.integers(0, len(events)))
-        edit = draw(st.sampled_from(["insert", "drop", "duplicate", "end early"]))
+        edit = draw(st.sampled_from(["insert", "drop", "duplicate", "end early", "rewrite"]))
         if edit == "end early":  # well-placed operations follow the terminal event
             events.insert(i, draw(st.sampled_from(ARBITRARY_TERMINAL)))
         elif edit == "insert":
             events.insert(i, draw(any_event))
         elif events and edit == "drop":
             del events[min(i, len(events) - 1)]
+        elif events and edit == "rewrite":
+            j = min(i, len(events) - 1)
+            if isinstance(events[j], OP_EVENTS):
+                fields = REWRITES[type(events[j])]
+                name = draw(st.sampled_from(sorted(fields)))
+                other = msgspec.structs.replace(events[j], **{name: draw(fields[name])})
+                events.insert(draw(st.integers(j + 1, len(events))), other)
         elif events:
             j = min(i, len(events) - 1)
             events.insert(draw(st.integers(j, len(events))), events[j])
@@ -500,6 +526,7 @@ ARBITRARY_TERMINAL = (
     RunFailed(error=ErrorInfo(type="E", message="m")),
     RunCancelled(),
 )
+ARBITRARY_TERMINAL_TYPES = (RunCompleted, RunFailed, RunCancelled)
 arbitrary_histories = st.one_of(st.lists(any_event, max_size=30), mutated_histories())
 any_histories = st.one_of(arbitrary_histories, valid_histories().map(lambda he: he[0]))
 
@@ -689,9 +716,9 @@ MAY_CHANGE: dict[type, set[str]] = {
     RunCancelled: {"status", "ended_at", "cancel_requested"},
     RunSuspended: {"status", "suspended_reason", "suspended_detail"},
     RunResumed: {"status", "suspended_reason", "suspended_detail", "cap_resumes"},
-    StepStarted: {"ops", "status", "step_attempts"},
+    StepStarted: {"ops", "status", "step_attempts", "waiting_on", "deadline"},  # a retry began
     StepCompleted: {"ops", "status", "steps_completed"},
-    StepFailed: {"ops", "status"},
+    StepFailed: {"ops", "status", "waiting_on", "deadline"},  # ``retry_at``: backing off
     ValueRecorded: {"ops"},
     WaitStarted: {"ops", "status", "waiting_on", "deadline"},
     WaitCompleted: {"ops", "status", "waiting_on", "deadline", "signals"},
@@ -776,11 +803,19 @@ def test_wait_bookkeeping_stays_consistent(events: list[RunEvent]) -> None:
         before, state = state, evolve(state, event)
         if isinstance(event, SignalReceived) and not before.terminal:
             received.append(signal_record(event))
-        # A timer is awaited iff there is a deadline.
-        assert ("timer" in state.waiting_on) == (state.deadline is not None)
-        # Only a WaitStarted makes a run wait, and it leaves an open wait behind.
+        # Only a human (``RunResumed``) lifts a suspension; the end of the run replaces it.
+        if before.status == "suspended" and state.status != "suspended":
+            assert isinstance(event, (RunResumed, *ARBITRARY_TERMINAL_TYPES))
+        # A deadline is what a timer or a retry backoff waits for, and only a deadline is.
+        timed = [w for w in state.waiting_on if w == "timer" or w.startswith("retry:")]
+        assert bool(timed) == (state.deadline is not None)
+        # Only a WaitStarted or a failed attempt with a retry due makes a run wait, and either
+        # leaves its operation behind.
         if state.status == "waiting":
-            assert any(op.status == "waiting" for op in state.ops)
+            assert any(
+                op.status == "waiting" or (op.status == "failed" and op.deadline is not None)
+                for op in state.ops
+            )
         # Buffered signals are received ones, in arrival order (a subsequence).
         it = iter(received)
         assert all(any(r == x for x in it) for r in state.signals)
