@@ -120,6 +120,7 @@ CHILD_SIGNAL = "sojourn-child"
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,37 +155,34 @@ def current_step() -> StepInfo:
     return info
 
 
-def _return_type_uncached(fn: Callable[..., Any]) -> Any:
+def _memo(compute: Callable[[Callable[..., Any]], T]) -> Callable[[Callable[..., Any]], T]:
+    """Cache a per-function fact; unhashable callables are computed each time."""
+    cached = functools.lru_cache(maxsize=4096)(compute)
+
+    def lookup(fn: Callable[..., Any]) -> T:
+        try:
+            return cached(fn)
+        except TypeError:  # unhashable callable
+            return compute(fn)
+
+    return lookup
+
+
+def _hinted_return(fn: Callable[..., Any]) -> Any:
     try:
         return typing.get_type_hints(fn).get("return", Any)
     except Exception:
         return Any
 
 
-_return_type_cached = functools.lru_cache(maxsize=4096)(_return_type_uncached)
-
-
-def _return_type(fn: Callable[..., Any]) -> Any:
-    try:
-        return _return_type_cached(fn)
-    except TypeError:  # unhashable callable
-        return _return_type_uncached(fn)
-
-
-def _is_async_uncached(fn: Callable[..., Any]) -> bool:
+def _coroutine_function(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004
     )
 
 
-_is_async_cached = functools.lru_cache(maxsize=4096)(_is_async_uncached)
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    try:
-        return _is_async_cached(fn)
-    except TypeError:  # unhashable callable
-        return _is_async_uncached(fn)
+_return_type = _memo(_hinted_return)
+_is_async = _memo(_coroutine_function)
 
 
 def step_name(fn: Callable[..., Any]) -> str:

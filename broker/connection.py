@@ -206,30 +206,20 @@ class Broker:
         self, stream: str, subject: str, *, timeout: float = 5.0
     ) -> Msg | None:
         """The last message on ``subject`` (direct get), or ``None`` when there is none."""
-        try:
-            msg = await self.nc.request(
-                f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", timeout=timeout
-            )
-        except NoRespondersError:
-            return None  # the stream does not exist (yet): nothing stored
-        except (NatsTimeoutError, TimeoutError) as e:
-            raise BrokerUnavailable(f"direct get {subject} timed out") from e
-        status = (msg.headers or {}).get("Status")
-        if status in _MISSING:
-            return None
-        if status:
-            raise JetStreamError(
-                f"direct get {subject}: status {status}", code=int(status), err_code=0
-            )
-        return msg
+        return await self._direct_one(
+            f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", subject, timeout
+        )
 
     async def direct_get_next(
         self, stream: str, subject: str, seq: int, *, timeout: float = 5.0
     ) -> Msg | None:
         """The first message on ``subject`` at or after stream sequence ``seq``."""
         req = json.dumps({"seq": seq, "next_by_subj": subject}).encode()
+        return await self._direct_one(f"$JS.API.DIRECT.GET.{stream}", req, subject, timeout)
+
+    async def _direct_one(self, api: str, req: bytes, subject: str, timeout: float) -> Msg | None:
         try:
-            msg = await self.nc.request(f"$JS.API.DIRECT.GET.{stream}", req, timeout=timeout)
+            msg = await self.nc.request(api, req, timeout=timeout)
         except NoRespondersError:
             return None  # the stream does not exist (yet): nothing stored
         except (NatsTimeoutError, TimeoutError) as e:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -15,44 +11,15 @@ from sojourn.actors import Client
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas import StepStarted
 from sojourn.schemas.config import Settings
-from tests.conftest import PYTHON, ROOT, subprocess_env, wait_for
+from tests import procs
+from tests.conftest import wait_for
 
 
-class WorkerProc:
-    """A worker in its own process, killed for real."""
-
-    def __init__(self, url: str, prefix: str, log: Path, slow: float = 3.0) -> None:
-        self.proc = subprocess.Popen(
-            [PYTHON, "-m", "tests.apps.run_worker", url, prefix, "tests.apps.effects", "2"],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=subprocess_env(SOJOURN_TEST_LOG=str(log), SOJOURN_SLOW_STEP=str(slow)),
-        )
-
-    async def ready(self) -> None:
-        assert self.proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 30)
-        assert line.startswith(b"ready"), line
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-        self._close()
-
-    def _close(self) -> None:
-        if self.proc.stdout is not None and not self.proc.stdout.closed:
-            self.proc.stdout.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._close()
+def WorkerProc(url: str, prefix: str, log: Path, slow: float = 3.0) -> procs.WorkerProc:
+    """A worker for tests.apps.effects in its own process, killed for real."""
+    return procs.WorkerProc(
+        url, prefix, "tests.apps.effects", SOJOURN_TEST_LOG=str(log), SOJOURN_SLOW_STEP=str(slow)
+    )
 
 
 def executions(log: Path) -> list[tuple[str, str, str, int]]:
