@@ -405,9 +405,13 @@ class Context:
         # A reconcile function: ask the external system, by idempotency key.
         token = _current.set(self._info(name, plan))
         try:
-            found = policy(f"{self.run_id}/{plan.position}")
-            if inspect.isawaitable(found):
-                found = await found
+            key = f"{self.run_id}/{plan.position}"
+            if _is_async(policy):
+                found = await policy(key)
+            else:  # like a sync step: off the event loop, so heartbeats keep going
+                found = await asyncio.to_thread(policy, key)
+                if inspect.isawaitable(found):
+                    found = await found
         finally:
             _current.reset(token)
         if found is NOT_DONE:
