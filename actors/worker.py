@@ -323,8 +323,17 @@ class Worker:
         finally:
             if lease_task is not None and not lease_task.done():
                 lease_task.cancel()
+            # Stop renewing for good before releasing. A cancel alone is not enough: on
+            # Python 3.11 a cancel that lands as a renewal request completes can be swallowed
+            # (asyncio.wait_for inside nats-py), and a renewal racing the release would then
+            # keep the run leased forever with nobody working on it.
+            for lease in leases:
+                lease.held = False
             for t in keepalive:
                 t.cancel()
+            for t in keepalive:
+                with contextlib.suppress(BaseException):
+                    await t
             for lease in leases:
                 with contextlib.suppress(Exception):
                     await self.leases.release(lease)
@@ -370,8 +379,10 @@ class Worker:
         # A third of the lease, and never longer than 10 s: the inbox consumer's ack deadline
         # (30 s) must be kept alive too when the message is a trigger.
         period = min(max(self.settings.lease_ttl / 3, 0.1), 10.0)
-        while True:
+        while lease.held:
             await asyncio.sleep(period)
+            if not lease.held:
+                return
             try:
                 if not await self.leases.renew(lease, self.settings.lease_ttl):
                     log.warning("run %s: lease lost", lease.run_id)

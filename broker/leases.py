@@ -43,6 +43,8 @@ class Lease:
     owner: str
     seq: int
     expires_at: float
+    held: bool = True
+    """Cleared when the holder is done: renewals stop even if a cancellation got lost."""
 
 
 class LeaseStore:
@@ -86,7 +88,9 @@ class LeaseStore:
         return current or LeaseHolder(owner="?", expires_at=now + ttl)
 
     async def renew(self, lease: Lease, ttl: float) -> bool:
-        """Extend a held lease; ``False`` means it was lost (someone else took it)."""
+        """Extend a held lease; ``False`` means it was lost (someone else took it) or given up."""
+        if not lease.held:
+            return False
         renewed = await self._write(lease.run_id, lease.owner, ttl, lease.seq)
         if renewed is None:
             return False
@@ -95,13 +99,19 @@ class LeaseStore:
 
     async def release(self, lease: Lease) -> None:
         """Give the run up so any worker can take it at once (best effort)."""
+        lease.held = False
         body = encode(LeaseHolder(owner=None, expires_at=0.0))
-        ack = await self.broker.publish_raw(
-            self.names.lease(lease.run_id), body, {_EXPECT: str(lease.seq)}
-        )
+        subject = self.names.lease(lease.run_id)
+        ack = await self.broker.publish_raw(subject, body, {_EXPECT: str(lease.seq)})
+        if ack.get("error"):
+            # A renewal we gave up on may still have landed: if the lease is ours, release
+            # that one, rather than leave the run blocked until the lease expires.
+            seq, holder = await self.holder(lease.run_id)
+            if holder is not None and holder.owner == lease.owner:
+                ack = await self.broker.publish_raw(subject, body, {_EXPECT: str(seq)})
         if not ack.get("error") and "seq" in ack:
             self._released[lease.run_id] = int(ack["seq"])
-            if len(self._released) > 10_000:
+            if len(self._released) > 1_000:
                 self._released.pop(next(iter(self._released)))
 
     async def _write(self, run_id: str, owner: str, ttl: float, expected: int) -> Lease | None:
