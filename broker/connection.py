@@ -166,10 +166,17 @@ class Broker:
         *,
         timeout: float = 5.0,
     ) -> dict[str, Any]:
-        """A JetStream publish returning the PubAck JSON as is (errors included, not raised)."""
-        msg = await self.nc.request(subject, data, headers=headers, timeout=timeout)
-        if not msg.data:
-            status = (msg.headers or {}).get("Status", "")
+        """A JetStream publish returning the PubAck JSON as is (errors included, not raised).
+
+        "No responders" (no stream captures the subject right now: a server still recovering
+        its streams after a restart) comes back as a 503 error, like the server's own answer.
+        """
+        try:
+            msg = await self.nc.request(subject, data, headers=headers, timeout=timeout)
+        except NoRespondersError:
+            msg = None
+        if msg is None or not msg.data:
+            status = ((msg.headers or {}) if msg is not None else {}).get("Status", "")
             return {
                 "error": {
                     "code": int(status or 503),
