@@ -17,13 +17,15 @@ It starts, all on 127.0.0.1 and all its own:
   (``sojourn.actors.faults``): a worker SIGKILLs itself there at random. A worker that dies, by
   a seam or by the harness, is replaced at once, so K stay up.
 
-Then it starts N runs (at random times over the fault window) and injects F faults at random
-times, each one of: SIGKILL a worker; SIGSTOP a worker for longer than the lease, then SIGCONT
-it (its runs are taken over meanwhile, and it wakes up a stale writer); SIGKILL the nats-server
-and restart it on the same store and port. It waits (bounded by ``--timeout`` after the last
-fault) for every run to end, stops the workers and the store, reads every run's history (the
-server is no longer touched) and the store's tables, and checks the invariants listed in
-docs/chaos.md. It prints a summary table and exits 1 on any violation.
+Then it starts N runs (at random times over the fault window, ``--faults x --fault-gap``
+seconds) and injects F faults at random times in it, each one of: SIGKILL a worker; SIGSTOP a
+worker for longer than the lease, then SIGCONT it (its runs are taken over meanwhile, and it
+wakes up as a stale writer); SIGKILL the nats-server and restart it on the same store and port.
+
+When the window is over the faults stop: workers started from then on are not armed, and every
+run must end within ``--timeout`` seconds (liveness). Then it stops the workers and the store,
+reads every run's history (the server is no longer touched) and the store's tables, and checks
+the invariants listed in docs/chaos.md. It prints a summary table and exits 1 on any violation.
 """
 
 from __future__ import annotations
@@ -82,16 +84,27 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _die_with_parent() -> None:
-    """In a child, before exec: have Linux SIGKILL it if the harness dies (no orphans)."""
+def _load_libc() -> Any:
     if not sys.platform.startswith("linux"):
-        return
+        return None
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True)
     except Exception:
-        pass
+        return None
+
+
+# Loaded here, not in the child: after a fork with other threads running, the child must not
+# import anything (another thread may have held the import lock at the fork).
+_LIBC = _load_libc()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In a child, before exec: have Linux SIGKILL it if the harness dies (no orphans)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _child_env(**extra: str) -> dict[str, str]:
@@ -156,6 +169,10 @@ class Child:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def drain(self) -> None:
+        """After the process exited: let the reader take its last lines (EOF comes at once)."""
+        self._reader.join(timeout=2.0)
 
     def signal(self, sig: int) -> bool:
         if self.proc.poll() is not None:
@@ -262,6 +279,7 @@ class WorkerPool:
         if c.accounted:
             return
         c.accounted = True
+        c.drain()
         self.tally.seam_passes.update(c.seam_passes)
         code = c.proc.returncode
         if c.killed_by_harness or at_stop:
@@ -412,7 +430,9 @@ class Chaos:
                 raise RuntimeError("the nats-server could not be restarted")
             self.tally.nats_down += time.monotonic() - t0
 
-    async def run(self, schedule: list[tuple[float, str]], t0: float) -> None:
+    async def run(self, schedule: list[tuple[float, str]], t0: float, window: float) -> None:
+        """Inject the scheduled faults; return when the window is over and every paused
+        worker has been resumed."""
         for at, kind in schedule:
             delay = t0 + at - time.monotonic()
             if delay > 0:
@@ -420,6 +440,9 @@ class Chaos:
             await self.inject(kind)
         if self.holds:
             await asyncio.gather(*self.holds, return_exceptions=True)
+        delay = t0 + window - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
         self.done = True
 
 
@@ -482,6 +505,28 @@ class Runs:
             n += 1
             await asyncio.sleep(0.5)
 
+    async def leases(self) -> dict[str, str]:
+        """For each run not ended: who holds its lease and how fresh it is (taken while the
+        workers still run, so a lease that keeps being renewed shows as such)."""
+        c, now, out = self.client, time.time(), {}
+        for run_id in self.started:
+            if run_id in self.ended:
+                continue
+            with contextlib.suppress(Exception):
+                m = await c.broker.direct_get_last(c.names.leases_stream, c.names.lease(run_id))
+                if m is None:
+                    out[run_id] = "no lease"
+                    continue
+                body = msgspec.json.decode(m.data)
+                if not body.get("owner"):
+                    out[run_id] = "lease free"
+                    continue
+                out[run_id] = (
+                    f"lease held by {body['owner']}, written {now - body['acquired_at']:.1f} s "
+                    f"ago, expires in {body['expires_at'] - now:.1f} s"
+                )
+        return out
+
     @property
     def all_ended(self) -> bool:
         return len(self.started) == len(self.run_ids) and len(self.ended) == len(self.run_ids)
@@ -499,6 +544,7 @@ class Report:
     violations: list[str] = field(default_factory=list)
     steps_expected: int = 0
     effects_per_step: Counter[int] = field(default_factory=Counter)
+    effects_per_open_step: Counter[int] = field(default_factory=Counter)
     executions: int = 0
     effects: int = 0
     reexec_by_reason: Counter[str] = field(default_factory=Counter)
@@ -646,17 +692,28 @@ def check_effects(
         db.close()
     report.effects, report.executions = len(effects), len(execs)
     per_step = Counter((run, step) for _, run, step in effects)
-    for key, run, step in effects:
-        if key != f"{run}/{step}":
-            v(f"effect {key!r} applied for run {run} position {step}: not its idempotency key")
-        if run not in histories or step % 2 or not 0 <= step < 2 * steps:
-            v(f"effect {key!r} is not a step of any run")
+    wrong_key = [key for key, run, step in effects if key != f"{run}/{step}"]
+    if wrong_key:
+        v(
+            f"{len(wrong_key)} effect(s) applied under a key that is not their step's "
+            f"idempotency key <run>/<position>, e.g. {wrong_key[:3]}"
+        )
+    strays = [
+        key
+        for key, run, step in effects
+        if run not in histories or step % 2 or not 0 <= step < 2 * steps
+    ]
+    if strays:
+        v(f"{len(strays)} effect(s) not of a step of any run, e.g. {strays[:3]}")
     for run_id in histories:
         done = {p for (p, _), how in outcomes.get(run_id, {}).items() if how == "completed"}
         for i in range(steps):
             n = per_step.get((run_id, 2 * i), 0)
-            report.steps_expected += 1
-            report.effects_per_step[n] += 1
+            if 2 * i in done:
+                report.steps_expected += 1
+                report.effects_per_step[n] += 1
+            else:  # a step of a stuck run that never completed
+                report.effects_per_open_step[n] += 1
             # A step recorded as completed applied its effect exactly once; a step of a stuck
             # run that never completed may have applied it once or not yet, never twice.
             if n > 1 or (n == 0 and 2 * i in done):
@@ -706,7 +763,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"harness faults to draw from (default {','.join(FAULT_TYPES)})",
     )
     ap.add_argument(
-        "--fault-gap", type=float, default=1.0, help="mean seconds between harness faults (1.0)"
+        "--fault-gap", type=float, default=1.5, help="mean seconds between harness faults (1.5)"
     )
     ap.add_argument(
         "--timeout", type=float, default=90.0, help="seconds to wait for runs after the faults"
@@ -810,7 +867,7 @@ async def harness(args: argparse.Namespace) -> int:
         log(f"  work dir {workdir}; nats {server.url}; store {store_addr}")
         t0 = time.monotonic()
         starter = asyncio.create_task(runs.start_all(start_times, t0))
-        injector = asyncio.create_task(chaos.run(schedule, t0))
+        injector = asyncio.create_task(chaos.run(schedule, t0, window))
         watcher = asyncio.create_task(runs.watch())
         tasks += [starter, injector, watcher]
         await _subscribe_hints(client, runs)
@@ -847,6 +904,8 @@ async def harness(args: argparse.Namespace) -> int:
             await asyncio.sleep(0.2)
         t_end = time.monotonic()
         heal = t_end - t_heal if t_heal is not None else float("nan")
+        await runs.sweep(only_hinted=False)
+        lease_notes = await runs.leases() if not runs.all_ended else {}
 
         # Settle: no more faults; stop workers and the store; the server stays up untouched.
         for t in tasks:
@@ -866,11 +925,16 @@ async def harness(args: argparse.Namespace) -> int:
             outcomes[run_id] = check_run(run_id, histories[run_id], args.steps, report)
         for run_id in report.lost:
             report.violate(f"{run_id}: lost (its start was acknowledged; it has no history)")
+        wall = time.time()
         for run_id in report.stuck:
-            st = fold(e for d in histories[run_id] for e in d.events)
+            h = histories[run_id]
+            st = fold(e for d in h for e in d.events)
+            due = "" if st.deadline is None else f", due {wall - st.deadline:.0f} s ago"
+            last = h[-1].events[-1].at if h and h[-1].events else 0.0
             report.violate(
-                f"{run_id}: stuck in status {st.status!r} (waiting on {list(st.waiting_on)}, "
-                f"{len(histories[run_id])} decisions)"
+                f"{run_id}: stuck in status {st.status!r} (waiting on {list(st.waiting_on)}"
+                f"{due}); last written by {h[-1].writer if h else '?'} {wall - last:.0f} s ago;"
+                f" before the workers stopped: {lease_notes.get(run_id, '?')}"
             )
         check_effects(workdir / "effects.sqlite", histories, outcomes, args.steps, report)
         tally.fault_window = (t_heal - t0) if t_heal is not None else t_end - t0
@@ -937,7 +1001,12 @@ def _print_report(
 ) -> None:
     per_step = report.effects_per_step
     exactly_one = per_step.get(1, 0) == report.steps_expected
-    dist = ", ".join(f"{n} effect(s): {k}" for n, k in sorted(per_step.items()))
+    dist = ", ".join(f"{k} step(s) with {n}" for n, k in sorted(per_step.items()))
+    open_steps = report.effects_per_open_step
+    if open_steps:
+        dist += "; steps of stuck runs never completed: " + ", ".join(
+            f"{k} with {n}" for n, k in sorted(open_steps.items())
+        )
     reexec = report.executions - report.effects
     rows = [
         ("runs started", f"{len(runs.started)}"),
@@ -948,7 +1017,7 @@ def _print_report(
         (
             "effects applied per step",
             f"{'exactly one' if exactly_one else 'NOT exactly one'} "
-            f"({report.effects} effects for {report.steps_expected} steps; {dist})",
+            f"({report.effects} effects, {report.steps_expected} completed steps: {dist})",
         ),
         ("raw executions", f"{report.executions}"),
         ("raw re-executions", f"{reexec} (executions - effects)"),

@@ -10,7 +10,8 @@ of the time before the store call (the effect did not happen), half after it (th
 happened but the answer was "lost"). The agent's ``RetryPolicy`` retries ``Transient`` with
 short backoffs, so failed attempts, ``StepFailed(retry_at=...)`` and backoff timers are in play.
 Whether an attempt fails is drawn from ``(seed, idempotency key, attempt)``, so it is the same
-on every worker.
+on every worker. ``$CHAOS_BREAK_KEYS=1`` (``bench.chaos --break-idempotency``, the harness's
+self-test) adds the attempt to the key, so a step that runs again applies its effect again.
 
 Run a worker (the harness does)::
 

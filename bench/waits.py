@@ -2,30 +2,35 @@
 
 Run from the repository root::
 
-    python -m bench.waits            # ~2.5 min: 10,000 parked runs, 10,000 timers, 300 signals
-    python -m bench.waits --quick    # ~30 s: 1,000 / 1,000 / 100
+    python -m bench.waits            # ~2.5 min: 3 x 10,000 parked runs, 10,000 timers, 300 signals
+    python -m bench.waits --quick    # ~40 s: 3 x 1,000 / 1,000 / 100
 
 It starts its own ``EmbeddedServer`` (free port, temp dir, ``sync_interval: always``), one
 in-process ``Worker`` (unique ``Settings`` prefix, default concurrency and flush delay), a
-``Client``, and an *observer* connection whose core subscriptions on ``<prefix>.ev.*`` and
-``<prefix>.lease.*`` see every event append and every lease write as it reaches the server. Nothing
-in the runtime is patched or wrapped: every instant below is an event stamp, a lease stamp, a
-stored message's server timestamp, or the moment the observer saw a message.
+``Client``, and an *observer* connection whose core subscriptions on ``<prefix>.ev.*`` (and, in
+the phases that need it, ``<prefix>.lease.*``) see every event append and lease write as it
+reaches the server. Nothing in the runtime is patched or wrapped: every instant below is an event
+stamp, a lease stamp, a stored message's server timestamp, or the moment the observer saw a
+message. The observer shares the worker's process: each message it receives costs ~20-40 µs of
+nats-py parsing there (2-3 messages per run in the timed phases).
 
 1. **Parking**: N runs (half ``wait_for("go", timeout=3600)``, half ``ctx.sleep(3600)``) are
    triggered at once. Time to park = first trigger publish -> the observer has seen a
    ``WaitStarted`` of every run. Memory: this process's RSS (the worker, the client and the
    observer share it) before the burst, at its peak (a thread samples /proc every 20 ms), and after
    all runs are parked and ``gc.collect()``; nats-server RSS the same way; ``len(worker._active)``.
-   Then (untimed, on a second prefix and a fresh worker) ``tracemalloc`` snapshots around a
-   smaller burst give the Python heap retained per parked run and where it is held.
+   ``--park-bursts`` more bursts of N follow: their growth is the steady-state cost per parked
+   run, without the one-off growth of the first burst. Then (untimed, on a second prefix and a
+   fresh worker) ``tracemalloc`` snapshots around a burst give the Python heap retained per parked
+   run and where it is held.
 2. **Timer lateness**: N runs each ``await ctx.sleep(until=T_i)``, T_i spread evenly over
    ``--spread`` seconds, all in the future once every run is parked; then they complete.
    Lateness = ``WaitCompleted.at`` - ``WaitStarted.deadline`` (decoded from the observer's copies
    of the appends). Split: deadline -> the fired wake was stored (its ``Nats-Time-Stamp``, read
    back afterwards: the scheduler's own lateness), -> the worker started the activation (the
    ``acquired_at`` stamp of its lease write, i.e. the wake reached the worker), -> ``WaitCompleted``
-   stamped.
+   stamped. Reference: the same number of raw ``@at`` schedules with no consumer at all. Then a
+   control at a rate the worker keeps up with (``--low-rate-runs``).
 3. **Signal -> next step**: one run loops ``wait_for("go")`` -> ``ctx.step`` -> wait again. Each of
    K rounds: wait until the run is parked and inactive, pause ``--gap``, then time from just before
    ``client.signal`` to the observer seeing the ``StepStarted`` that follows the ``WaitCompleted``.
@@ -40,6 +45,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
+import ctypes
 import gc
 import json
 import logging
@@ -51,30 +58,31 @@ import time
 import tracemalloc
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from sojourn.actors import Client, Context, Worker, agent
+from sojourn.actors import Client, Context, Worker, agent, fold
+from sojourn.actors.executor import Activation
 from sojourn.broker import Broker, EmbeddedServer, find_nats_server
 from sojourn.broker.names import Names
+from sojourn.broker.timers import schedule_timer
 from sojourn.broker.topology import consumer_configs, stream_configs
 from sojourn.schemas.codec import decode_events, encode_events, to_raw
 from sojourn.schemas.config import Settings
 from sojourn.schemas.events import (
     RunCompleted,
     SignalReceived,
-    StepCompleted,
     StepStarted,
     WaitCompleted,
     WaitStarted,
 )
 
-from .trace import gather_limited
+from .trace import gather_limited, profile_summary
 from .util import cpu_process, cpu_server, fmt_ms, git_state, machine_facts, pct, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,11 +135,13 @@ async def looper(ctx: Context) -> int:
 class Config:
     park_runs: int = 10_000
     timer_runs: int = 10_000
-    low_rate_runs: int = 1_000
+    low_rate_runs: int = 250
     spread: float = 2.0
     rounds: int = 300
     gap: float = 0.005
     tracemalloc_runs: int = 2_000
+    park_bursts: int = 3
+    profile: bool = False
     sections: tuple[str, ...] = SECTIONS
     store_dir: str | None = None
     json_out: str | None = None
@@ -149,12 +159,19 @@ def parse_args(argv: list[str] | None = None) -> Config:
         help="~30 s version: 1,000 parked runs, 1,000 timers, 100 signal rounds",
     )
     p.add_argument("--runs", type=int, help="runs parked at once (default 10,000)")
+    p.add_argument(
+        "--park-bursts",
+        type=int,
+        default=3,
+        help="bursts of --runs parked runs, one after the other: the later ones show the "
+        "steady-state growth per parked run (default 3)",
+    )
     p.add_argument("--timer-runs", type=int, help="runs sleeping until T (default 10,000)")
     p.add_argument(
         "--low-rate-runs",
         type=int,
-        help="also time this many timers over the same spread, at a rate the worker keeps up "
-        "with (default 1,000; 0 skips; skipped by --quick)",
+        help="also time this many timers over the same spread, a rate the worker keeps up "
+        "with (default 250; --quick 100; 0 skips)",
     )
     p.add_argument(
         "--spread", type=float, default=2.0, help="seconds the timer deadlines span (default 2)"
@@ -179,12 +196,17 @@ def parse_args(argv: list[str] | None = None) -> Config:
         metavar="SECTION",
         help="run only this section (park, timer or signal); repeat to pick several",
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile this process while the main timer burst fires (inflates its lateness)",
+    )
     p.add_argument("--store-dir", help="parent directory for the server's temp store")
     p.add_argument("--json", dest="json_out", help="also write all figures to this JSON file")
     a = p.parse_args(argv)
     c = Config(quick=a.quick)
     if a.quick:
-        c.park_runs, c.timer_runs, c.low_rate_runs = 1_000, 1_000, 0
+        c.park_runs, c.timer_runs, c.low_rate_runs = 1_000, 1_000, 100
         c.rounds, c.tracemalloc_runs = 100, 500
     c.park_runs = a.runs or c.park_runs
     c.timer_runs = a.timer_runs or c.timer_runs
@@ -196,12 +218,24 @@ def parse_args(argv: list[str] | None = None) -> Config:
     if a.tracemalloc_runs is not None:
         c.tracemalloc_runs = max(0, a.tracemalloc_runs)
     c.sections = tuple(x for x in SECTIONS if not a.only or x in a.only)
+    c.profile = a.profile
+    c.park_bursts = max(1, a.park_bursts)
     c.store_dir = a.store_dir
     c.json_out = a.json_out
     return c
 
 
 # --- measuring instruments ----------------------------------------------------------------------
+
+
+def _malloc_trim_rss() -> int:
+    """RSS of this process after glibc's ``malloc_trim(0)`` hands freed heap pages back: what
+    is left is live data plus pymalloc arenas that still hold a live object. 0 if unavailable."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return 0
+    return rss("self")
 
 
 def rss(pid: int | str | None) -> int:
@@ -257,13 +291,25 @@ class Observer:
         self.on_event: Callable[[float, str, bytes], None] | None = None
         self.on_lease: Callable[[float, str, bytes], None] | None = None
         self._subs: list[Any] = []
+        self._lease_sub: Any = None
 
     async def start(self) -> None:
         self._subs.append(await self.b.nc.subscribe(self.names.events_all, cb=self._ev))
-        self._subs.append(await self.b.nc.subscribe(f"{self.names.prefix}.lease.*", cb=self._ls))
         await self.b.nc.flush()
 
+    async def watch_leases(self, on: bool) -> None:
+        """Subscribe to lease writes only while a phase needs them: every message the
+        observer receives costs this process (the worker's) ~20-40 µs of nats-py parsing."""
+        if on and self._lease_sub is None:
+            self._lease_sub = await self.b.nc.subscribe(f"{self.names.prefix}.lease.*", cb=self._ls)
+            await self.b.nc.flush()
+        elif not on and self._lease_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._lease_sub.unsubscribe()
+            self._lease_sub = None
+
     async def stop(self) -> None:
+        await self.watch_leases(False)
         for s in self._subs:
             with contextlib.suppress(Exception):
                 await s.unsubscribe()
@@ -310,6 +356,21 @@ def _loadavg() -> str:
         return "?"
 
 
+async def lanes(fn: Callable[[Any], Awaitable[Any]], items: list[Any], width: int = 256) -> None:
+    """``await fn(x)`` for every item, ``width`` at a time, from ``width`` long-lived tasks.
+
+    Not one task per item: 10,000 tasks created at once would add ~20 MB to this process's
+    peak RSS, which is the worker's RSS too.
+    """
+    it = iter(items)
+
+    async def lane() -> None:
+        for x in it:
+            await fn(x)
+
+    await asyncio.gather(*(lane() for _ in range(min(width, len(items)) or 1)))
+
+
 async def _until(cond: Callable[[], bool], limit: float, what: str, poll: float = 0.005) -> None:
     deadline = time.perf_counter() + limit
     while not cond():
@@ -342,9 +403,7 @@ class Bench:
     async def _burst(self, agent_name: str, items: list[tuple[str, Any]]) -> float:
         """Publish every trigger (256 in flight); returns the wall time the publishing took."""
         t0 = time.perf_counter()
-        await gather_limited(
-            [self.c.start(agent_name, inp, run_id=rid) for rid, inp in items], 256
-        )
+        await gather_limited([self.c.start(agent_name, inp, run_id=rid) for rid, inp in items], 256)
         return time.perf_counter() - t0
 
     def rids(self, n: int, kind_tag: str) -> list[str]:
@@ -379,7 +438,7 @@ class Bench:
             self.obs.on_event = None
         return {"publish": publish, "park_time": park_time, "idle": idle}
 
-    async def parking(self, n: int, sampler: RssSampler) -> dict[str, Any]:
+    async def parking(self, n: int, sampler: RssSampler, bursts: int = 2) -> dict[str, Any]:
         self.log(f"parking: warm-up ({min(200, n)} runs)")
         await self.park_burst(self.rids(min(200, n), "pw"))
         rids = self.rids(n, "park")  # allocated before the baseline: not counted as retained
@@ -395,8 +454,10 @@ class Bench:
         c1, s1 = cpu_process(), cpu_server(self.server_pid())
         peak_py, peak_srv = sampler.peak_self, sampler.peak_server
         active = len(self.w._active)
+        activations = self.w.activations_completed - base_acts
         gc.collect()
         py1, srv1, blocks1 = rss("self"), rss(self.server_pid()), sys.getallocatedblocks()
+        py_trimmed = _malloc_trim_rss()
         released1 = len(self.w.leases._released)
         # Untimed checks: the observer's count is only a hint (it also sees refused appends).
         sample = random.Random(7).sample(rids, min(50, n))
@@ -411,23 +472,46 @@ class Bench:
                 ("inbox", self.names.inbox_stream),
             )
         }
-        await asyncio.sleep(3.0)
-        srv_settled = rss(self.server_pid())
+        # Further bursts of the same size reuse what the first one grew (allocator arenas,
+        # buffers, free lists): their growth is what each further parked run costs.
+        more = []
+        for b in range(2, bursts + 1):
+            self.log(f"parking: burst {b}/{bursts} of {n} runs")
+            gc.collect()
+            pa, sa, ba = rss("self"), rss(self.server_pid()), sys.getallocatedblocks()
+            rb = await self.park_burst(self.rids(n, f"park{b}x"))
+            act_b = len(self.w._active)
+            gc.collect()
+            pb, sb_, bb = rss("self"), rss(self.server_pid()), sys.getallocatedblocks()
+            more.append(
+                {
+                    "burst": b,
+                    "park_time": rb["park_time"],
+                    "rate": n / rb["park_time"],
+                    "py_rss_before": pa,
+                    "py_rss_after": pb,
+                    "py_blocks_delta": bb - ba,
+                    "srv_rss_before": sa,
+                    "srv_rss_after": sb_,
+                    "active_after": act_b,
+                }
+            )
         return {
+            "more": more,
             "n": n,
             "publish": r["publish"],
             "park_time": r["park_time"],
             "idle_time": r["idle"],
             "rate": n / r["park_time"],
-            "activations": self.w.activations_completed - base_acts,
+            "activations": activations,
             "py_rss_before": py0,
             "py_rss_peak": peak_py,
             "py_rss_after": py1,
+            "py_rss_trimmed": py_trimmed,
             "py_blocks_delta": blocks1 - blocks0,
             "srv_rss_before": srv0,
             "srv_rss_peak": peak_srv,
             "srv_rss_after": srv1,
-            "srv_rss_settled": srv_settled,
             "active_after": active,
             "released_cache_growth": released1 - released0,
             "released_cache_len": released1,
@@ -439,7 +523,9 @@ class Bench:
 
     # --- 2. timers --------------------------------------------------------------------------
 
-    async def timers(self, n: int, spread: float, park_rate: float, label: str) -> dict[str, Any]:
+    async def timers(
+        self, n: int, spread: float, park_rate: float, label: str, profile: bool = False
+    ) -> dict[str, Any]:
         rids = [f"{label}{i}-{self.tag}" for i in range(n)]
         wanted = set(rids)
         evs: list[tuple[float, str, bytes]] = []
@@ -468,11 +554,12 @@ class Bench:
                 leases.append((t, rid, data))
 
         # Every run must be parked before the first deadline: leave the measured parking time
-        # of this many runs, half again, plus 3 s.
-        lead = 1.5 * n / max(park_rate, 50.0) + 3.0
+        # of this many runs (the slowest burst's rate), half again, plus 2 s.
+        lead = 1.5 * n / max(park_rate, 50.0) + 2.0
         t_first = time.time() + lead
         deadlines = {r: t_first + spread * i / max(n - 1, 1) for i, r in enumerate(rids)}
         self.obs.on_event, self.obs.on_lease = on_event, on_lease
+        await self.obs.watch_leases(True)
         try:
             self.log(f"timers ({label}): {n} runs, first deadline in {lead:.1f} s")
             w0 = time.time()
@@ -481,11 +568,19 @@ class Bench:
                 await asyncio.wait_for(all_parked.wait(), max(0.1, t_first - time.time()))
             parked_at = time.time() - w0
             c0, s0 = cpu_process(), cpu_server(self.server_pid())
-            await asyncio.wait_for(all_done.wait(), t_first + spread - time.time() + 300)
+            prof = cProfile.Profile() if profile else None
+            if prof is not None:
+                prof.enable()
+            try:
+                await asyncio.wait_for(all_done.wait(), t_first + spread - time.time() + 300)
+            finally:
+                if prof is not None:
+                    prof.disable()
             c1, s1 = cpu_process(), cpu_server(self.server_pid())
             await _until(lambda: not self.w._active, 60, "the worker to go idle")
         finally:
             self.obs.on_event = self.obs.on_lease = None
+            await self.obs.watch_leases(False)
         # Untimed: when did each fired wake reach the wake stream (server timestamp)?
         wakes = await gather_limited(
             [
@@ -542,7 +637,9 @@ class Bench:
             late["total"].append(wc.at - d)
             if r in finished:
                 late["durable"].append(finished[r] - d)
-            after = sorted(a for a in acquired.get(r, []) if a >= d - 0.5)
+            # Activations from the deadline's neighbourhood on (parking was seconds earlier):
+            # more than one means a wake was taken too early and the run parked again.
+            after = sorted(a for a in acquired.get(r, []) if a >= d - 0.25)
             extra += max(0, len(after) - 1)
             f = fired.get(r)
             if f is not None:
@@ -567,7 +664,10 @@ class Bench:
             "drain_time": last_wc - first_d,
             "py_cpu_per_run": (c1 - c0) / n,
             "srv_cpu_per_run": (s1 - s0) / n,
-            "lateness": {k: {**summarize(v), "max": max(v, default=float("nan"))} for k, v in late.items()},
+            "lateness": {
+                k: {**summarize(v), "max": max(v, default=float("nan"))} for k, v in late.items()
+            },
+            "profile": profile_summary(prof) if prof is not None else None,
         }
 
     # --- 3. signal -> next step ------------------------------------------------------------
@@ -607,6 +707,7 @@ class Bench:
                     lease_at.append(body.acquired_at)
 
         self.obs.on_event, self.obs.on_lease = on_event, on_lease
+        await self.obs.watch_leases(True)
         loop = asyncio.get_running_loop()
         rows: list[dict[str, float]] = []
         try:
@@ -644,27 +745,36 @@ class Bench:
             await self.c.result(rid, timeout=30)
         finally:
             self.obs.on_event = self.obs.on_lease = None
+            await self.obs.watch_leases(False)
         hist = await self.c.history(rid)
+        costs = await self._history_costs(rid, hist)
 
         def col(key: str, sel: slice = slice(None)) -> list[float]:
             return [r[key] for r in rows[sel] if key in r]
 
-        phases = {
-            "client.signal: publish -> inbox ack": col("signal_acked"),
-            "publish -> intake stamped SignalReceived (inbox hop + history load)": col("intake"),
-            "SignalReceived -> worker's lease write (append, wake publish, wake fetch)": [
-                r["lease"] - r["intake"] for r in rows if "lease" in r and "intake" in r
-            ],
-            "lease write -> WaitCompleted stamped (lease CAS, history load, replay)": [
-                r["wait_completed"] - r["lease"] for r in rows if "lease" in r
-            ],
-            "WaitCompleted -> StepStarted stamped": [
-                r["stamped"] - r["wait_completed"] for r in rows
-            ],
-            "StepStarted stamped -> seen by the observer (the append)": [
-                r["observed"] - r["stamped"] for r in rows
-            ],
-        }
+        def phases(sel: slice) -> dict[str, float]:
+            rs = rows[sel]
+            got = {
+                "client.signal: publish -> inbox ack": [r["signal_acked"] for r in rs],
+                "publish -> intake stamped SignalReceived (inbox hop + history load)": [
+                    r["intake"] for r in rs if "intake" in r
+                ],
+                "SignalReceived -> worker's lease write (append, wake publish, wake fetch)": [
+                    r["lease"] - r["intake"] for r in rs if "lease" in r and "intake" in r
+                ],
+                "lease write -> WaitCompleted stamped (lease CAS, history load, replay)": [
+                    r["wait_completed"] - r["lease"] for r in rs if "lease" in r
+                ],
+                "WaitCompleted -> StepStarted stamped": [
+                    r["stamped"] - r["wait_completed"] for r in rs
+                ],
+                "StepStarted stamped -> seen by the observer (the append)": [
+                    r["observed"] - r["stamped"] for r in rs
+                ],
+                "total: before client.signal -> StepStarted seen": [r["observed"] for r in rs],
+            }
+            return {p: pct(v, 50) for p, v in got.items()}
+
         tenth = max(1, k // 6)
         return {
             "k": k,
@@ -674,7 +784,49 @@ class Bench:
             "last": summarize(col("observed", slice(-tenth, None))),
             "tenth": tenth,
             "history_msgs": len(hist),
-            "phases": {p: pct(v, 50) for p, v in phases.items()},
+            "phases": phases(slice(None)),
+            "phases_first": phases(slice(0, tenth)),
+            "phases_last": phases(slice(-tenth, None)),
+            **costs,
+        }
+
+    async def _history_costs(self, rid: str, hist: list[Any]) -> dict[str, float]:
+        """Untimed: what reading and replaying the looping run's history costs at its end."""
+        loads = []
+        for _ in range(5):
+            t = time.perf_counter()
+            await self.w.store.load(rid)
+            loads.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        await self.w.store.last_seq(rid)
+        last = time.perf_counter() - t
+        events = [e for d in hist for e in d.events]
+        t = time.perf_counter()
+        fold(events)
+        folded = time.perf_counter() - t
+        # Replay as a wake would: the history up to the last park (before "stop"), an
+        # Activation that replays every round and parks again without any I/O.
+        before_stop = hist[:-2]
+        replays = []
+        for _ in range(3):
+            t = time.perf_counter()
+            act = Activation(
+                agent=looper,
+                run_id=rid,
+                store=self.w.store,
+                history=before_stop,
+                writer="bench-replay",
+                flush_delay=3600,
+            )
+            outcome = await act.run()
+            replays.append(time.perf_counter() - t)
+        assert outcome == "waiting", outcome
+        return {
+            "load": pct(loads, 50),
+            "load_last": last,
+            "fold": folded,
+            "replay": pct(replays, 50),
+            "replayed_msgs": len(before_stop),
         }
 
 
@@ -778,6 +930,59 @@ async def signal_floor(
     return {"hop": summarize(hop), "direct": summarize(direct)}
 
 
+# --- raw scheduler reference ---------------------------------------------------------------------
+
+
+async def raw_schedules(
+    url: str, settings: Settings, tag: str, n: int, spread: float, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """The server's own timer lateness at the same rate: ``n`` ``@at`` schedules spread over
+    ``spread`` s in a stream configured like sojourn's wake stream, with no consumer at all.
+
+    Lateness = the fired message's ``Nats-Time-Stamp`` - its deadline.
+    """
+    names = Names(f"rs{tag}{n}")
+    b = await Broker.connect(url, name="bench-raw-schedules")
+    try:
+        await b.ensure_stream(stream_configs(names, settings)[2])
+        lead = 2.0 + n / 1500  # publishing 10k schedules takes ~3-4 s at sync_interval always
+        first = time.time() + lead
+        deadlines = {f"r{i}": first + spread * i / max(n - 1, 1) for i in range(n)}
+        log(f"raw schedules: {n} over {spread:g} s, first in {lead:.1f} s")
+        await gather_limited(
+            [schedule_timer(b, names, r, "0", d) for r, d in deadlines.items()], 256
+        )
+        margin = first - time.time()
+        await asyncio.sleep(max(0.0, first + spread - time.time()) + 0.5)
+        fired: dict[str, float] = {}
+        while True:  # the scheduler may still be catching up
+            got = await gather_limited(
+                [
+                    b.direct_get_last(names.wake_stream, names.wake(r))
+                    for r in deadlines
+                    if r not in fired
+                ],
+                64,
+            )
+            for m in got:
+                if m is not None and "Nats-Time-Stamp" in (m.headers or {}):
+                    r = names.subject_token(m.headers["Nats-Subject"], 1)
+                    fired[r] = _stored_at(m.headers["Nats-Time-Stamp"])
+            if len(fired) >= n or time.time() > first + spread + 120:
+                break
+            await asyncio.sleep(1.0)
+        late = [fired[r] - d for r, d in deadlines.items() if r in fired]
+        return {
+            "n": n,
+            "margin": margin,
+            "fired": len(fired),
+            "lateness": {**summarize(late), "max": max(late, default=float("nan"))},
+            "rate": len(late) / max(max(fired.values()) - first, 1e-9) if fired else 0.0,
+        }
+    finally:
+        await b.close()
+
+
 # --- tracemalloc pass -----------------------------------------------------------------------------
 
 
@@ -792,21 +997,18 @@ async def heap_pass(url: str, n: int, log: Callable[[str], None]) -> dict[str, A
 
         async def burst(k: int, kind: str) -> None:
             base = worker.activations_completed
-            rids = [f"{kind}{i}-{tag}" for i in range(k)]
-            await gather_limited(
-                [
-                    client.start("parker", "signal" if i % 2 == 0 else "sleep", run_id=r)
-                    for i, r in enumerate(rids)
-                ],
-                256,
-            )
+            items = [(f"{kind}{i}-{tag}", "signal" if i % 2 == 0 else "sleep") for i in range(k)]
+            await lanes(lambda x: client.start("parker", x[1], run_id=x[0]), items)
             await _until(
                 lambda: worker.activations_completed >= base + k and not worker._active,
                 300,
                 "the runs to park",
             )
 
-        await burst(100, "hw")  # warm the code paths and the connection buffers
+        # A first burst of the same size grows every high-water buffer (nats-py's pending-
+        # request map, socket buffers, asyncio free lists) to its size: the second one then
+        # shows what each run leaves behind, not one-off growth.
+        await burst(n, "hw")
         tracemalloc.start(1)
         try:
             gc.collect()
@@ -834,10 +1036,18 @@ async def heap_pass(url: str, n: int, log: Callable[[str], None]) -> dict[str, A
             for d in top
             if d.size_diff > 0
         ]
+        cache = worker.leases._released
+        entry = (
+            sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in cache.items()) / len(cache)
+            + sys.getsizeof(cache) / len(cache)
+            if cache
+            else 0.0
+        )
         return {
             "n": n,
             "retained": total,
             "per_run": total / n,
+            "released_entry": entry,
             "sites": sites,
             "released_cache_len": len(worker.leases._released),
             "active": len(worker._active),
@@ -878,13 +1088,21 @@ async def run_all(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
             try:
                 park_rate = 400.0
                 if "park" in cfg.sections:
-                    out["park"] = await bench.parking(cfg.park_runs, sampler)
-                    park_rate = out["park"]["rate"]
+                    out["park"] = await bench.parking(cfg.park_runs, sampler, cfg.park_bursts)
+                    park_rate = min(
+                        [out["park"]["rate"], *(b["rate"] for b in out["park"]["more"])]
+                    )
                 if "timer" in cfg.sections:
+                    out["raw_timer"] = await raw_schedules(
+                        srv.url, settings, tag, cfg.timer_runs, cfg.spread, log
+                    )
                     out["timer"] = await bench.timers(
-                        cfg.timer_runs, cfg.spread, park_rate, "sl"
+                        cfg.timer_runs, cfg.spread, park_rate, "sl", cfg.profile
                     )
                     if cfg.low_rate_runs:
+                        out["raw_timer_low"] = await raw_schedules(
+                            srv.url, settings, tag, cfg.low_rate_runs, cfg.spread, log
+                        )
                         out["timer_low"] = await bench.timers(
                             cfg.low_rate_runs, cfg.spread, park_rate, "slow"
                         )
@@ -937,12 +1155,12 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         add(f"- {k}: {v}")
     add("")
     add(
-        f"Parameters: {cfg.park_runs:,} parked runs; {cfg.timer_runs:,} timers over "
-        f"{cfg.spread:g} s (and {cfg.low_rate_runs:,} as a low-rate control); {cfg.rounds} "
-        f"signal rounds with {cfg.gap * 1e3:g} ms idle before each; tracemalloc pass "
-        f"{cfg.tracemalloc_runs:,} runs; sync_interval always; sections: "
-        f"{', '.join(cfg.sections)}. Load average before / after: {res['load_before']} / "
-        f"{res['load_after']}."
+        f"Parameters: {cfg.park_bursts} x {cfg.park_runs:,} parked runs; "
+        f"{cfg.timer_runs:,} timers over "
+        f"{cfg.spread:g} s (control: {cfg.low_rate_runs:,}); {cfg.rounds} signal rounds with "
+        f"{cfg.gap * 1e3:g} ms idle before each; tracemalloc pass {cfg.tracemalloc_runs:,} runs; "
+        f"sync_interval always; sections: {', '.join(cfg.sections)}. Load average before / "
+        f"after: {res['load_before']} / {res['load_after']}."
     )
     add("")
     add("| measurement | sojourn | reference (same server, same run) | target | verdict |")
@@ -954,23 +1172,44 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         add(
             f"| park {n:,} runs at once: first trigger -> every WaitStarted seen "
             f"| {pk['park_time']:.2f} s ({pk['rate']:,.0f} runs/s) "
-            f"| publishing the {n:,} triggers alone took {pk['publish']:.2f} s | none set | — |"
+            f"| publishing the {n:,} triggers alone: {pk['publish']:.2f} s | none set | — |"
         )
         per = (pk["py_rss_after"] - pk["py_rss_before"]) / n
         add(
             f"| worker process RSS retained per parked run ((after gc - before) / N) "
             f"| {_b(per)} ({_b(pk['py_rss_before'])} -> peak {_b(pk['py_rss_peak'])} -> "
             f"{_b(pk['py_rss_after'])}) "
-            f"| allocated blocks +{pk['py_blocks_delta'] / n:.2f} per run "
+            f"| allocated blocks: {pk['py_blocks_delta'] / n:+.2f} per run "
             f"| ~0 (<= {TARGET_RETAINED_PER_RUN} B) | {_verdict(per <= TARGET_RETAINED_PER_RUN)} |"
         )
+        sb = pk["more"][-1] if pk.get("more") else None
+        if sb:
+            per2 = (sb["py_rss_after"] - sb["py_rss_before"]) / n
+            add(
+                f"| the same for burst {sb['burst']} of {n:,} (steady state: arenas and buffers "
+                f"already grown) | {_b(per2)} ({_b(sb['py_rss_before'])} -> "
+                f"{_b(sb['py_rss_after'])}) "
+                f"| allocated blocks: {sb['py_blocks_delta'] / n:+.2f} per run "
+                f"| ~0 (<= {TARGET_RETAINED_PER_RUN} B) "
+                f"| {_verdict(per2 <= TARGET_RETAINED_PER_RUN)} |"
+            )
         if heap:
+            top = heap["sites"][0] if heap["sites"] else None
             add(
                 f"| Python heap retained per parked run (tracemalloc, {heap['n']:,} runs, "
-                f"fresh worker) | {_b(heap['per_run'])} | top site: "
-                f"{heap['sites'][0]['where'] if heap['sites'] else '—'} "
+                f"fresh worker) | {_b(heap['per_run'])} "
+                f"| largest: {top['where'] if top else '—'} "
+                f"{'(' + _b(top['bytes'] / heap['n']) + ' per run)' if top else ''} "
                 f"| ~0 (<= {TARGET_RETAINED_PER_RUN} B) "
                 f"| {_verdict(heap['per_run'] <= TARGET_RETAINED_PER_RUN)} |"
+            )
+        if heap:
+            rest = heap["per_run"] - heap["released_entry"]
+            add(
+                f"| the same, minus the LeaseStore `_released` cache (one entry per released "
+                f"lease, {_b(heap['released_entry'])} each, at most 10,000) | {_b(rest)} "
+                f"| — | ~0 (<= {TARGET_RETAINED_PER_RUN} B) "
+                f"| {_verdict(rest <= TARGET_RETAINED_PER_RUN)} |"
             )
         add(
             f"| `len(worker._active)` once all are parked | {pk['active_after']} | — | 0 "
@@ -980,24 +1219,38 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         add(
             f"| nats-server RSS per parked run | {_b(sper)} ({_b(pk['srv_rss_before'])} -> "
             f"peak {_b(pk['srv_rss_peak'])} -> {_b(pk['srv_rss_after'])}) "
-            f"| 3 s later: {_b((pk['srv_rss_settled'] - pk['srv_rss_before']) / n)} per run "
+            f"| on disk: {_b(sum(st['bytes'] for st in pk['streams'].values()) / n)} per run "
+            f"(all streams) "
             f"| <= 10 KB | {_verdict(sper <= TARGET_SERVER_PER_RUN)} |"
         )
+        if sb:
+            sper2 = (sb["srv_rss_after"] - sb["srv_rss_before"]) / n
+            add(
+                f"| nats-server RSS per parked run, burst {sb['burst']} "
+                f"({sb['burst'] * n:,} parked in all) "
+                f"| {_b(sper2)} ({_b(sb['srv_rss_before'])} -> {_b(sb['srv_rss_after'])}) "
+                f"| — | <= 10 KB | {_verdict(sper2 <= TARGET_SERVER_PER_RUN)} |"
+            )
     for key, what in (("timer", "timer lateness"), ("timer_low", "timer lateness, control")):
         tm = res.get(key)
         if not tm:
             continue
         lt = tm["lateness"]
+        raw = res.get("raw_" + key)
+        ref = (
+            f"raw `@at` schedules, same count and spread, no consumer: {_p(raw['lateness'])}"
+            if raw
+            else "—"
+        )
         add(
             f"| {what}: {tm['n']:,} runs due over {tm['spread']:g} s, WaitCompleted.at - "
-            f"deadline, p50 / p90 / p99 / max | {_p(lt['total'])} "
-            f"| the scheduler alone (deadline -> wake stored): {_p(lt['fired'])} "
+            f"deadline, p50 / p90 / p99 / max | {_p(lt['total'])} | {ref} "
             f"| p99 <= 300 ms | {_verdict(lt['total']['p99'] <= TARGET_TIMER_P99)} |"
         )
         add(
             f"| {what}: the fired wake reached the worker (deadline -> activation's lease "
-            f"stamp) | {_p(lt['to_worker_total'])} | the 250 ms scheduler tick is the floor "
-            f"| — | — |"
+            f"stamp) | {_p(lt['to_worker_total'])} | deadline -> wake stored by the scheduler "
+            f"(same runs): {_p(lt['fired'])} | — | — |"
         )
     sg = res.get("signal")
     fl = res.get("signal_floor")
@@ -1005,16 +1258,16 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         ref = "—"
         if fl:
             ref = (
-                f"inbox-hop floor (publish -> consumer -> CAS append seen) p50 / p90 / p99 "
-                f"{_p(fl['hop'], ('p50', 'p90', 'p99'))}; direct (publish, then append) "
+                f"publish -> pull consumer -> CAS append seen: "
+                f"{_p(fl['hop'], ('p50', 'p90', 'p99'))}; publish, then CAS append (one task): "
                 f"{_p(fl['direct'], ('p50', 'p90', 'p99'))}"
             )
         ob = sg["observed"]
+        ratio = f" ({ob['p50'] / fl['hop']['p50']:.1f}x the hop floor)" if fl else ""
         add(
             f"| signal -> next StepStarted seen, 1 run x {sg['k']} rounds, p50 / p90 / p99 "
-            f"| {_p(ob, ('p50', 'p90', 'p99'))} "
-            + (f"({ob['p50'] / fl['hop']['p50']:.1f}x the hop floor) " if fl else "")
-            + f"| {ref} | p50 <= 5 ms | {_verdict(ob['p50'] <= TARGET_SIGNAL_P50)} |"
+            f"| {_p(ob, ('p50', 'p90', 'p99'))}{ratio} | {ref} | p50 <= 5 ms "
+            f"| {_verdict(ob['p50'] <= TARGET_SIGNAL_P50)} |"
         )
     add("")
     add("Details:")
@@ -1022,44 +1275,66 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
     add("| figure | value |")
     add("|---|---|")
     if pk:
-        add(
-            f"| parking: worker idle (`_active` empty) after the burst | {pk['idle_time']:.2f} s |"
-        )
+        add(f"| parking: worker idle (`_active` empty) after the burst | {pk['idle_time']:.2f} s |")
         add(f"| parking: activations for {pk['n']:,} runs | {pk['activations']:,} |")
+        for mb in pk.get("more", []):
+            add(
+                f"| parking, burst {mb['burst']}: time to park; RSS growth per run, this "
+                f"process / nats-server; allocated blocks per run; `len(worker._active)` after "
+                f"| {mb['park_time']:.2f} s ({mb['rate']:,.0f} runs/s); "
+                f"{_b((mb['py_rss_after'] - mb['py_rss_before']) / n)} / "
+                f"{_b((mb['srv_rss_after'] - mb['srv_rss_before']) / n)}; "
+                f"{mb['py_blocks_delta'] / n:+.2f}; {mb['active_after']} |"
+            )
+        if pk.get("py_rss_trimmed"):
+            add(
+                f"| parking: worker process RSS after `malloc_trim(0)` (freed C heap returned), "
+                f"per run above the baseline | {_b(pk['py_rss_trimmed'])}, "
+                f"{_b((pk['py_rss_trimmed'] - pk['py_rss_before']) / pk['n'])} |"
+            )
         add(
             f"| parking: CPU per parked run, Python process / nats-server "
             f"| {pk['py_cpu_per_run'] * 1e6:,.0f} µs / {pk['srv_cpu_per_run'] * 1e6:,.0f} µs |"
         )
         add(
-            f"| parking: LeaseStore `_released` cache entries added by the burst (now) "
+            f"| parking: `worker.leases._released` entries added by the burst (total now) "
             f"| {pk['released_cache_growth']:,} ({pk['released_cache_len']:,}) |"
         )
-        add(f"| parking: sampled `client.state` reads that say `waiting` | {pk['sample_waiting']} |")
+        add(
+            f"| parking: sampled `client.state` reads that say `waiting` | {pk['sample_waiting']} |"
+        )
         for k, st in pk["streams"].items():
             add(
                 f"| server streams after parking: {k} | {st['messages']:,} msgs, "
                 f"{_b(st['bytes'])}, {st['subjects']:,} subjects |"
             )
     if heap:
-        for s in heap["sites"][:5]:
+        for site in heap["sites"]:
             add(
-                f"| tracemalloc: retained at {s['where']} | {_b(s['bytes'])} "
-                f"({s['blocks']:+,} blocks, {s['bytes'] / heap['n']:.0f} B per run) |"
+                f"| tracemalloc: retained at {site['where']} | {_b(site['bytes'])} "
+                f"({site['blocks']:+,} blocks, {site['bytes'] / heap['n']:.0f} B per run) |"
             )
         add(
-            f"| tracemalloc pass: `_released` entries / `_active` after | "
-            f"{heap['released_cache_len']:,} / {heap['active']} |"
+            f"| tracemalloc pass: `_released` entries / `_active` after "
+            f"| {heap['released_cache_len']:,} / {heap['active']} |"
         )
     for key, what in (("timer", "timers"), ("timer_low", "timers (control)")):
         tm = res.get(key)
         if not tm:
             continue
         lt = tm["lateness"]
+        raw = res.get("raw_" + key)
         add(
             f"| {what}: runs measured / deadline passed before the wait was recorded "
             f"| {tm['measured']:,} / {tm['not_parked_in_time']:,} (first deadline "
             f"{tm['lead']:.1f} s after the burst; all parked after {tm['parked_after']:.1f} s) |"
         )
+        if raw:
+            add(
+                f"| {what}: raw schedules fired per second while catching up / margin before "
+                f"the first deadline | {raw['rate']:,.0f}/s / {raw['margin']:.1f} s "
+                f"({raw['fired']:,} of {raw['n']:,} read back) |"
+            )
         add(
             f"| {what}: deadline -> wake stored (scheduler), p50 / p90 / p99 / max "
             f"| {_p(lt['fired'])} ({tm['fired_seen']:,} fired wakes read back) |"
@@ -1079,13 +1354,16 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         add(
             f"| {what}: completion rate, first deadline -> last WaitCompleted "
             f"| {tm['drain_rate']:,.0f} runs/s over {tm['drain_time']:.2f} s "
-            f"(deadlines arrive at {tm['n'] / max(tm['spread'], 1e-9):,.0f}/s) |"
+            f"(deadlines fall at {tm['n'] / max(tm['spread'], 1e-9):,.0f}/s) |"
         )
         add(
             f"| {what}: CPU per run while firing, Python / nats-server "
             f"| {tm['py_cpu_per_run'] * 1e6:,.0f} µs / {tm['srv_cpu_per_run'] * 1e6:,.0f} µs |"
         )
-        add(f"| {what}: extra activations (a wake taken before its deadline) | {tm['extra_activations']} |")
+        add(
+            f"| {what}: activations after the park beyond the one that completed it "
+            f"| {tm['extra_activations']} |"
+        )
     if sg:
         add(
             f"| signal: StepStarted.at (worker stamp) - before client.signal, p50 / p90 / p99 "
@@ -1093,16 +1371,38 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         )
         add(
             f"| signal: first {sg['tenth']} rounds vs last {sg['tenth']} rounds, p50 "
-            f"| {fmt_ms(sg['first']['p50'])} vs {fmt_ms(sg['last']['p50'])} (history at the "
-            f"end: {sg['history_msgs']} messages) |"
+            f"| {fmt_ms(sg['first']['p50'])} vs {fmt_ms(sg['last']['p50'])} |"
+        )
+        add(
+            f"| signal: the looping run's history at the end: full load (`EventStore.load`) / "
+            f"last message only | {sg['history_msgs']} msgs: {fmt_ms(sg['load'])} "
+            f"({sg['load'] / max(sg['history_msgs'], 1) * 1e6:,.0f} µs per msg) / "
+            f"{fmt_ms(sg['load_last'])} |"
+        )
+        add(
+            f"| signal: fold of that history / Activation built and replayed to its park "
+            f"({sg['replayed_msgs']} msgs, no I/O) | {fmt_ms(sg['fold'])} / "
+            f"{fmt_ms(sg['replay'])} |"
         )
         add("")
         add("Signal -> next step, where the time goes (p50 of each phase; same clock):")
         add("")
-        add("| phase | p50 |")
-        add("|---|---|")
+        add(
+            f"| phase | all {sg['k']} rounds | first {sg['tenth']} rounds "
+            f"| last {sg['tenth']} rounds |"
+        )
+        add("|---|---|---|---|")
         for p, v in sg["phases"].items():
-            add(f"| {p} | {fmt_ms(v)} |")
+            add(
+                f"| {p} | {fmt_ms(v)} | {fmt_ms(sg['phases_first'][p])} "
+                f"| {fmt_ms(sg['phases_last'][p])} |"
+            )
+    tm = res.get("timer")
+    if tm and tm.get("profile"):
+        add("")
+        add("```")
+        add(tm["profile"].rstrip())
+        add("```")
     return "\n".join(lines)
 
 

@@ -73,15 +73,19 @@ def test_chaos_detects_duplicate_effects() -> None:
     """Self-test: steps whose key changes per attempt apply a re-run effect twice; workers
     die at ``after_step`` (effect done, completion not recorded) often enough that some step
     surely runs again, and the harness must say so and fail."""
+    # Seams are armed for the first 5 s (the minimum fault window); 12 runs each reach
+    # ``after_step`` at least once in it, so P(no kill there) <= 0.5 ** 12.
     p = harness(
         "--runs",
-        "8",
+        "12",
         "--faults",
         "0",
         "--seams",
         "after_step",
         "--fault-rate",
-        "0.3",
+        "0.5",
+        "--fail-rate",
+        "0",
         "--break-idempotency",
         "--seed",
         "5",
@@ -230,5 +234,6 @@ def test_checker_counts_effects_per_step(tmp_path: Path) -> None:
     text = "\n".join(report.violations)
     assert "step 1 (position 2) applied its effect 2 times" in text
     assert "position 4 attempt 1 ran without its start recorded" in text
-    assert "not a step of any run" in text
+    assert "1 effect(s) not of a step of any run" in text
+    assert "not their step's idempotency key" in text
     assert "position 2 attempt 1 ran without its start recorded" in text

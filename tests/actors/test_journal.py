@@ -517,15 +517,16 @@ def histories_and_code(draw: st.DrawFn) -> tuple[list[Recording], list[Op]]:
     another name, or the same name as another kind), which is where a matcher slips."""
     recorded = draw(recordings())
     r = [rec.op for rec in recorded]
-    how = draw(st.sampled_from(["free", "extends", "diverges"]))
+    how = draw(st.sampled_from(["free", "extends", "diverges", "diverges"]))
     if how == "free" or not r:
         return recorded, draw(st.lists(ops, max_size=8))
-    k = draw(st.integers(0, len(r)))
-    if how == "diverges" and k < len(r):
-        kind, name = r[k]
-        alike = [o for o in ALL_OPS if (o[0] == kind) != (o[1] == name)]
-        return recorded, [*r[:k], draw(st.sampled_from(alike)), *draw(st.lists(ops, max_size=2))]
-    return recorded, [*r[:k], *draw(st.lists(ops, max_size=3))]
+    if how == "extends":
+        k = draw(st.integers(0, len(r)))
+        return recorded, [*r[:k], *draw(st.lists(ops, max_size=3))]
+    k = draw(st.integers(0, len(r) - 1))
+    kind, name = r[k]
+    alike = [o for o in ALL_OPS if (o[0] == kind) != (o[1] == name)]
+    return recorded, [*r[:k], draw(st.sampled_from(alike)), *draw(st.lists(ops, max_size=2))]
 
 
 Plan = Recorded | RecordedFailure | Execute | RecordedWait | OpenWait

@@ -330,7 +330,18 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
         exp.waiting_on, exp.deadline = (), None
 
     n = draw(st.integers(0, 10))
-    actions = ["step", "step", "value", "cancel", "pause", "signal", "wait", "wait", "child"]
+    actions = [
+        "step",
+        "step",
+        "value",
+        "cancel",
+        "pause",
+        "signal",
+        "wait",
+        "wait",
+        "child",
+        "child",
+    ]
     for i in range(n):
         last = i == n - 1
         action = draw(st.sampled_from([*actions, *(["wait"] * 3 if last else [])]))
@@ -501,20 +512,32 @@ def mutated_histories(draw: st.DrawFn) -> list[RunEvent]:
     events = list(draw(valid_histories())[0])
     for _ in range(draw(st.integers(1, 4))):
         i = draw(st.integers(0, len(events)))
-        edit = draw(st.sampled_from(["insert", "drop", "duplicate", "end early", "rewrite"]))
+        edit = draw(
+            st.sampled_from(
+                ["insert", "drop", "duplicate", "end early", "suspend", "rewrite", "rewrite"]
+            )
+        )
         if edit == "end early":  # well-placed operations follow the terminal event
             events.insert(i, draw(st.sampled_from(ARBITRARY_TERMINAL)))
         elif edit == "insert":
             events.insert(i, draw(any_event))
         elif events and edit == "drop":
             del events[min(i, len(events) - 1)]
-        elif events and edit == "rewrite":
-            j = min(i, len(events) - 1)
-            if isinstance(events[j], OP_EVENTS):
+        elif edit == "suspend":  # an operator's suspension racing the worker
+            events.insert(i, RunSuspended(reason="manual", detail="operator"))
+        elif edit == "rewrite":
+            op_indices = [k for k, e in enumerate(events) if isinstance(e, OP_EVENTS)]
+            if op_indices:
+                j = draw(st.sampled_from(op_indices))
                 fields = REWRITES[type(events[j])]
                 name = draw(st.sampled_from(sorted(fields)))
                 other = msgspec.structs.replace(events[j], **{name: draw(fields[name])})
-                events.insert(draw(st.integers(j + 1, len(events))), other)
+                # anywhere after the position opened (e.g. while its wait is still parked)
+                p = events[j].position  # type: ignore[union-attr]
+                first = next(
+                    k for k, e in enumerate(events) if isinstance(e, OP_EVENTS) and e.position == p
+                )
+                events.insert(draw(st.integers(first + 1, len(events))), other)
         elif events:
             j = min(i, len(events) - 1)
             events.insert(draw(st.integers(j, len(events))), events[j])
@@ -675,6 +698,15 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
             case WaitCompleted():
                 assert state.status == "running"
                 assert (state.waiting_on, state.deadline) == ((), None)
+                assert state.op(event.position) == OpRecord(
+                    position=event.position,
+                    kind="wait",
+                    name=event.key,
+                    status="completed",
+                    result=event.payload,
+                    outcome=event.outcome,
+                    detail=event.signal if event.outcome == "signal" else event.child_status,
+                )
                 if event.outcome == "signal":
                     # it consumed exactly one buffered signal: the one it names
                     (sig,) = [r for r in before.signals if r.signal_id == event.signal_id]
@@ -688,6 +720,13 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
             case ChildStarted():
                 assert state.status == before.status
                 assert state.children == (*before.children, event.child_run_id)
+                assert state.op(event.position) == OpRecord(
+                    position=event.position,
+                    kind="child",
+                    name=event.agent,
+                    status="completed",
+                    result=msgspec.Raw(msgspec.json.encode(event.child_run_id)),
+                )
             case RunSuspended():
                 assert state.status == "suspended"
             case RunResumed():
@@ -698,6 +737,22 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
                 assert state.status == "failed"
             case RunCancelled():
                 assert state.status == "cancelled"
+        # The same wait event while an operator holds the run suspended keeps it suspended.
+        if isinstance(event, (WaitStarted, WaitCompleted)):
+            held = evolve(evolve(before, RunSuspended(reason="manual", detail="op")), event)
+            assert (held.status, held.anomalies) == ("suspended", ())
+        # ... and what may not follow: an open wait completes under its own key, and once.
+        if isinstance(event, WaitStarted):
+            other = WaitCompleted(
+                position=event.position, key=f"{event.key}!", outcome="timeout", payload=NULL
+            )
+            assert evolve(state, other).anomalies == (
+                f"wait {event.position} completed over wait {event.key} (waiting)",
+            )
+        if isinstance(event, WaitCompleted):
+            assert evolve(state, event).anomalies == (
+                f"wait {event.position} completed over wait {event.key} (completed)",
+            )
         if not isinstance(event, (WaitStarted, WaitCompleted)):
             assert (state.waiting_on, state.deadline) == (before.waiting_on, before.deadline)
         if not isinstance(event, ChildStarted):
@@ -763,70 +818,77 @@ def test_evolve_is_total_and_nothing_after_the_end_changes_the_outcome(
             assert "after the run ended" in state.anomalies[-1]
 
 
-@given(arbitrary_histories)
-def test_each_event_changes_only_what_it_may_and_an_anomaly_changes_nothing(
-    events: list[RunEvent],
+def check_frame(before: RunState, state: RunState, event: RunEvent) -> None:
+    """Each event changes only what it may (``MAY_CHANGE``); an anomaly changes nothing."""
+    changed = _changed(before, state)
+    assert state.anomalies[: len(before.anomalies)] == before.anomalies
+    if len(state.anomalies) > len(before.anomalies):
+        assert len(state.anomalies) == len(before.anomalies) + 1
+        assert changed == set(), state.anomalies[-1]
+    else:
+        assert changed <= MAY_CHANGE[type(event)]
+
+
+def check_never_rewritten(before: RunState, state: RunState, event: RunEvent) -> None:
+    """What replay was handed is final: a completed step, a recorded value, a completed wait and
+    a started child; a waiting wait only ever becomes that wait completed."""
+    assert len(state.ops) >= len(before.ops)
+    for old, new in zip(before.ops, state.ops, strict=False):
+        if old.status in ("completed", "recorded"):
+            assert new == old
+        elif old.status == "waiting" and new != old:
+            assert isinstance(event, WaitCompleted)
+            assert (new.kind, new.name, new.status) == ("wait", old.name, "completed")
+
+
+def check_waiting(before: RunState, state: RunState, event: RunEvent) -> None:
+    # Only a human (``RunResumed``) lifts a suspension; the end of the run replaces it.
+    if before.status == "suspended" and state.status != "suspended":
+        assert isinstance(event, (RunResumed, *ARBITRARY_TERMINAL_TYPES))
+    # A deadline is what a timer or a retry backoff waits for, and only a deadline is.
+    timed = [w for w in state.waiting_on if w == "timer" or w.startswith("retry:")]
+    assert bool(timed) == (state.deadline is not None)
+    # Only a WaitStarted or a failed attempt with a retry due makes a run wait, and either
+    # leaves its operation behind.
+    if state.status == "waiting":
+        assert any(
+            op.status == "waiting" or (op.status == "failed" and op.deadline is not None)
+            for op in state.ops
+        )
+    # The children are the run ids recorded by the child operations, in order.
+    assert state.children == tuple(
+        msgspec.json.decode(op.result or b"") for op in state.ops if op.kind == "child"
+    )
+
+
+def check_signals(
+    before: RunState, state: RunState, event: RunEvent, received: list[SignalRecord]
 ) -> None:
-    state = RunState()
-    for event in events:
-        before, state = state, evolve(state, event)
-        changed = _changed(before, state)
-        assert state.anomalies[: len(before.anomalies)] == before.anomalies
-        if len(state.anomalies) > len(before.anomalies):
-            assert len(state.anomalies) == len(before.anomalies) + 1
-            assert changed == set(), state.anomalies[-1]
-        else:
-            assert changed <= MAY_CHANGE[type(event)]
+    # Buffered signals are received ones, in arrival order (a subsequence).
+    it = iter(received)
+    assert all(any(r == x for x in it) for r in state.signals)
+    # A completion that fits removes the signal it consumed (and only that one).
+    accepted = len(state.anomalies) == len(before.anomalies)
+    if isinstance(event, WaitCompleted) and accepted and event.signal_id is not None:
+        assert all(r.signal_id != event.signal_id for r in state.signals)
+    if not isinstance(event, (SignalReceived, WaitCompleted)):
+        assert state.signals == before.signals
 
 
 @given(arbitrary_histories)
-def test_what_replay_was_handed_is_never_rewritten(events: list[RunEvent]) -> None:
-    """A completed step, a recorded value, a completed wait and a started child are final;
-    a waiting wait only ever becomes that wait completed."""
-    state = RunState()
-    for event in events:
-        before, state = state, evolve(state, event)
-        assert len(state.ops) >= len(before.ops)
-        for old, new in zip(before.ops, state.ops, strict=False):
-            if old.status in ("completed", "recorded"):
-                assert new == old
-            elif old.status == "waiting" and new != old:
-                assert isinstance(event, WaitCompleted)
-                assert (new.kind, new.name, new.status) == ("wait", old.name, "completed")
-
-
-@given(arbitrary_histories)
-def test_wait_bookkeeping_stays_consistent(events: list[RunEvent]) -> None:
+def test_invariants_event_by_event(events: list[RunEvent]) -> None:
+    """The ``check_*`` properties above, after every event of arbitrary sequences (one walk:
+    generating the sequences is what costs)."""
     state = RunState()
     received: list[SignalRecord] = []
     for event in events:
         before, state = state, evolve(state, event)
         if isinstance(event, SignalReceived) and not before.terminal:
             received.append(signal_record(event))
-        # Only a human (``RunResumed``) lifts a suspension; the end of the run replaces it.
-        if before.status == "suspended" and state.status != "suspended":
-            assert isinstance(event, (RunResumed, *ARBITRARY_TERMINAL_TYPES))
-        # A deadline is what a timer or a retry backoff waits for, and only a deadline is.
-        timed = [w for w in state.waiting_on if w == "timer" or w.startswith("retry:")]
-        assert bool(timed) == (state.deadline is not None)
-        # Only a WaitStarted or a failed attempt with a retry due makes a run wait, and either
-        # leaves its operation behind.
-        if state.status == "waiting":
-            assert any(
-                op.status == "waiting" or (op.status == "failed" and op.deadline is not None)
-                for op in state.ops
-            )
-        # Buffered signals are received ones, in arrival order (a subsequence).
-        it = iter(received)
-        assert all(any(r == x for x in it) for r in state.signals)
-        # A completion that fits removes the signal it consumed (and only that one).
-        accepted = len(state.anomalies) == len(before.anomalies)
-        if isinstance(event, WaitCompleted) and accepted and event.signal_id is not None:
-            assert all(r.signal_id != event.signal_id for r in state.signals)
-        # The children are the run ids recorded by the child operations, in order.
-        assert state.children == tuple(
-            msgspec.json.decode(op.result or b"") for op in state.ops if op.kind == "child"
-        )
+        check_frame(before, state, event)
+        check_never_rewritten(before, state, event)
+        check_waiting(before, state, event)
+        check_signals(before, state, event, received)
 
 
 # --- examples ---------------------------------------------------------------------------------
