@@ -25,7 +25,7 @@ from sojourn.schemas.errors import (
 
 from .agent import Agent, agent
 from .client import Client, RunCancelledError, RunFailedError, StartReceipt, TriggerRejected
-from .context import ChildHandle, Context, Selected, StepInfo, current_step
+from .context import ChildHandle, Context, Selected, StepInfo, current_step, idempotency_headers
 from .patterns import ApprovalDecision, ApprovalTimeout, PollTimeout
 from .retry import NOT_DONE, RetryPolicy, step
 from .state import RunState, evolve, fold
@@ -59,5 +59,6 @@ __all__ = [
     "current_step",
     "evolve",
     "fold",
+    "idempotency_headers",
     "step",
 ]

@@ -58,7 +58,15 @@ from .retry import DEFAULT_RETRYABLE, NOT_DONE, RetryPolicy, StepOptions, step_o
 if TYPE_CHECKING:
     from .executor import Activation
 
-__all__ = ["ChildHandle", "Context", "Parked", "Selected", "StepInfo", "current_step"]
+__all__ = [
+    "ChildHandle",
+    "Context",
+    "Parked",
+    "Selected",
+    "StepInfo",
+    "current_step",
+    "idempotency_headers",
+]
 
 Duration = float | int | timedelta
 """Seconds as a number, or a ``timedelta``."""
@@ -153,6 +161,24 @@ def current_step() -> StepInfo:
     if info is None:
         raise RuntimeError("current_step() is only available inside a function run by ctx.step")
     return info
+
+
+def idempotency_headers(header: str = "Idempotency-Key") -> dict[str, str]:
+    """HTTP headers carrying the current step's idempotency key, for APIs that deduplicate on
+    it (Stripe, most payment and email providers): a step re-run after a crash sends the same
+    key, so the provider acts once.
+
+    Example:
+        >>> async def charge(card: str, cents: int) -> str:          # doctest: +SKIP
+        ...     r = await http.post("https://api.example.com/charges",
+        ...                         json={"card": card, "amount": cents},
+        ...                         headers=idempotency_headers())
+        ...     return r.json()["id"]
+
+    Raises:
+        RuntimeError: called outside a step.
+    """
+    return {header: current_step().idempotency_key}
 
 
 def _memo(compute: Callable[[Callable[..., Any]], T]) -> Callable[[Callable[..., Any]], T]:

@@ -248,3 +248,23 @@ async def test_graceful_stop_records_finished_steps_before_leaving(
     async with Worker([after], nats=nats_server.url, settings=settings):
         assert await client.result(run_id, timeout=30) == "onetwo"
     assert counts["first"] == 1
+
+
+async def test_idempotency_headers_carry_the_step_key(
+    nats_server: EmbeddedServer, settings: Settings, client: Client
+) -> None:
+    from sojourn.actors import idempotency_headers
+
+    def call_api() -> dict[str, str]:
+        return idempotency_headers()
+
+    @agent("http")
+    async def http(ctx: Context, _: None) -> dict[str, str]:
+        await ctx.step(line, "x", 0)
+        return await ctx.step(call_api)
+
+    async with Worker([http], nats=nats_server.url, settings=settings):
+        run_id = await client.start("http", None, run_id="idem-1", wait=True)
+        assert await client.result(run_id, timeout=30) == {"Idempotency-Key": "idem-1/1"}
+    with pytest.raises(RuntimeError, match="only available inside"):
+        idempotency_headers()
