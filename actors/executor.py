@@ -488,7 +488,9 @@ class Activation:
                 encode(outcome),
                 {"Nats-Msg-Id": f"child-end:{self.run_id}"},
             )
-        if self.timers_used or any(op.deadline is not None for op in s.ops if op.kind == "wait"):
+        if self.timers_used or any(
+            op.kind == "wait" or (op.kind == "step" and op.attempts > 1) for op in s.ops
+        ):
             await cancel_timers(broker, names, self.run_id)
 
 

@@ -585,6 +585,36 @@ def new_plan(i: int, op: Op) -> Plan:
     return Execute(position=i, attempt=1, in_doubt=False)
 
 
+STATUSES: dict[Kind, tuple[Status, ...]] = {
+    "step": ("completed", "failed", "started"),
+    "value": ("recorded",),
+    "wait": ("completed", "waiting"),
+    "child": ("completed",),
+}
+
+
+def test_every_other_operation_at_a_recorded_position_is_a_mismatch() -> None:
+    """Exhaustively: each op of ``ALL_OPS`` recorded (in each status it can have) and each op
+    called. The same kind and name replay; any other pair raises, naming both."""
+    for recorded in ALL_OPS:
+        for status in STATUSES[recorded[0]]:
+            rec = Recording(recorded, status, attempts=1, outcome="signal")
+            state = fold(events_of([rec]))
+            for called in ALL_OPS:
+                j = Journal(state)
+                if called == recorded:
+                    assert perform(j, called) == expected_plan(0, rec)
+                    j.finish()
+                    continue
+                with pytest.raises(NondeterminismError) as info:
+                    perform(j, called)
+                assert info.value.seq == 0
+                assert (
+                    f"operation 0 was recorded as {describe(recorded)} but the code now calls "
+                    f"{describe(called)};"
+                ) in info.value.message, (recorded, status, called)
+
+
 @given(histories_and_code())
 def test_the_journal_raises_iff_history_is_not_a_prefix_of_the_code(
     scenario: tuple[list[Recording], list[Op]],
