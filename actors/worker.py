@@ -303,6 +303,11 @@ class Worker:
             self.activations_completed += 1
             if lease_task is not None:
                 await lease_task
+            if outcome == "fenced" or act.fenced:
+                # Another worker owns the run now, through a redelivery of this very message.
+                # JetStream takes an ack from any delivery, so acking ours would settle the
+                # new owner's too: if it then died, nothing would ever wake the run again.
+                return
             await wake.ack()
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
