@@ -57,12 +57,14 @@ async def test_approval_deadline_escalation_then_decision(
     async with Worker([expense], nats=nats_server.url, settings=settings):
         run_id = await client.start("expense", 120, run_id="exp-1", wait=True)
 
-        async def escalated() -> bool:
-            return any(a[0] == "escalate" for a in audit)
+        async def waiting_for_bob() -> bool:
+            if ("remind", "bob", "expense") not in audit:
+                return False
+            st = await client.state(run_id)
+            return st.status == "waiting" and "signal:approval.expense" in st.waiting_on
 
-        await wait_for(escalated, what="alice's deadline to pass and the escalation to bob")
-        st = await client.state(run_id)
-        assert st.status == "waiting" and "signal:approval.expense" in st.waiting_on
+        await wait_for(waiting_for_bob, what="the escalation to bob, then a wait for a decision")
+        assert any(a[0] == "escalate" for a in audit)
         await client.signal(
             run_id,
             "approval.expense",
