@@ -22,7 +22,7 @@ __all__ = ["SEAMS", "fault"]
 SEAMS = ("after_step", "before_ack", "replay", "timer_wake")
 
 _ARMED = frozenset(s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s)
-_RATE = float(os.environ.get("SOJOURN_FAULT_RATE", "0.05") or 0.05)
+_RATE = float(os.environ.get("SOJOURN_FAULT_RATE", "").strip() or "0.05")  # "0" means never
 
 
 def fault(seam: str) -> None:

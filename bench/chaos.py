@@ -527,6 +527,21 @@ class Runs:
                 )
         return out
 
+    async def wake_backlog(self) -> str:
+        """What the wake consumer still holds: a stuck run with no wake pending anywhere
+        will never be looked at again."""
+        c = self.client
+        try:
+            info = await c.broker.api(
+                f"$JS.API.CONSUMER.INFO.{c.names.wake_stream}.{c.names.wake_consumer}", {}
+            )
+        except Exception as e:
+            return f"wake consumer unreadable ({type(e).__name__})"
+        return (
+            f"wake consumer: {info.get('num_pending', '?')} wake(s) pending, "
+            f"{info.get('num_ack_pending', '?')} delivered and awaiting ack"
+        )
+
     @property
     def all_ended(self) -> bool:
         return len(self.started) == len(self.run_ids) and len(self.ended) == len(self.run_ids)
@@ -776,6 +791,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument(
+        "--clean",
+        action="store_true",
+        help="delete the work directory even after a violation (default: keep it then)",
+    )
+    ap.add_argument(
         "--break-idempotency",
         action="store_true",
         help="self-test: steps add the attempt to their key, so a re-run step applies its "
@@ -906,6 +926,7 @@ async def harness(args: argparse.Namespace) -> int:
         heal = t_end - t_heal if t_heal is not None else float("nan")
         await runs.sweep(only_hinted=False)
         lease_notes = await runs.leases() if not runs.all_ended else {}
+        backlog = await runs.wake_backlog() if not runs.all_ended else ""
 
         # Settle: no more faults; stop workers and the store; the server stays up untouched.
         for t in tasks:
@@ -934,14 +955,14 @@ async def harness(args: argparse.Namespace) -> int:
             report.violate(
                 f"{run_id}: stuck in status {st.status!r} (waiting on {list(st.waiting_on)}"
                 f"{due}); last written by {h[-1].writer if h else '?'} {wall - last:.0f} s ago;"
-                f" before the workers stopped: {lease_notes.get(run_id, '?')}"
+                f" before the workers stopped: {lease_notes.get(run_id, '?')}; {backlog}"
             )
         check_effects(workdir / "effects.sqlite", histories, outcomes, args.steps, report)
         tally.fault_window = (t_heal - t0) if t_heal is not None else t_end - t0
         tally.heal = heal
         _print_report(args, report, tally, runs, t_end - t0, time.monotonic() - t_begin)
         ok = not report.violations
-        if not ok:
+        if not ok and not args.clean:
             keep = True
             print(f"work dir kept for inspection: {workdir}", flush=True)
         return 0 if ok else 1

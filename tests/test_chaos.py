@@ -87,6 +87,7 @@ def test_chaos_detects_duplicate_effects() -> None:
         "--fail-rate",
         "0",
         "--break-idempotency",
+        "--clean",  # it fails on purpose: do not keep its work directory
         "--seed",
         "5",
     )
