@@ -398,17 +398,7 @@ class Context:
             if decision.action == "retry":
                 return _RUN_AGAIN
             if decision.action == "skip":
-                raw = decision.result
-                self._act.buffer(
-                    StepCompleted(
-                        position=plan.position,
-                        name=name,
-                        attempt=plan.attempt - 1,
-                        result=raw,
-                        at=time.time(),
-                    )
-                )
-                return from_raw(raw, rtype)
+                return self._record_without_running(name, plan, decision.result, rtype)
             err = ErrorInfo(
                 type="InDoubtFailed",
                 message=f"failed by decision of {decision.by or 'an operator'}",
@@ -442,7 +432,12 @@ class Context:
             _current.reset(token)
         if found is NOT_DONE:
             return _RUN_AGAIN
-        raw = to_raw(found)
+        return self._record_without_running(name, plan, to_raw(found), rtype)
+
+    def _record_without_running(
+        self, name: str, plan: Execute, raw: msgspec.Raw, rtype: Any
+    ) -> Any:
+        """Settle an in-doubt step with a known result: its earlier attempt did the work."""
         self._act.buffer(
             StepCompleted(
                 position=plan.position,

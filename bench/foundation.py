@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import cProfile
 import itertools
-import json
 import logging
 import sys
 import tempfile
@@ -67,6 +66,7 @@ from .util import (
     machine_facts,
     median,
     pct,
+    run_bench,
     summarize,
 )
 
@@ -999,17 +999,7 @@ async def amain(cfg: Config) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None  # type: ignore[assignment]
-    if uvloop is not None:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            out = runner.run(amain(cfg))
-    else:
-        out = asyncio.run(amain(cfg))
-    if cfg.json_out:
-        Path(cfg.json_out).write_text(json.dumps(out, indent=1, default=str))
+    run_bench(amain(cfg), cfg.json_out)
 
 
 if __name__ == "__main__":

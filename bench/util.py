@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "cpu_process",
@@ -138,3 +139,21 @@ def fmt_ms(seconds: float) -> str:
 
 def fmt_rate(per_s: float, unit: str) -> str:
     return "—" if per_s != per_s else f"{per_s:,.0f} {unit}/s"
+
+
+def run_bench(coro: Any, json_out: str | None) -> None:
+    """Run a bench's main coroutine under uvloop when installed; write its JSON if asked."""
+    import asyncio
+    import json
+
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    if uvloop is not None:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            out = runner.run(coro)
+    else:
+        out = asyncio.run(coro)
+    if json_out:
+        Path(json_out).write_text(json.dumps(out, indent=1, default=str))

@@ -48,7 +48,6 @@ import contextlib
 import cProfile
 import ctypes
 import gc
-import json
 import logging
 import random
 import sys
@@ -83,7 +82,16 @@ from sojourn.schemas.events import (
 )
 
 from .trace import gather_limited, profile_summary
-from .util import cpu_process, cpu_server, fmt_ms, git_state, machine_facts, pct, summarize
+from .util import (
+    cpu_process,
+    cpu_server,
+    fmt_ms,
+    git_state,
+    machine_facts,
+    pct,
+    run_bench,
+    summarize,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("park", "timer", "signal")
@@ -1429,17 +1437,7 @@ async def amain(cfg: Config) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None  # type: ignore[assignment]
-    if uvloop is not None:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            out = runner.run(amain(cfg))
-    else:
-        out = asyncio.run(amain(cfg))
-    if cfg.json_out:
-        Path(cfg.json_out).write_text(json.dumps(out, indent=1, default=str))
+    run_bench(amain(cfg), cfg.json_out)
 
 
 if __name__ == "__main__":
