@@ -25,10 +25,19 @@ from sojourn.schemas.errors import (
 
 from .agent import Agent, agent
 from .client import Client, RunCancelledError, RunFailedError, StartReceipt, TriggerRejected
-from .context import ChildHandle, Context, Selected, StepInfo, current_step, idempotency_headers
+from .context import (
+    ChildHandle,
+    Context,
+    Selected,
+    StepInfo,
+    current_step,
+    heartbeat,
+    idempotency_headers,
+)
 from .patterns import ApprovalDecision, ApprovalTimeout, PollTimeout
 from .retry import NOT_DONE, RetryPolicy, step
 from .state import RunState, evolve, fold
+from .watchdog import Watchdog
 from .worker import Worker
 
 __all__ = [
@@ -54,11 +63,13 @@ __all__ = [
     "StepInfo",
     "TerminalError",
     "TriggerRejected",
+    "Watchdog",
     "Worker",
     "agent",
     "current_step",
     "evolve",
     "fold",
+    "heartbeat",
     "idempotency_headers",
     "step",
 ]

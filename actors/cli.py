@@ -54,10 +54,13 @@ from sojourn.schemas.events import (
     ValueRecorded,
 )
 from sojourn.schemas.export import export_schemas
+from sojourn.schemas.health import Liveness
 
 from .app import load_app
 from .client import Client, TriggerRejected
+from .metrics import serve_metrics
 from .state import RunState
+from .watchdog import Watchdog
 from .worker import Worker
 
 __all__ = ["build_parser", "describe_event", "main"]
@@ -273,13 +276,24 @@ def _configure_logging(level: str) -> None:
 # --- commands ----------------------------------------------------------------------------------
 
 
+def _start_metrics(args: argparse.Namespace) -> Any:
+    if args.metrics_port is None:
+        return None
+    server = serve_metrics(args.metrics_port, args.metrics_host)
+    host, port = server.server_address[:2]
+    out(f"metrics: http://{host}:{port}/metrics")
+    return server
+
+
 async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
     _configure_logging(args.log_level)
     app = load_app(args.app)
     settings = _settings(args, lease_ttl=args.lease_ttl)
     stopper = _StopSignal()
     server: EmbeddedServer | None = None
+    metrics_server = None
     try:
+        metrics_server = _start_metrics(args)
         if dev and args.nats is None:
             server = EmbeddedServer(store_dir=args.data_dir, port=args.port)
             await server.start()
@@ -300,15 +314,21 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
             worker_id=args.worker_id,
         )
         await worker.start()
+        watchdog = None
         try:
+            if dev and not args.no_watchdog:
+                watchdog = await Watchdog(nats=url, settings=settings).start()
             out(
                 f"serving: {', '.join(app.agent_names)} (app {app.name}, prefix "
-                f"{settings.prefix}, worker {worker.worker_id})"
+                f"{settings.prefix}, worker {worker.worker_id}"
+                + (", with a watchdog)" if watchdog else ")")
             )
             out("ready; press Ctrl-C to stop")
             await stopper.wait(server)
             out(f"{stopper.name} received: stopping the worker")
         finally:
+            if watchdog is not None:
+                await watchdog.stop()
             await worker.stop()
     finally:
         try:
@@ -316,6 +336,8 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
                 await server.stop()
         finally:
             stopper.remove()
+            if metrics_server is not None:
+                metrics_server.shutdown()
     out("stopped")
     return EXIT_OK
 
@@ -326,6 +348,78 @@ async def cmd_dev(args: argparse.Namespace) -> int:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     return await _serve(args, dev=False)
+
+
+def _liveness_line(liv: Liveness) -> str:
+    parts = [f"{liv.run_id:<24} {liv.agent or '?':<16} {liv.state:<9}"]
+    if liv.owner:
+        beat = (
+            f", last heartbeat {time.time() - liv.last_heartbeat:.1f}s ago"
+            if (liv.last_heartbeat)
+            else ""
+        )
+        parts.append(f"owner {liv.owner}{beat}")
+    if liv.step:
+        parts.append(f"step {liv.step}")
+    if liv.on:
+        parts.append("on " + ", ".join(liv.on))
+    if liv.reason:
+        parts.append(one_line(liv.reason))
+    return "  ".join(parts)
+
+
+async def cmd_watchdog(args: argparse.Namespace) -> int:
+    _configure_logging(args.log_level)
+    extra: dict[str, Any] = {"lease_ttl": args.lease_ttl}
+    if args.stall_after is not None:
+        extra["stall_after"] = args.stall_after
+    if args.overdue_after is not None:
+        extra["overdue_after"] = args.overdue_after
+    try:
+        settings = _settings(args, **extra)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    url = resolve_url(args.nats)
+    await _probe(url)
+    if args.once:
+        judged = await Watchdog(nats=url, settings=settings).survey()
+        order = {"wedged": 0, "stalled": 1, "orphaned": 2, "overdue": 3}
+        rows = sorted(judged.values(), key=lambda v: (order.get(v.state, 9), v.run_id))
+        if args.json:
+            out(encode(rows).decode())
+            return EXIT_OK
+        flagged = sum(1 for v in rows if v.flagged)
+        out(f"{len(rows)} live runs, {flagged} flagged")
+        for liv in rows if args.all else [v for v in rows if v.flagged]:
+            out(_liveness_line(liv))
+        return EXIT_OK
+
+    def report(liv: Liveness, before: Liveness | None) -> None:
+        if liv.flagged or (before is not None and before.flagged):
+            out(_liveness_line(liv))
+
+    stopper = _StopSignal()
+    metrics_server = None
+    try:
+        metrics_server = _start_metrics(args)
+        watchdog = await Watchdog(
+            nats=url, settings=settings, interval=args.interval, on_change=report
+        ).start()
+        out(
+            f"watching prefix {settings.prefix} on {url} (stalled after "
+            f"{settings.stall_threshold:g}s of silence, overdue {settings.overdue_after:g}s "
+            "past due); press Ctrl-C to stop"
+        )
+        try:
+            await stopper.wait()
+        finally:
+            await watchdog.stop()
+    finally:
+        stopper.remove()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+    out("stopped")
+    return EXIT_OK
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
@@ -412,18 +506,30 @@ async def cmd_status(args: argparse.Namespace) -> int:
     async with await _connect(args) as client:
         await _require_deployment(client, args.run_id)
         state = await client.state(args.run_id)
+        liv = await client.liveness(args.run_id)
     if args.json:
-        out(encode(_status_json(state, args.run_id)).decode())
+        body = _status_json(state, args.run_id)
+        body["liveness"] = msgspec.to_builtins(liv)
+        out(encode(body).decode())
         return EXIT_OK
+    live = liv.state + (f": {one_line(liv.reason)}" if liv.reason else "")
+    if liv.owner:
+        live += f" (owner {liv.owner}"
+        if liv.last_heartbeat:
+            live += f", last heartbeat {time.time() - liv.last_heartbeat:.1f}s ago"
+        live += ")"
     rows: list[tuple[str, str]] = [
         ("run", state.run_id or args.run_id),
         ("agent", state.agent + (f" (version {state.code_version})" if state.code_version else "")),
         ("status", _public_status(state)),
+        ("liveness", live),
         ("steps", f"{state.steps_completed} completed, {state.step_attempts} attempts"),
     ]
     last = state.ops[-1] if state.ops else None
     if state.status == "running" and last is not None and last.status == "started":
         rows.append(("executing", f"{last.name} pos={last.position} attempt={last.attempts}"))
+    if liv.details is not None:
+        rows.append(("progress", _short(liv.details, 200)))
     if state.status == "waiting":
         rows.append(("waiting on", ", ".join(state.waiting_on) or "-"))
         if state.deadline is not None:
@@ -583,6 +689,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r} (0-65535)")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -605,6 +721,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         default=None,
         help=f"deployment prefix of subjects and streams (default: {DEFAULT_PREFIX})",
+    )
+
+    observe = argparse.ArgumentParser(add_help=False)
+    o = observe.add_argument_group("monitoring")
+    o.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        type=_port,
+        default=None,
+        help="serve Prometheus metrics on this port at /metrics (default: off; 0 picks one)",
+    )
+    o.add_argument(
+        "--metrics-host",
+        metavar="ADDR",
+        default="127.0.0.1",
+        help="address to serve metrics on (default: 127.0.0.1; 0.0.0.0 for all interfaces)",
     )
 
     serve = argparse.ArgumentParser(add_help=False)
@@ -680,9 +812,13 @@ def build_parser() -> argparse.ArgumentParser:
         "dev",
         cmd_dev,
         "Run a local NATS server and a worker for an app, until Ctrl-C.",
-        "sojourn dev --app examples.greeter --port 4222",
-        parents=[serve],
-        detail="With --nats, no server is started: only the worker, on that server.",
+        "sojourn dev --app examples.greeter --port 4222 --metrics-port 9300",
+        parents=[serve, observe],
+        detail="With --nats, no server is started: only the worker, on that server. A "
+        "watchdog runs in the same process (--no-watchdog to leave it out).",
+    )
+    p.add_argument(
+        "--no-watchdog", action="store_true", help="do not run a watchdog in this process"
     )
     p.add_argument(
         "--port",
@@ -702,9 +838,60 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_worker,
         "Serve an app's agents on an existing NATS server.",
         "sojourn worker --app myapp.agents --nats nats://nats:4222 --concurrency 64",
-        parents=[serve],
+        parents=[serve, observe],
         detail="Stops cleanly on SIGINT or SIGTERM: running steps get a "
         "few seconds to finish, the rest resume on another worker.",
+    )
+
+    p = command(
+        "watchdog",
+        cmd_watchdog,
+        "Judge every live run's liveness; re-wake stalled, orphaned and overdue runs.",
+        "sojourn watchdog --nats nats://nats:4222 --metrics-port 9300",
+        parents=[observe],
+        detail="Runs until Ctrl-C, printing a line whenever a run becomes (or stops being) "
+        "stalled, orphaned, overdue or wedged. Several watchdogs may run at once: each "
+        "problem is acted on by one of them. With --once, prints the flagged runs and exits.",
+    )
+    p.add_argument(
+        "--once", action="store_true", help="read everything, print the flagged runs, exit"
+    )
+    p.add_argument("--all", action="store_true", help="with --once: list every live run")
+    p.add_argument("--json", action="store_true", help="with --once: print a JSON array")
+    p.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=30.0,
+        help="the workers' --lease-ttl; heartbeats come every third of it, at most 5 s "
+        "(default: 30)",
+    )
+    p.add_argument(
+        "--stall-after",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
+        help="silence after which an owner counts as stalled (default: 3 heartbeats)",
+    )
+    p.add_argument(
+        "--overdue-after",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
+        help="how long past due a timer or signal may be before its run is overdue (default: 60)",
+    )
+    p.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
+        help="seconds between two judgements (default: half a heartbeat)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="warning",
+        help="log level on stderr (default: warning)",
     )
 
     p = command(

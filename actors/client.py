@@ -18,9 +18,18 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from sojourn.broker.connection import Broker
 from sojourn.broker.eventstore import Decision, EventStore
+from sojourn.broker.leases import LeaseStore
 from sojourn.broker.names import Names, validate_signal_name, validate_token
 from sojourn.broker.topology import ensure_topology
-from sojourn.schemas.codec import decode_events, decode_intake_reply, encode, from_raw
+from sojourn.projections.liveness import Thresholds, classify
+from sojourn.projections.summary import summarize_all
+from sojourn.schemas.codec import (
+    decode_events,
+    decode_intake_reply,
+    decode_wedge_record,
+    encode,
+    from_raw,
+)
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import (
     BrokerUnavailable,
@@ -30,6 +39,7 @@ from sojourn.schemas.errors import (
     UnknownAgent,
 )
 from sojourn.schemas.events import ErrorInfo, RunCancelled, RunCompleted, RunEvent, RunFailed
+from sojourn.schemas.health import Liveness
 from sojourn.schemas.wire import IntakeError, IntakeOk
 
 from .intake import REPLY_HEADER
@@ -288,6 +298,28 @@ class Client:
         if not history:
             raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
         return fold(e for d in history for e in d.events)
+
+    async def liveness(self, run_id: str, *, now: float | None = None) -> Liveness:
+        """What the run is doing now, judged like the watchdog judges it: from its history,
+        its owner's last heartbeat (the lease) and any wedge record.
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        history = await self.history(run_id)
+        if not history:
+            raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
+        summary = summarize_all((d.seq, 0, d.events) for d in history)
+        _seq, lease = await LeaseStore(self.broker, self.names).holder(run_id)
+        m = await self.broker.direct_get_last(self.names.health_stream, self.names.wedge(run_id))
+        wedge = None
+        if m is not None:
+            with contextlib.suppress(msgspec.MsgspecError):
+                wedge = decode_wedge_record(m.data)
+        limits = Thresholds(
+            stall_after=self.settings.stall_threshold, overdue_after=self.settings.overdue_after
+        )
+        return classify(summary, lease, time.time() if now is None else now, limits, wedge)
 
     async def status(self, run_id: str) -> str:
         """``pending``, ``running``, ``waiting``, ``suspended``, ``completed``, ``failed`` or

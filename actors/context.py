@@ -34,6 +34,7 @@ from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.errors import (
     ChildRunError,
     NondeterminismError,
+    PayloadTooLarge,
     RetryableError,
     StepError,
     TerminalError,
@@ -49,6 +50,7 @@ from sojourn.schemas.events import (
 )
 from sojourn.schemas.wire import ChildOutcome
 
+from . import metrics as _metrics
 from . import patterns as _patterns
 from .faults import fault
 from .journal import Execute, OpenWait, Recorded, RecordedFailure, RecordedWait
@@ -65,8 +67,12 @@ __all__ = [
     "Selected",
     "StepInfo",
     "current_step",
+    "heartbeat",
     "idempotency_headers",
 ]
+
+HEARTBEAT_DETAILS_MAX = 8 * 1024
+"""Largest ``ctx.heartbeat(details)`` in bytes of JSON: it rides on every lease renewal."""
 
 Duration = float | int | timedelta
 """Seconds as a number, or a ``timedelta``."""
@@ -146,6 +152,12 @@ class StepInfo:
     attempt: int
     idempotency_key: str
     in_doubt: bool
+    report: Callable[[Any], None] | None = None
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Report this step's progress (see ``heartbeat``)."""
+        if self.report is not None:
+            self.report(details)
 
 
 _current: ContextVar[StepInfo | None] = ContextVar("sojourn_current_step", default=None)
@@ -161,6 +173,21 @@ def current_step() -> StepInfo:
     if info is None:
         raise RuntimeError("current_step() is only available inside a function run by ctx.step")
     return info
+
+
+def heartbeat(details: Any = None) -> None:
+    """Report the progress of the step being executed (from inside a step function, also from
+    a sync one running in a thread): ``details`` (JSON, at most 8 KiB) is shown by
+    ``sojourn status`` and rides on the run's next heartbeat, sent within a second.
+
+    A step's heartbeat needs no call: its worker heartbeats for it while it runs. Call this to
+    say how far a long step has got.
+
+    Raises:
+        RuntimeError: called outside a step.
+        PayloadTooLarge: ``details`` encodes to more than 8 KiB.
+    """
+    current_step().heartbeat(details)
 
 
 def idempotency_headers(header: str = "Idempotency-Key") -> dict[str, str]:
@@ -227,6 +254,7 @@ class Context:
 
     def __init__(self, activation: Activation) -> None:
         self._act = activation
+        self._loop = asyncio.get_running_loop()
         self._journal = activation.journal
         self._polls = 0
 
@@ -242,6 +270,36 @@ class Context:
     def replaying(self) -> bool:
         """True while the code re-executes recorded history (e.g. to skip logging)."""
         return self._journal.replaying
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Report progress (``details``: JSON, at most 8 KiB): shown by ``sojourn status`` and
+        sent with the run's next heartbeat, within a second. Safe to call from any thread and
+        as often as you like (heartbeats are coalesced); it is not journaled.
+
+        Raises:
+            PayloadTooLarge: ``details`` encodes to more than 8 KiB.
+            TypeError: ``details`` is not JSON-encodable.
+        """
+        try:
+            raw = to_raw(details)
+        except msgspec.EncodeError as e:
+            raise TypeError(f"ctx.heartbeat details must be JSON-encodable: {e}") from e
+        if len(raw) > HEARTBEAT_DETAILS_MAX:
+            raise PayloadTooLarge(
+                f"heartbeat details are {len(raw)} bytes; the limit is {HEARTBEAT_DETAILS_MAX}",
+                run_id=self.run_id,
+            )
+        progress = self._act.progress
+        progress.details = raw
+        progress.changed = True
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._act.poke_heartbeat()
+        else:
+            self._loop.call_soon_threadsafe(self._act.poke_heartbeat)
 
     @overload
     async def step(
@@ -288,6 +346,8 @@ class Context:
             if plan.retry_at is not None:
                 await self._act.backoff(plan.position, plan.retry_at)
             elif plan.in_doubt:
+                if not self._journal.replaying:
+                    _metrics.STEPS_IN_DOUBT.labels(*self._labels(name)).inc()
                 settled = await self._settle_in_doubt(fn, name, plan, opts, rtype)
                 if settled is not _RUN_AGAIN:
                     return settled
@@ -310,6 +370,12 @@ class Context:
         await self._act.commit(
             [StepStarted(position=plan.position, name=name, attempt=plan.attempt, at=time.time())]
         )
+        labels = self._labels(name)
+        _metrics.TOOL_CALLS.labels(labels[0]).inc()
+        if plan.attempt > 1 and not plan.in_doubt:
+            _metrics.STEP_RETRIES.labels(*labels).inc()
+        progress = self._act.progress
+        progress.step, progress.step_started_at, progress.details = name, time.time(), None
         token = _current.set(self._info(name, plan))
         t0 = time.perf_counter()
         try:
@@ -329,13 +395,17 @@ class Context:
             )
             delay = _retry_delay(e, policy, plan.attempt)
             retry_at = None if delay is None else time.time() + delay
+            spent = time.perf_counter() - t0
+            _metrics.STEP_DURATION.labels(*labels).observe(spent)
+            outcome = "failed" if retry_at is None else "retry_scheduled"
+            _metrics.STEPS.labels(*labels, outcome).inc()
             self._act.buffer(
                 StepFailed(
                     position=plan.position,
                     name=name,
                     attempt=plan.attempt,
                     error=err,
-                    duration=time.perf_counter() - t0,
+                    duration=spent,
                     retry_at=retry_at,
                     at=time.time(),
                 )
@@ -355,17 +425,25 @@ class Context:
             ) from e
         finally:
             _current.reset(token)
+            progress.step = progress.step_started_at = progress.details = None
+        spent = time.perf_counter() - t0
+        _metrics.STEP_DURATION.labels(*labels).observe(spent)
+        _metrics.STEPS.labels(*labels, "completed").inc()
         self._act.buffer(
             StepCompleted(
                 position=plan.position,
                 name=name,
                 attempt=plan.attempt,
                 result=raw,
-                duration=time.perf_counter() - t0,
+                duration=spent,
                 at=time.time(),
             )
         )
         return raw
+
+    def _labels(self, step: str) -> tuple[str, str]:
+        agent = self._act.metric_agent
+        return agent, _metrics.step_label(agent, step)
 
     def _info(self, name: str, plan: Execute) -> StepInfo:
         return StepInfo(
@@ -375,6 +453,7 @@ class Context:
             attempt=plan.attempt,
             idempotency_key=f"{self.run_id}/{plan.position}",
             in_doubt=plan.in_doubt,
+            report=self.heartbeat,
         )
 
     async def _settle_in_doubt(

@@ -18,13 +18,14 @@ import asyncio
 import contextlib
 import time
 import traceback
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision, EventStore
+from sojourn.broker.leases import Progress
 from sojourn.broker.timers import cancel_timers, schedule_timer
 from sojourn.schemas.codec import decode_events, encode, to_raw
 from sojourn.schemas.errors import (
@@ -56,6 +57,7 @@ from sojourn.schemas.wire import ChildOutcome, ErrorBody
 from .agent import Agent
 from .context import CHILD_SIGNAL, Context, Parked
 from .journal import Journal, RecordedWait
+from .metrics import APPENDS, EVENTS_APPENDED, agent_label
 from .state import RunState, SignalRecord, fold
 
 __all__ = ["Activation", "Outcome", "RunCancelledInterrupt"]
@@ -122,8 +124,13 @@ class Activation:
         history: list[Decision],
         writer: str,
         flush_delay: float = 0.02,
+        progress: Progress | None = None,
+        heartbeat: Callable[[], None] | None = None,
     ) -> None:
         self.agent = agent
+        self.progress = progress if progress is not None else Progress()
+        self.poke_heartbeat = heartbeat or (lambda: None)
+        self.metric_agent = agent_label(agent.name)
         self.run_id = run_id
         self.store = store
         self.writer = writer
@@ -218,6 +225,8 @@ class Activation:
                 break
             self.appends += 1
             self.last_seq = seq
+            APPENDS.labels(self.metric_agent).inc()
+            EVENTS_APPENDED.labels(self.metric_agent).inc(len(batch))
             # Live operations need no folding (the journal only consults what was recorded
             # before this activation); folding them would copy the op index on every step.
             others = [e for e in batch if not isinstance(e, _OP_EVENTS)]

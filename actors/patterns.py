@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import msgspec
 
+from sojourn.projections.summary import POLL_WAIT
 from sojourn.schemas.errors import SojournError
+
+from .metrics import IDLE_POLLS, agent_label
 
 if TYPE_CHECKING:
     from .context import Context, Duration
@@ -147,15 +150,19 @@ async def poll(
         result: Any = await ctx.step(check, *args, **kwargs)
         if result is not None:
             return cast(R, result)
+        if not ctx.replaying:
+            IDLE_POLLS.labels(agent_label(ctx.agent)).inc()
         if deadline is not None:
             left = (deadline - ctx.now()).total_seconds()
             if left <= 0:
                 raise PollTimeout(
                     f"poll of {getattr(check, '__name__', 'check')} timed out", run_id=ctx.run_id
                 )
-            await ctx.sleep(min(interval, left))
+            pause = min(interval, left)
         else:
-            await ctx.sleep(interval)
+            pause = interval
+        # Its own wait key, so that history (and the watchdog) can count idle polls.
+        await ctx._wait(POLL_WAIT, timeout=pause)
         interval *= backoff
         if cap_interval is not None:
             interval = min(interval, cap_interval)

@@ -23,15 +23,17 @@ from typing import Any
 
 from sojourn.broker.connection import Broker, Msg, PullConsumer
 from sojourn.broker.eventstore import Decision, EventStore
-from sojourn.broker.leases import Lease, LeaseStore
+from sojourn.broker.leases import Lease, LeaseStore, Progress
 from sojourn.broker.names import Names
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas.codec import encode, peek_run_id
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError, SojournError
+from sojourn.schemas.health import WedgeRecord, WorkerBeat
 from sojourn.schemas.wire import DeadLetter
 
+from . import metrics
 from .agent import Agent
 from .executor import Activation
 from .faults import fault
@@ -91,6 +93,9 @@ class Worker:
         self._closed = asyncio.Event()
         self._activation_ids = itertools.count(1)
         self.activations_completed = 0
+        self.started_at = time.time()
+        self._failures: dict[str, int] = {}
+        self._beat_wake = asyncio.Event()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -118,10 +123,13 @@ class Worker:
         )
         intake_sub = await b.pull(self.names.inbox_stream, self.names.intake_consumer)
         wake_sub = await b.pull(self.names.wake_stream, self.names.wake_consumer)
+        await self._beat()
         self._tasks = [
             asyncio.create_task(self._intake_loop(intake_sub), name="sojourn-intake"),
             asyncio.create_task(self._wake_loop(wake_sub), name="sojourn-wakes"),
+            asyncio.create_task(self._heartbeat_loop(), name="sojourn-heartbeat"),
         ]
+        metrics.track_worker(self)
         log.info("worker %s serving %s on %s", self.worker_id, sorted(self.agents), b.url)
         return self
 
@@ -141,6 +149,9 @@ class Worker:
             for t in still:
                 t.cancel()
             await asyncio.gather(*still, return_exceptions=True)
+        metrics.track_worker(self, on=False)
+        with contextlib.suppress(Exception):
+            await self._beat(stopped=True)  # a graceful stop: not "down"
         if self._owns_broker and self._broker is not None:
             await self._broker.close()
         self._closed.set()
@@ -154,6 +165,34 @@ class Worker:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    # --- heartbeats --------------------------------------------------------------------------
+
+    async def _beat(self, stopped: bool = False) -> None:
+        beat = WorkerBeat(
+            worker_id=self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            agents=tuple(sorted(self.agents)),
+            active=len(self._active),
+            capacity=self.concurrency,
+            started_at=self.started_at,
+            at=time.time(),
+            interval=self.settings.heartbeat_every,
+            stopped=stopped,
+        )
+        await self._broker_or_fail().publish(self.names.worker(self.worker_id), encode(beat))
+
+    async def _heartbeat_loop(self) -> None:
+        """The worker's own heartbeat (runs heartbeat through their lease renewals)."""
+        while not self._stopping.is_set():
+            await asyncio.sleep(self.settings.heartbeat_every)
+            try:
+                await self._beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.debug("heartbeat failed: %s", e)
+
     # --- loops -------------------------------------------------------------------------------
 
     async def _intake_loop(self, sub: PullConsumer) -> None:
@@ -164,11 +203,12 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 msgs = await sub.fetch(batch=64, timeout=1.0)
-                for m in msgs:
+                for msg in msgs:
+                    _count_redelivery(msg, "intake")
                     await inflight.acquire()
-                    key = self._order_key(m)
+                    key = self._order_key(msg)
                     prev = tails.get(key)
-                    task = asyncio.create_task(self._intake_one(m, prev, inflight))
+                    task = asyncio.create_task(self._intake_one(msg, prev, inflight))
                     tails[key] = task
                     task.add_done_callback(functools.partial(_forget, tails, key))
             except asyncio.CancelledError:
@@ -231,13 +271,14 @@ class Worker:
                 self._slots.release()
                 free = max(1, min(256, self._free_slots()))
                 msgs = await sub.fetch(batch=free, timeout=1.0)
-                for m in msgs:
-                    run_id = self.names.subject_token(m.subject, 1)
+                for msg in msgs:
+                    _count_redelivery(msg, "workers")
+                    run_id = self.names.subject_token(msg.subject, 1)
                     if run_id in self._active:
-                        await m.nak(delay=0.25)  # busy here; look again once this one rests
+                        await msg.nak(delay=0.25)  # busy here; look again once this one rests
                         continue
                     await self._slots.acquire()
-                    self._spawn(run_id, m, None)
+                    self._spawn(run_id, msg, None)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -263,6 +304,10 @@ class Worker:
         leases: list[Lease] = []
         keepalive: list[asyncio.Task[None]] = []
         lease_task: asyncio.Task[None] | None = None
+        progress = Progress()
+        poke = asyncio.Event()
+        agent_name = "unknown"
+        cause = "start" if history is not None else "wake"
         try:
             if history is None and (wake.headers or {}).get("Nats-Scheduler"):
                 fault("timer_wake")
@@ -275,13 +320,19 @@ class Worker:
                     await wake.nak(delay=delay)
                     return
                 leases.append(got)
-                keepalive.append(asyncio.create_task(self._keepalive(got, wake)))
+                keepalive.append(asyncio.create_task(self._keepalive(got, wake, progress, poke)))
+                t0 = time.perf_counter()
                 history = await self.store.load(run_id)
+                loaded = time.perf_counter() - t0
+            else:
+                loaded = None
             agent = self._agent_of(history)
             if agent is None:
                 # Not ours (or not created yet): leave it for a worker that serves it.
                 await wake.nak(delay=1.0) if history else await wake.ack()
                 return
+            agent_name = metrics.agent_label(agent.name)
+            t0 = time.perf_counter()
             act = Activation(
                 agent=agent,
                 run_id=run_id,
@@ -289,18 +340,27 @@ class Worker:
                 history=history,
                 writer=writer,
                 flush_delay=self.flush_delay,
+                progress=progress,
+                heartbeat=poke.set,
             )
+            if loaded is not None:
+                metrics.HISTORY_LOAD_SECONDS.labels(agent_name).observe(loaded)
+                metrics.FOLD_SECONDS.labels(agent_name).observe(time.perf_counter() - t0)
+            cause, late = _resume_cause(act, wake, cause)
+            metrics.RESUME_LATENCY.labels(agent_name, cause).observe(late)
             if not leases:
                 # A run our intake just created: nobody else can be running it, so take the
                 # lease in parallel with the first steps instead of before them. Should it
                 # be held after all, the activation is fenced at its next append.
                 lease_task = asyncio.create_task(
-                    self._lease_late(act, run_id, writer, wake, leases, keepalive)
+                    self._lease_late(act, run_id, writer, wake, leases, keepalive, progress, poke)
                 )
             outcome = await act.run()
             fault("before_ack")
             log.debug("run %s: %s", run_id, outcome)
             self.activations_completed += 1
+            self._failures.pop(run_id, None)
+            metrics.ACTIVATIONS.labels(agent_name, outcome).inc()
             if lease_task is not None:
                 await lease_task
             if outcome == "fenced" or act.fenced:
@@ -316,13 +376,31 @@ class Worker:
         except HistoryError as e:
             # A poison message: retrying cannot help. Keep a record and stop waking the run.
             log.error("run %s: %s", run_id, e)
+            metrics.ACTIVATIONS.labels(agent_name, "wedged").inc()
             with contextlib.suppress(Exception):
-                await self._poisoned(run_id, e)
+                await self._give_up(run_id, "poison", e.message, e.seq or 0, permanent=True)
                 await wake.ack()
         except Exception as e:
+            failures = self._failures.get(run_id, 0) + 1
+            self._failures[run_id] = failures
+            if failures >= self.settings.max_activation_failures:
+                log.error(
+                    "run %s: activation failed %d times in a row (%s: %s); giving up: the "
+                    "run is wedged until its history changes",
+                    run_id, failures, type(e).__name__, e,
+                )  # fmt: skip
+                metrics.ACTIVATIONS.labels(agent_name, "wedged").inc()
+                self._failures.pop(run_id, None)
+                with contextlib.suppress(Exception):
+                    seq = history[-1].seq if history else 0
+                    text = f"{failures} activations failed, the last with {type(e).__name__}: {e}"
+                    await self._give_up(run_id, "max_deliveries", text, seq)
+                    await wake.ack()
+                return
             log.warning(
                 "run %s: activation error %s: %s; retrying later", run_id, type(e).__name__, e
             )
+            metrics.ACTIVATIONS.labels(agent_name, "error").inc()
             with contextlib.suppress(Exception):
                 await wake.nak(delay=1.0)
         finally:
@@ -334,6 +412,7 @@ class Worker:
             # keep the run leased forever with nobody working on it.
             for lease in leases:
                 lease.held = False
+            poke.set()
             for t in keepalive:
                 t.cancel()
             for t in keepalive:
@@ -343,16 +422,27 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await self.leases.release(lease)
 
-    async def _poisoned(self, run_id: str, error: HistoryError) -> None:
+    async def _give_up(
+        self, run_id: str, code: str, reason: str, seq: int, *, permanent: bool = False
+    ) -> None:
+        """Stop retrying a run: mark it wedged (the watchdog reports it) and keep a
+        dead-letter record for operators."""
+        now = time.time()
+        b = self._broker_or_fail()
+        wedge = WedgeRecord(
+            run_id=run_id, code=code, reason=reason, seq=seq, permanent=permanent, at=now
+        )
+        await b.publish(self.names.wedge(run_id), encode(wedge))
         record = DeadLetter(
-            code="poison",
-            message=error.message,
+            code=code,
+            message=reason,
             subject=self.names.events(run_id),
             data=b"",
-            rejected_at=time.time(),
-            inbox_seq=error.seq or 0,
+            rejected_at=now,
+            inbox_seq=seq,
         )
-        await self._broker_or_fail().publish(self.names.dlq("other"), encode(record))
+        await b.publish(self.names.dlq("other"), encode(record))
+        metrics.DEAD_LETTERS.labels(code).inc()
 
     def _broker_or_fail(self) -> Broker:
         assert self._broker is not None
@@ -371,30 +461,67 @@ class Worker:
         wake: Msg,
         leases: list[Lease],
         keepalive: list[asyncio.Task[None]],
+        progress: Progress,
+        poke: asyncio.Event,
     ) -> None:
         got = await self.leases.acquire(run_id, writer, self.settings.lease_ttl, fresh=True)
         if isinstance(got, Lease):
             leases.append(got)
-            keepalive.append(asyncio.create_task(self._keepalive(got, wake)))
+            keepalive.append(asyncio.create_task(self._keepalive(got, wake, progress, poke)))
         else:
             act.fenced = True
 
-    async def _keepalive(self, lease: Lease, wake: Msg) -> None:
-        """Renew the lease and the wake's ack deadline while the activation runs."""
-        # A third of the lease, and never longer than 10 s: the inbox consumer's ack deadline
-        # (30 s) must be kept alive too when the message is a trigger.
-        period = min(max(self.settings.lease_ttl / 3, 0.1), 10.0)
+    async def _keepalive(
+        self, lease: Lease, wake: Msg, progress: Progress, poke: asyncio.Event
+    ) -> None:
+        """Heartbeat while the activation runs: renew the lease (with what the run is doing)
+        and the wake's ack deadline every heartbeat period, sooner when a step reports
+        progress (at most once a second)."""
+        period = self.settings.heartbeat_every
+        soonest = min(1.0, period)
+        last = time.monotonic()
         while lease.held:
-            await asyncio.sleep(period)
-            if not lease.held:
-                return
+            poke.clear()
+            since = time.monotonic() - last
+            due = soonest if progress.changed else period
+            if since < due:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(due - since):
+                        await poke.wait()
+                continue  # look again: progress, the end of the activation, or time is up
+            last = time.monotonic()
             try:
-                if not await self.leases.renew(lease, self.settings.lease_ttl):
+                if not await self.leases.renew(lease, self.settings.lease_ttl, progress):
                     log.warning("run %s: lease lost", lease.run_id)
                     return
                 await wake.in_progress()
             except Exception as e:
                 log.debug("run %s: keepalive failed: %s", lease.run_id, e)
+
+
+def _count_redelivery(msg: Msg, consumer: str) -> None:
+    with contextlib.suppress(Exception):
+        if msg.metadata.num_delivered > 1:
+            metrics.REDELIVERIES.labels(consumer).inc()
+
+
+def _resume_cause(act: Activation, wake: Msg, cause: str) -> tuple[str, float]:
+    """Why the run was due, and how long ago: a timer's deadline, a signal's arrival, or
+    (for a plain wake or a new run) when its message was published."""
+    now = time.time()
+    st = act.state
+    if cause != "start" and st.status == "waiting":
+        if st.deadline is not None and st.deadline <= now:
+            return "timer", now - st.deadline
+        wanted = {w.partition(":")[2] for w in st.waiting_on if w.startswith("signal:")}
+        for sig in st.signals:
+            if sig.name in wanted:
+                return "signal", max(0.0, now - sig.at)
+    try:
+        published = wake.metadata.timestamp.timestamp()
+    except Exception:
+        return cause, 0.0
+    return cause, max(0.0, now - published)
 
 
 def _forget(tails: dict[str, asyncio.Task[None]], key: str, task: asyncio.Task[None]) -> None:

@@ -521,8 +521,9 @@ class Runs:
                 if not body.get("owner"):
                     out[run_id] = "lease free"
                     continue
+                written = body.get("heartbeat_at") or body["acquired_at"]
                 out[run_id] = (
-                    f"lease held by {body['owner']}, written {now - body['acquired_at']:.1f} s "
+                    f"lease held by {body['owner']}, written {now - written:.1f} s "
                     f"ago, expires in {body['expires_at'] - now:.1f} s"
                 )
         return out

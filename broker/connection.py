@@ -259,6 +259,13 @@ class Broker:
                 return out
             seq = int(msgs[-1].headers["Nats-Sequence"]) + 1  # type: ignore[index]
 
+    async def direct_get_batch(
+        self, stream: str, subject: str, seq: int, batch: int, *, timeout: float = 10.0
+    ) -> tuple[list[Msg], int]:
+        """Up to ``batch`` messages matching ``subject`` (wildcards allowed) from ``seq`` on,
+        and how many more match after them."""
+        return await self._direct_batch(stream, subject, seq, batch, timeout)
+
     async def _direct_batch(
         self, stream: str, subject: str, seq: int, batch: int, timeout: float
     ) -> tuple[list[Msg], int]:

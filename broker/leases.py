@@ -22,17 +22,37 @@ from sojourn.schemas.codec import encode
 from .connection import Broker, header
 from .names import Names
 
-__all__ = ["Lease", "LeaseHolder", "LeaseStore"]
+__all__ = ["Lease", "LeaseHolder", "LeaseStore", "Progress", "decode_lease"]
 
 _EXPECT = "Nats-Expected-Last-Subject-Sequence"
 
 
-class LeaseHolder(msgspec.Struct, frozen=True, kw_only=True):
-    """The lease message body."""
+NO_DETAILS = msgspec.Raw(b"null")
+
+
+class LeaseHolder(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The lease message body. Every renewal is also the run's heartbeat."""
 
     owner: str | None
     expires_at: float = 0.0
     acquired_at: float = 0.0
+    heartbeat_at: float = 0.0
+    """When this message was written (the owner's last heartbeat)."""
+    step: str | None = None
+    """The step the owner is running, if any."""
+    step_started_at: float | None = None
+    details: msgspec.Raw = NO_DETAILS
+    """The last ``ctx.heartbeat(details)`` of that step (JSON ``null`` when none)."""
+
+
+@dataclass(slots=True)
+class Progress:
+    """What an activation reports with each heartbeat (shared with its keepalive)."""
+
+    step: str | None = None
+    step_started_at: float | None = None
+    details: msgspec.Raw | None = None
+    changed: bool = False
 
 
 @dataclass(slots=True)
@@ -45,6 +65,15 @@ class Lease:
     expires_at: float
     held: bool = True
     """Cleared when the holder is done: renewals stop even if a cancellation got lost."""
+    acquired_at: float = 0.0
+
+
+_holder_decoder = msgspec.json.Decoder(LeaseHolder)
+
+
+def decode_lease(data: bytes) -> LeaseHolder:
+    """A lease message body (for readers of the leases stream, such as the watchdog)."""
+    return _holder_decoder.decode(data)
 
 
 class LeaseStore:
@@ -87,11 +116,14 @@ class LeaseStore:
         seq, current = await self.holder(run_id)
         return current or LeaseHolder(owner="?", expires_at=now + ttl)
 
-    async def renew(self, lease: Lease, ttl: float) -> bool:
-        """Extend a held lease; ``False`` means it was lost (someone else took it) or given up."""
+    async def renew(self, lease: Lease, ttl: float, progress: Progress | None = None) -> bool:
+        """Extend a held lease (and heartbeat ``progress``); ``False`` means it was lost
+        (someone else took it) or given up."""
         if not lease.held:
             return False
-        renewed = await self._write(lease.run_id, lease.owner, ttl, lease.seq)
+        renewed = await self._write(
+            lease.run_id, lease.owner, ttl, lease.seq, progress, lease.acquired_at
+        )
         if renewed is None:
             return False
         lease.seq, lease.expires_at = renewed.seq, renewed.expires_at
@@ -100,7 +132,7 @@ class LeaseStore:
     async def release(self, lease: Lease) -> None:
         """Give the run up so any worker can take it at once (best effort)."""
         lease.held = False
-        body = encode(LeaseHolder(owner=None, expires_at=0.0))
+        body = encode(LeaseHolder(owner=None, expires_at=0.0, heartbeat_at=time.time()))
         subject = self.names.lease(lease.run_id)
         ack = await self.broker.publish_raw(subject, body, {_EXPECT: str(lease.seq)})
         if ack.get("error"):
@@ -114,12 +146,37 @@ class LeaseStore:
             if len(self._released) > 1_000:
                 self._released.pop(next(iter(self._released)))
 
-    async def _write(self, run_id: str, owner: str, ttl: float, expected: int) -> Lease | None:
+    async def _write(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        expected: int,
+        progress: Progress | None = None,
+        acquired_at: float = 0.0,
+    ) -> Lease | None:
         now = time.time()
-        body = encode(LeaseHolder(owner=owner, expires_at=now + ttl, acquired_at=now))
+        acquired_at = acquired_at or now
+        holder = LeaseHolder(
+            owner=owner,
+            expires_at=now + ttl,
+            acquired_at=acquired_at,
+            heartbeat_at=now,
+            step=progress.step if progress else None,
+            step_started_at=progress.step_started_at if progress else None,
+            details=(progress.details if progress else None) or NO_DETAILS,
+        )
+        if progress is not None:
+            progress.changed = False
         ack = await self.broker.publish_raw(
-            self.names.lease(run_id), body, {_EXPECT: str(expected)}
+            self.names.lease(run_id), encode(holder), {_EXPECT: str(expected)}
         )
         if ack.get("error") or "seq" not in ack:  # an error answer carries "seq": 0 too
             return None
-        return Lease(run_id=run_id, owner=owner, seq=int(ack["seq"]), expires_at=now + ttl)
+        return Lease(
+            run_id=run_id,
+            owner=owner,
+            seq=int(ack["seq"]),
+            expires_at=now + ttl,
+            acquired_at=acquired_at,
+        )

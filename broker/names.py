@@ -19,6 +19,7 @@ TOKEN_PATTERN = r"[A-Za-z0-9_-]{1,128}"
 _TOKEN = re.compile(rf"^{TOKEN_PATTERN}$")
 
 
+_WORKER_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _PREFIX = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _SIGNAL = re.compile(rf"^{TOKEN_PATTERN}(\.{TOKEN_PATTERN})*$")
 
@@ -86,6 +87,10 @@ class Names:
     def agents_stream(self) -> str:
         return self._stream("AGENTS")
 
+    @property
+    def health_stream(self) -> str:
+        return self._stream("HEALTH")
+
     # durable consumers
     @property
     def intake_consumer(self) -> str:
@@ -135,6 +140,30 @@ class Names:
 
     def agent(self, name: str) -> str:
         return f"{self.prefix}.agent.{name}"
+
+    def worker(self, worker_id: str) -> str:
+        """The heartbeat subject of a worker (its id made one subject token)."""
+        return f"{self.prefix}.worker.{_WORKER_UNSAFE.sub('_', worker_id)[:128]}"
+
+    @property
+    def workers_all(self) -> str:
+        return f"{self.prefix}.worker.*"
+
+    def watch(self, run_id: str) -> str:
+        """Where watchdogs record (by compare-and-set) the last action taken on a run."""
+        return f"{self.prefix}.watch.{run_id}"
+
+    def wedge(self, run_id: str) -> str:
+        """Where a worker records that it gave up on a run (poison, max deliveries)."""
+        return f"{self.prefix}.wedge.{run_id}"
+
+    @property
+    def leases_all(self) -> str:
+        return f"{self.prefix}.lease.*"
+
+    @property
+    def dlq_all(self) -> str:
+        return f"{self.prefix}.dlq.*"
 
     def signal_name(self, subject: str) -> str:
         """The signal name of ``<prefix>.signal.<run_id>.<name...>``."""

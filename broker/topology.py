@@ -63,7 +63,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
         },
         {  # every rejected inbound message, verbatim, with the reason
             "name": names.dlq_stream,
-            "subjects": [f"{names.prefix}.dlq.*"],
+            "subjects": [names.dlq_all],
             "retention": "limits",
             "storage": "file",
             "max_age": 30 * _DAY * _NS,
@@ -72,7 +72,21 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
         },
         {  # one lease message per run; CAS on the subject sequence decides ownership
             "name": names.leases_stream,
-            "subjects": [f"{names.prefix}.lease.*"],
+            "subjects": [names.leases_all],
+            "retention": "limits",
+            "storage": "file",
+            "max_msgs_per_subject": 1,
+            "max_age": _DAY * _NS,
+            "allow_direct": True,
+            "num_replicas": 1,
+        },
+        {  # worker heartbeats, watchdog action claims, wedged runs: one message per subject
+            "name": names.health_stream,
+            "subjects": [
+                names.workers_all,
+                f"{names.prefix}.watch.*",
+                f"{names.prefix}.wedge.*",
+            ],
             "retention": "limits",
             "storage": "file",
             "max_msgs_per_subject": 1,

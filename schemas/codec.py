@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from .events import RunEvent
+from .health import WatchClaim, WedgeRecord, WorkerBeat
 from .wire import DeadLetter, IntakeError, IntakeOk, StartTrigger
 
 __all__ = [
@@ -22,6 +23,9 @@ __all__ = [
     "decode_intake_reply",
     "decode_json",
     "decode_start",
+    "decode_watch_claim",
+    "decode_wedge_record",
+    "decode_worker_beat",
     "encode",
     "encode_events",
     "from_raw",
@@ -35,6 +39,9 @@ _encoder = msgspec.json.Encoder()
 _events_decoder = msgspec.json.Decoder(list[RunEvent])
 _start_decoder = msgspec.json.Decoder(StartTrigger)
 _dlq_decoder = msgspec.json.Decoder(DeadLetter)
+_beat_decoder = msgspec.json.Decoder(WorkerBeat)
+_wedge_decoder = msgspec.json.Decoder(WedgeRecord)
+_claim_decoder = msgspec.json.Decoder(WatchClaim)
 
 
 def encode(obj: Any) -> bytes:
@@ -88,6 +95,18 @@ def decode_intake_reply(data: bytes) -> IntakeOk | IntakeError:
 
 def decode_dead_letter(data: bytes) -> DeadLetter:
     return _dlq_decoder.decode(data)
+
+
+def decode_worker_beat(data: bytes) -> WorkerBeat:
+    return _beat_decoder.decode(data)
+
+
+def decode_wedge_record(data: bytes) -> WedgeRecord:
+    return _wedge_decoder.decode(data)
+
+
+def decode_watch_claim(data: bytes) -> WatchClaim:
+    return _claim_decoder.decode(data)
 
 
 def to_raw(value: Any) -> msgspec.Raw:

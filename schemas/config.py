@@ -18,6 +18,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         dedup_window: seconds the broker remembers ``Nats-Msg-Id`` values.
         append_timeout: seconds an event append keeps retrying through a broker outage before
             the worker gives the run up (it is re-woken later, nothing is lost).
+        heartbeat_interval: seconds between heartbeats of a worker and of every run it
+            executes (the run's heartbeat is its lease renewal). Default: ``lease_ttl / 3``,
+            at most 5 s. Must leave room for three heartbeats per lease period.
+        stall_after: seconds of silence after which a worker, or the owner of a run, counts as
+            stalled. Default: three heartbeats.
+        overdue_after: seconds past its due time after which a wake that has not happened (a
+            timer that did not fire, a signal that did not wake its run) counts as lost.
+        max_activation_failures: consecutive failed activations of one run (errors outside
+            the agent's code, such as a worker bug) after which the worker stops retrying and
+            dead-letters the run: the watchdog then reports it as wedged.
     """
 
     prefix: str = "sojourn"
@@ -25,3 +35,38 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     lease_ttl: float = 30.0
     dedup_window: float = 120.0
     append_timeout: float = 60.0
+    heartbeat_interval: float | None = None
+    stall_after: float | None = None
+    overdue_after: float = 60.0
+    max_activation_failures: int = 10
+
+    def __post_init__(self) -> None:
+        if self.lease_ttl <= 0:
+            raise ValueError(f"lease_ttl must be positive, not {self.lease_ttl}")
+        hb = self.heartbeat_interval
+        if hb is not None and not 0 < hb <= self.lease_ttl / 3:
+            raise ValueError(
+                f"heartbeat_interval {hb} must be positive and at most lease_ttl / 3 "
+                f"({self.lease_ttl / 3:g}): a lease must survive two missed heartbeats"
+            )
+        if self.stall_after is not None and self.stall_after <= self.heartbeat_every:
+            raise ValueError(
+                f"stall_after {self.stall_after} must exceed the heartbeat interval "
+                f"({self.heartbeat_every:g})"
+            )
+        if self.overdue_after <= 0:
+            raise ValueError(f"overdue_after must be positive, not {self.overdue_after}")
+        if self.max_activation_failures < 1:
+            raise ValueError("max_activation_failures must be at least 1")
+
+    @property
+    def heartbeat_every(self) -> float:
+        """The heartbeat period in effect."""
+        if self.heartbeat_interval is not None:
+            return self.heartbeat_interval
+        return min(5.0, self.lease_ttl / 3)
+
+    @property
+    def stall_threshold(self) -> float:
+        """Seconds of silence after which an owner counts as stalled."""
+        return self.stall_after if self.stall_after is not None else 3 * self.heartbeat_every

@@ -150,7 +150,7 @@ async def test_poll_with_backoff_until_the_job_is_done(
     assert all(g >= 0.19 for g in gaps) and max(gaps) < 0.8 + 1.0  # capped at max_interval
     history = await events(client, run_id)
     checks = [e for e in history if isinstance(e, StepCompleted) and e.name == "check_job"]
-    sleeps = [e for e in history if isinstance(e, WaitCompleted) and e.key == "sleep"]
+    sleeps = [e for e in history if isinstance(e, WaitCompleted) and e.key == "poll"]
     assert len(checks) == len(service.checks)  # every check is a journaled step
     assert len(sleeps) == len(checks) - 1  # every pause is a broker timer
 

@@ -1,0 +1,250 @@
+"""Prometheus metrics of workers and watchdogs (docs/operations.md lists them all).
+
+Labels are bounded: agent names and step names come from code, and even those are capped
+(``BoundedLabel``), because one agent that names its steps after its inputs must not take a
+Prometheus server down. A run id is never a label: per-run detail lives in ``sojourn status``.
+
+Counters and histograms are module-level (one set per process, shared by every worker in it);
+gauges that describe live objects (workers, the watchdog's model) are computed at scrape time by
+collectors that look at whatever is registered with them.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sojourn.schemas.errors import SojournError
+
+__all__ = [
+    "ACTIVATIONS",
+    "APPENDS",
+    "BUDGET_BREACHES",
+    "DEAD_LETTERS",
+    "EVENTS_APPENDED",
+    "FOLD_SECONDS",
+    "HISTORY_LOAD_SECONDS",
+    "IDLE_POLLS",
+    "REDELIVERIES",
+    "RESUME_LATENCY",
+    "SPEND",
+    "STEPS",
+    "STEPS_IN_DOUBT",
+    "STEP_DURATION",
+    "STEP_RETRIES",
+    "TOOL_CALLS",
+    "WATCHDOG_ACTIONS",
+    "BoundedLabel",
+    "agent_label",
+    "serve_metrics",
+    "step_label",
+    "track_watchdog",
+    "track_worker",
+]
+
+_DURATIONS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+_FAST = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+
+class BoundedLabel:
+    """Maps label values to themselves until ``limit`` distinct ones were seen, then to
+    ``other``: a cardinality fuse."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) >= self.limit:
+                return "other"
+            self._seen.add(value)
+        return value
+
+
+agent_label = BoundedLabel(500)
+_step_labels: dict[str, BoundedLabel] = {}
+
+
+def step_label(agent: str, step: str) -> str:
+    """A step name as a label: at most 200 distinct ones per agent."""
+    guard = _step_labels.get(agent)
+    if guard is None:
+        guard = _step_labels.setdefault(agent, BoundedLabel(200))
+    return guard(step)
+
+
+# --- workers ---------------------------------------------------------------------------------
+
+STEPS = Counter(
+    "sojourn_steps",
+    "Step attempts that ended, by outcome: completed, failed (for good) or retry_scheduled.",
+    ["agent", "step", "outcome"],
+)
+STEP_DURATION = Histogram(
+    "sojourn_step_duration_seconds",
+    "Wall time of step attempts (the step function itself).",
+    ["agent", "step"],
+    buckets=_DURATIONS,
+)
+STEP_RETRIES = Counter(
+    "sojourn_step_retries", "Step attempts started after a failed attempt.", ["agent", "step"]
+)
+STEPS_IN_DOUBT = Counter(
+    "sojourn_steps_in_doubt",
+    "Steps found started with no recorded end (their worker died mid-step), settled by their "
+    "in-doubt policy.",
+    ["agent", "step"],
+)
+TOOL_CALLS = Counter(
+    "sojourn_tool_calls",
+    "Step attempts started (every step is a tool call): the anomaly signal for runaway loops.",
+    ["agent"],
+)
+IDLE_POLLS = Counter(
+    "sojourn_idle_polls",
+    "ctx.poll checks that found the job not done yet (the idle-time cost of polling).",
+    ["agent"],
+)
+RESUME_LATENCY = Histogram(
+    "sojourn_resume_latency_seconds",
+    "From when a run was due (timer deadline, signal arrival, wake, trigger) to when a worker "
+    "started executing it.",
+    ["agent", "cause"],
+    buckets=_DURATIONS,
+)
+HISTORY_LOAD_SECONDS = Histogram(
+    "sojourn_history_load_seconds",
+    "Reading a run's history at the start of an activation.",
+    ["agent"],
+    buckets=_FAST,
+)
+FOLD_SECONDS = Histogram(
+    "sojourn_fold_seconds",
+    "Folding a run's history into its state at the start of an activation.",
+    ["agent"],
+    buckets=_FAST,
+)
+EVENTS_APPENDED = Counter("sojourn_events_appended", "Events appended to run histories.", ["agent"])
+APPENDS = Counter(
+    "sojourn_appends", "Fenced appends (one message per decision) to run histories.", ["agent"]
+)
+ACTIVATIONS = Counter(
+    "sojourn_activations",
+    "Activations that ended, by outcome (completed, failed, cancelled, suspended, waiting, "
+    "fenced, noop, error, wedged).",
+    ["agent", "outcome"],
+)
+REDELIVERIES = Counter(
+    "sojourn_consumer_redeliveries",
+    "Messages a worker received that had been delivered before (a crash, a timeout, a nak).",
+    ["consumer"],
+)
+DEAD_LETTERS = Counter(
+    "sojourn_dead_letters",
+    "Records written to the dead-letter stream, by code (rejected input, poison history, "
+    "max_deliveries).",
+    ["code"],
+)
+SPEND = Counter(
+    "sojourn_spend",
+    "What runs reported spending with ctx.spend, by unit (usd, tokens).",
+    ["agent", "unit"],
+)
+BUDGET_BREACHES = Counter(
+    "sojourn_budget_breaches",
+    "Runs suspended because they reached their budget, by limit (usd, tokens, steps).",
+    ["agent", "limit"],
+)
+
+# --- watchdogs -------------------------------------------------------------------------------
+
+WATCHDOG_ACTIONS = Counter(
+    "sojourn_watchdog_actions",
+    "Actions watchdogs took (a re-wake of a stalled, orphaned or overdue run), counted once "
+    "across all watchdogs of a deployment.",
+    ["action", "liveness"],
+)
+
+
+class _Gauges(Protocol):
+    def gauges(self) -> Iterable[Metric]: ...
+
+
+class _LiveCollector(Collector):
+    """Gauges computed at scrape time from the live objects registered with it."""
+
+    def __init__(self, families: Callable[[list[Any]], Iterable[Metric]]) -> None:
+        self._objects: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._families = families
+
+    def add(self, obj: Any) -> None:
+        self._objects.add(obj)
+
+    def discard(self, obj: Any) -> None:
+        self._objects.discard(obj)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families(list(self._objects))
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families([])
+
+
+def _worker_families(workers: list[Any]) -> Iterable[Metric]:
+    active = GaugeMetricFamily(
+        "sojourn_worker_active_runs", "Activations executing in this process now."
+    )
+    active.add_metric([], float(sum(len(w._active) for w in workers)))
+    capacity = GaugeMetricFamily(
+        "sojourn_worker_capacity", "Activations this process may execute at once."
+    )
+    capacity.add_metric([], float(sum(w.concurrency for w in workers)))
+    return [active, capacity]
+
+
+def _watchdog_families(watchdogs: list[_Gauges]) -> Iterable[Metric]:
+    if not watchdogs:
+        from sojourn.projections.model import gauge_families
+
+        return gauge_families(None)
+    return watchdogs[0].gauges()
+
+
+_workers = _LiveCollector(_worker_families)
+_watchdogs = _LiveCollector(_watchdog_families)  # type: ignore[arg-type]
+REGISTRY.register(_workers)
+REGISTRY.register(_watchdogs)
+
+
+def track_worker(worker: Any, on: bool = True) -> None:
+    (_workers.add if on else _workers.discard)(worker)
+
+
+def track_watchdog(watchdog: _Gauges, on: bool = True) -> None:
+    (_watchdogs.add if on else _watchdogs.discard)(watchdog)
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1") -> Any:
+    """Serve ``/metrics`` on ``host:port`` in a background thread; returns the server.
+
+    Raises:
+        SojournError: the port is taken or the address is not ours, said plainly.
+    """
+    try:
+        server, _thread = start_http_server(port, addr=host)
+    except OSError as e:
+        raise SojournError(
+            f"cannot serve metrics on {host}:{port}: {e.strerror or e}; choose another "
+            "--metrics-port"
+        ) from e
+    return server

@@ -1,0 +1,218 @@
+"""The watchdog: tells waiting runs from dead ones, and gets the dead ones moving again.
+
+It keeps the run model (``sojourn.projections.model``) current and judges every live run's
+liveness each ``interval``. Runs that are ``stalled`` (owner silent), ``orphaned`` (work, no
+owner) or ``overdue`` (a wake that should have happened) are re-woken: a wake message makes
+some worker look at the run, take its lease once the old one lapses, and continue from the last
+recorded event. ``wedged`` runs are reported (they need a human), never retried.
+
+Several watchdogs may run at once (one per worker host, say). Before acting on a run, a
+watchdog claims the action with a compare-and-set on ``<prefix>.watch.<run_id>``; the claim
+names the problem (state and the run's last event), so of several watchdogs that see the same
+problem exactly one acts, and the same problem is acted on again only after ``rewake_every``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+
+import msgspec
+from prometheus_client.core import Metric
+
+from sojourn.broker.connection import Broker, header
+from sojourn.broker.names import Names
+from sojourn.broker.topology import ensure_topology
+from sojourn.broker.wake import publish_wake
+from sojourn.projections.model import RunModel
+from sojourn.schemas.codec import decode_watch_claim, encode
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import SojournError
+from sojourn.schemas.health import Liveness, WatchClaim
+
+from .metrics import WATCHDOG_ACTIONS, track_watchdog
+
+__all__ = ["REWAKE_STATES", "Watchdog"]
+
+log = logging.getLogger("sojourn.watchdog")
+
+REWAKE_STATES = ("stalled", "orphaned", "overdue")
+
+
+class Watchdog:
+    """Judges every live run of a deployment and re-wakes the ones that are stuck.
+
+    Args:
+        nats: server URL (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``).
+        settings: the deployment's settings (thresholds come from them).
+        interval: seconds between two judgements (default: half a heartbeat).
+        rewake_every: seconds before the same problem of the same run is acted on again.
+        on_change: called with a run's liveness whenever its state changes (the CLI prints it).
+    """
+
+    def __init__(
+        self,
+        *,
+        nats: str | None = None,
+        broker: Broker | None = None,
+        settings: Settings | None = None,
+        interval: float | None = None,
+        rewake_every: float | None = None,
+        watchdog_id: str | None = None,
+        on_change: Callable[[Liveness, Liveness | None], None] | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.names = Names(self.settings.prefix)
+        self.interval = interval or max(0.25, self.settings.heartbeat_every / 2)
+        self.rewake_every = rewake_every or max(5.0, 2 * self.settings.stall_threshold)
+        self.watchdog_id = (
+            watchdog_id or f"wd-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
+        self.on_change = on_change
+        self.actions = 0
+        self._url = nats
+        self._broker = broker
+        self._owns_broker = broker is None
+        self._task: asyncio.Task[None] | None = None
+        self._last: dict[str, Liveness] = {}
+        self._acted: dict[tuple[str, str, int], float] = {}
+        self._scanned = asyncio.Event()
+        self.model: RunModel
+
+    async def _open(self) -> None:
+        if self._broker is None:
+            self._broker = await Broker.connect(self._url, name=f"sojourn {self.watchdog_id}")
+        await ensure_topology(self._broker, self.names, self.settings, consumers=False)
+        self.model = RunModel(self._broker, self.names, self.settings)
+
+    async def survey(self) -> dict[str, Liveness]:
+        """Read everything, judge every live run once, act on nothing, disconnect."""
+        await self._open()
+        try:
+            while not await self.model.refresh(max_pages=10_000):
+                pass
+            return self.model.assess()
+        finally:
+            if self._owns_broker and self._broker is not None:
+                await self._broker.close()
+
+    async def start(self) -> Watchdog:
+        await self._open()
+        track_watchdog(self)
+        self._task = asyncio.create_task(self._loop(), name="sojourn-watchdog")
+        return self
+
+    async def stop(self) -> None:
+        track_watchdog(self, on=False)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        if self._owns_broker and self._broker is not None:
+            await self._broker.close()
+
+    async def __aenter__(self) -> Watchdog:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def gauges(self) -> list[Metric]:
+        return self.model.gauges()
+
+    async def wait_scanned(self) -> None:
+        """Wait until the model has caught up and judged every run at least once more."""
+        self._scanned.clear()
+        await self._scanned.wait()
+
+    def liveness(self, run_id: str) -> Liveness | None:
+        return self.model.assessed.get(run_id)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self.scan()
+            except asyncio.CancelledError:
+                raise
+            except SojournError as e:
+                log.warning("watchdog: %s; retrying", e)
+            except Exception:
+                log.exception("watchdog: scan failed; retrying")
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    async def scan(self) -> dict[str, Liveness]:
+        """Read what is new, judge every run, act on the stuck ones."""
+        caught_up = await self.model.refresh()
+        if not caught_up and not self.model.caught_up:
+            return {}
+        now = time.time()
+        judged = self.model.assess(now)
+        for run_id, liv in judged.items():
+            before = self._last.get(run_id)
+            if before is None or before.state != liv.state:
+                self._report(liv, before)
+            if liv.state in REWAKE_STATES:
+                await self._act(liv, now)
+        for run_id in [r for r in self._last if r not in judged]:
+            del self._last[run_id]
+        self._last.update(judged)
+        cutoff = now - self.rewake_every
+        self._acted = {k: t for k, t in self._acted.items() if t > cutoff}
+        self._scanned.set()
+        return judged
+
+    def _report(self, liv: Liveness, before: Liveness | None) -> None:
+        if self.on_change is not None:
+            self.on_change(liv, before)
+        if liv.flagged:
+            log.warning("run %s (%s) is %s: %s", liv.run_id, liv.agent, liv.state, liv.reason)
+        elif before is not None and before.flagged:
+            log.info("run %s (%s) is %s again", liv.run_id, liv.agent, liv.state)
+
+    async def _act(self, liv: Liveness, now: float) -> None:
+        """Re-wake a stuck run, once per problem across all watchdogs."""
+        seq = self.model.runs[liv.run_id].last_seq
+        key = (liv.run_id, liv.state, seq)
+        if key in self._acted:
+            return
+        self._acted[key] = now
+        if not await self._claim(liv, seq, now):
+            return
+        reason = f"watchdog:{liv.state}"
+        await publish_wake(self._broker_or_fail(), self.names, liv.run_id, reason)
+        self.actions += 1
+        WATCHDOG_ACTIONS.labels("rewake", liv.state).inc()
+        log.info("run %s: re-woken (%s: %s)", liv.run_id, liv.state, liv.reason)
+
+    async def _claim(self, liv: Liveness, seq: int, now: float) -> bool:
+        b = self._broker_or_fail()
+        subject = self.names.watch(liv.run_id)
+        last = await b.direct_get_last(self.names.health_stream, subject)
+        expected = 0
+        if last is not None:
+            expected = int(header(last, "Nats-Sequence"))
+            with contextlib.suppress(msgspec.MsgspecError):
+                prev = decode_watch_claim(last.data)
+                same = prev.state == liv.state and prev.event_seq == seq
+                if same and now - prev.at < self.rewake_every:
+                    return False  # another watchdog (or we) acted on this very problem
+        claim = WatchClaim(
+            run_id=liv.run_id, state=liv.state, event_seq=seq, by=self.watchdog_id, at=now
+        )
+        ack = await b.publish_raw(
+            subject, encode(claim), {"Nats-Expected-Last-Subject-Sequence": str(expected)}
+        )
+        return not ack.get("error")
+
+    def _broker_or_fail(self) -> Broker:
+        assert self._broker is not None
+        return self._broker

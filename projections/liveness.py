@@ -1,0 +1,132 @@
+"""Liveness: is a run doing what it should, from its history plus its owner's heartbeats?
+
+From the outside, a run that is merely not running looks exactly like one whose process died.
+The difference is in what history says the run is doing: a run parked on a signal, a timer, a
+child or a retry is *waiting*, and needs no process at all; only a run with work to do needs an
+owner, and only an owner that holds a run has to heartbeat. So a legitimately waiting run is
+never flagged, however long it waits, and a run with work is flagged as soon as its owner goes
+silent and nobody took over (``stalled``), or nobody holds it at all (``orphaned``). A wait
+whose wake is due and did not happen is ``overdue``; a run that cannot move without a human
+is ``wedged``.
+
+``classify`` is pure: the same inputs give the same answer, so it is tested exhaustively.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from sojourn.broker.leases import LeaseHolder
+from sojourn.schemas.health import Liveness, LivenessState, WedgeRecord
+
+from .summary import RunSummary
+
+__all__ = ["WEDGING_SUSPENSIONS", "Thresholds", "classify"]
+
+WEDGING_SUSPENSIONS = frozenset({"nondeterminism", "poison"})
+"""Suspension reasons no resume can fix without a code change: reported as ``wedged``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    stall_after: float
+    overdue_after: float
+
+
+def classify(
+    s: RunSummary,
+    lease: LeaseHolder | None,
+    now: float,
+    limits: Thresholds,
+    wedge: WedgeRecord | None = None,
+) -> Liveness:
+    """The liveness of one run at ``now``."""
+
+    def make(state: LivenessState, **fields: Any) -> Liveness:
+        return Liveness(
+            run_id=s.run_id,
+            agent=s.agent,
+            status=s.status,
+            state=state,
+            checked_at=now,
+            on=s.waiting_on,
+            deadline=s.deadline,
+            **fields,
+        )
+
+    if s.terminal:
+        return make("ended", since=s.ended_at)
+    if wedge is not None and (wedge.permanent or s.last_seq <= wedge.seq):
+        return make("wedged", reason=f"{wedge.code}: {wedge.reason}", since=wedge.at)
+    if s.status == "suspended":
+        reason = s.suspended_reason or "suspended"
+        text = f"{reason}: {s.suspended_detail}" if s.suspended_detail else reason
+        state: LivenessState = "wedged" if reason in WEDGING_SUSPENSIONS else "suspended"
+        return make(state, reason=text, since=s.last_event_at)
+
+    owner = lease.owner if lease is not None else None
+    beat = (lease.heartbeat_at or lease.acquired_at) if lease is not None else 0.0
+    fresh = owner is not None and now - beat <= limits.stall_after
+    held = owner is not None and lease is not None and lease.expires_at > now
+    if lease is not None and owner is not None and fresh:
+        running = make(
+            "running",
+            owner=owner,
+            last_heartbeat=beat,
+            step=lease.step,
+            details=_details(lease),
+            since=lease.acquired_at or beat,
+        )
+    else:
+        running = None
+
+    if s.status == "waiting":
+        late = _late_wake(s, now, limits.overdue_after)
+        if late is not None:
+            return make("overdue", reason=late[1], since=late[0])
+        return running or make("waiting", since=s.waiting_since)
+
+    # pending or running: the run has work to do, so someone must hold it and heartbeat.
+    if running is not None:
+        return running
+    if lease is not None and owner is not None:
+        # Its owner went silent and nobody took over (yet): a paused or dead worker.
+        expiry = (
+            f"its lease ran out {now - lease.expires_at:.1f}s ago"
+            if not held
+            else f"its lease runs out in {lease.expires_at - now:.1f}s"
+        )
+        return make(
+            "stalled",
+            reason=f"owner {owner} silent for {now - beat:.1f}s; {expiry}",
+            owner=owner,
+            last_heartbeat=beat,
+            step=lease.step,
+            details=_details(lease),
+            since=beat,
+        )
+    idle_since = max(s.last_event_at, beat)
+    if now - idle_since <= limits.stall_after:
+        return make("pending", since=idle_since)
+    return make(
+        "orphaned",
+        reason=f"work pending for {now - idle_since:.1f}s and no worker holds it",
+        since=idle_since,
+    )
+
+
+def _details(lease: LeaseHolder) -> msgspec.Raw | None:
+    return None if bytes(lease.details) == b"null" else lease.details
+
+
+def _late_wake(s: RunSummary, now: float, grace: float) -> tuple[float, str] | None:
+    """When (and why) a waiting run should have been woken more than ``grace`` ago."""
+    if s.deadline is not None and now - s.deadline > grace:
+        return s.deadline, f"wake due {now - s.deadline:.1f}s ago has not happened"
+    sig = s.due_signal()
+    if sig is not None and now - sig.at > grace:
+        return sig.at, f"signal '{sig.name}' arrived {now - sig.at:.1f}s ago and has not woken it"
+    return None

@@ -1,0 +1,343 @@
+"""The run model: every live run's summary, its owner's heartbeat, and the workers, kept
+current by following the deployment's streams.
+
+This is the projection the watchdog judges liveness from. It reads four streams in order with
+``StreamFollower`` (no server-side state to recover after a restart): run events (folded into
+``RunSummary``), leases (each renewal is a run's heartbeat), worker heartbeats and wedge
+records. Ended runs are dropped as they end, so memory follows the number of live runs, not
+the length of the stream. At start-up it reads the events stream from the beginning; until it
+has caught up it does not judge anything (a half-read history would look stale).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+import msgspec
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from sojourn.broker.connection import Broker, Msg, header
+from sojourn.broker.follow import StreamFollower
+from sojourn.broker.leases import LeaseHolder, decode_lease
+from sojourn.broker.names import Names
+from sojourn.schemas.codec import decode_events, decode_wedge_record, decode_worker_beat
+from sojourn.schemas.config import Settings
+from sojourn.schemas.events import RunCompleted, StepStarted
+from sojourn.schemas.health import LIVENESS_STATES, Liveness, WedgeRecord, WorkerBeat
+
+from .anomaly import HistoryBaseline, RateBaseline
+from .liveness import Thresholds, classify
+from .summary import RunSummary, summarize
+
+__all__ = ["RunModel", "gauge_families"]
+
+log = logging.getLogger("sojourn.projections")
+
+SILENT_FOR = 3600.0
+"""A worker silent longer than this (without a graceful stop) is forgotten, not "down"."""
+_MAX_AGENTS = 500
+
+
+class RunModel:
+    """Follows a deployment's streams; ``refresh()`` reads what is new, ``assess()`` judges."""
+
+    def __init__(self, broker: Broker, names: Names, settings: Settings) -> None:
+        self.broker = broker
+        self.names = names
+        self.settings = settings
+        self.limits = Thresholds(
+            stall_after=settings.stall_threshold, overdue_after=settings.overdue_after
+        )
+        self.runs: dict[str, RunSummary] = {}
+        self.leases: dict[str, LeaseHolder] = {}
+        self.workers: dict[str, WorkerBeat] = {}
+        self.wedges: dict[str, WedgeRecord] = {}
+        self.tool_calls: dict[str, RateBaseline] = {}
+        self.history: dict[str, HistoryBaseline] = {}
+        self.agents: set[str] = set()
+        self.ended = 0
+        self.caught_up = False
+        self.assessed: dict[str, Liveness] = {}
+        self.assessed_at = 0.0
+        self._events = StreamFollower(broker, names.events_stream, names.events_all, page=1000)
+        self._leases = StreamFollower(broker, names.leases_stream, names.leases_all)
+        self._workers = StreamFollower(broker, names.health_stream, names.workers_all)
+        self._wedges = StreamFollower(broker, names.health_stream, f"{names.prefix}.wedge.*")
+
+    # --- reading -----------------------------------------------------------------------------
+
+    async def refresh(self, max_pages: int = 200) -> bool:
+        """Read what is new on every stream (at most ``max_pages`` pages of events per call, so
+        a long catch-up still lets the caller act in between); return whether caught up."""
+        for m in await self._drain(self._leases, 50):
+            self._on_lease(m)
+        for m in await self._drain(self._workers, 10):
+            self._on_beat(m)
+        for m in await self._drain(self._wedges, 10):
+            self._on_wedge(m)
+        pages = 0
+        while pages < max_pages:
+            msgs = await self._events.next_page()
+            if not msgs:
+                break
+            pages += 1
+            for m in msgs:
+                self._on_decision(m)
+            if self._events.pending == 0:
+                break
+        done = self._events.pending == 0
+        self.caught_up = self.caught_up or done
+        return done
+
+    @staticmethod
+    async def _drain(follower: StreamFollower, max_pages: int) -> list[Msg]:
+        out: list[Msg] = []
+        for _ in range(max_pages):
+            msgs = await follower.next_page()
+            out.extend(msgs)
+            if not msgs or follower.pending == 0:
+                break
+        return out
+
+    def _run_of(self, m: Msg, index: int = 1) -> str:
+        return self.names.subject_token(header(m, "Nats-Subject"), index)
+
+    def _on_decision(self, m: Msg) -> None:
+        run_id = self._run_of(m)
+        seq = int(header(m, "Nats-Sequence"))
+        s = self.runs.get(run_id)
+        if s is None:
+            s = RunSummary(run_id=run_id)
+        try:
+            events = decode_events(m.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self.wedges[run_id] = WedgeRecord(
+                run_id=run_id,
+                code="poison",
+                reason=f"event message {seq} cannot be decoded: {e}",
+                seq=seq,
+                permanent=True,
+                at=time.time(),
+            )
+            events = []
+        was_terminal = s.terminal
+        for e in events:
+            s = summarize(s, e)
+            if isinstance(e, StepStarted) and s.agent:
+                self._tool_calls(s.agent).add(e.at)
+        s = msgspec.structs.replace(
+            s, last_seq=seq, decisions=s.decisions + 1, bytes=s.bytes + len(m.data)
+        )
+        if s.agent and s.agent not in self.agents and len(self.agents) < _MAX_AGENTS:
+            self.agents.add(s.agent)
+        if s.terminal:
+            if not was_terminal:
+                self.ended += 1
+                if any(isinstance(e, RunCompleted) for e in events):
+                    self.history.setdefault(s.agent, HistoryBaseline()).add(s.events)
+            self.runs.pop(run_id, None)
+            self.leases.pop(run_id, None)
+            self.wedges.pop(run_id, None)
+            return
+        if s.status == "new" and not s.agent:
+            # Events of a run whose start we never saw (the stream was trimmed): keep it anyway,
+            # it may still need a worker.
+            pass
+        self.runs[run_id] = s
+
+    def _tool_calls(self, agent: str) -> RateBaseline:
+        rb = self.tool_calls.get(agent)
+        if rb is None:
+            rb = self.tool_calls[agent] = RateBaseline()
+        return rb
+
+    def _on_lease(self, m: Msg) -> None:
+        run_id = self._run_of(m)
+        try:
+            self.leases[run_id] = decode_lease(m.data)
+        except msgspec.MsgspecError:
+            self.leases.pop(run_id, None)
+
+    def _on_beat(self, m: Msg) -> None:
+        try:
+            beat = decode_worker_beat(m.data)
+        except msgspec.MsgspecError:
+            return
+        self.workers[beat.worker_id] = beat
+
+    def _on_wedge(self, m: Msg) -> None:
+        try:
+            rec = decode_wedge_record(m.data)
+        except msgspec.MsgspecError:
+            return
+        self.wedges[rec.run_id] = rec
+
+    # --- judging -----------------------------------------------------------------------------
+
+    def assess(self, now: float | None = None) -> dict[str, Liveness]:
+        """The liveness of every live run (empty until the model has caught up once)."""
+        now = time.time() if now is None else now
+        if not self.caught_up:
+            return {}
+        out = {
+            run_id: classify(s, self.leases.get(run_id), now, self.limits, self.wedges.get(run_id))
+            for run_id, s in self.runs.items()
+        }
+        self.assessed, self.assessed_at = out, now
+        self._prune(now)
+        return out
+
+    def _prune(self, now: float) -> None:
+        for run_id in [r for r, lh in self.leases.items() if r not in self.runs]:
+            lh = self.leases[run_id]
+            if now - (lh.heartbeat_at or lh.acquired_at) > 10 * self.limits.stall_after + 60:
+                del self.leases[run_id]
+        for wid in [w for w, b in self.workers.items() if now - b.at > SILENT_FOR]:
+            del self.workers[wid]
+        for rb in self.tool_calls.values():
+            rb.prune(now)
+
+    def worker_states(self, now: float) -> dict[str, str]:
+        """``live`` or ``silent`` for every worker heard from in the last hour and not stopped."""
+        out = {}
+        for wid, b in self.workers.items():
+            if b.stopped:
+                continue
+            out[wid] = "live" if now - b.at <= self.limits.stall_after else "silent"
+        return out
+
+    @property
+    def lag_events(self) -> int:
+        return self._events.pending
+
+    def lag_seconds(self, now: float) -> float:
+        if self._events.pending == 0:
+            return 0.0
+        return max(0.0, now - self._events.last_time) if self._events.last_time else 0.0
+
+    def gauges(self) -> list[Metric]:
+        return gauge_families(self)
+
+
+def gauge_families(model: RunModel | None) -> list[Metric]:
+    """The watchdog's gauges, computed from the model's last assessment."""
+    runs = GaugeMetricFamily(
+        "sojourn_runs", "Runs that have not ended, by liveness.", labels=["agent", "liveness"]
+    )
+    suspended = GaugeMetricFamily(
+        "sojourn_runs_suspended", "Suspended runs by reason.", labels=["agent", "reason"]
+    )
+    workers = GaugeMetricFamily(
+        "sojourn_workers",
+        "Workers by heartbeat: live, or silent (stopped heartbeating without a graceful stop "
+        "within the last hour).",
+        labels=["state"],
+    )
+    timers = GaugeMetricFamily(
+        "sojourn_pending_timers", "Runs waiting with a deadline (a broker timer set)."
+    )
+    lag = GaugeMetricFamily(
+        "sojourn_projection_lag_events", "Run events the watchdog's run model has not read yet."
+    )
+    lag_s = GaugeMetricFamily(
+        "sojourn_projection_lag_seconds",
+        "Age of the newest run event the model has read, while it is behind (0 when caught up).",
+    )
+    scan = GaugeMetricFamily(
+        "sojourn_watchdog_last_scan_timestamp_seconds",
+        "When the watchdog last judged every run (unix time).",
+    )
+    rate = GaugeMetricFamily(
+        "sojourn_tool_call_rate",
+        "Tool calls (step attempts) per second over the last 5 minutes.",
+        labels=["agent"],
+    )
+    rate_base = GaugeMetricFamily(
+        "sojourn_tool_call_baseline",
+        "Tool calls per second over the preceding day (excluding the last hour).",
+        labels=["agent"],
+    )
+    hist_max = GaugeMetricFamily(
+        "sojourn_history_events_max", "The longest history among live runs.", labels=["agent"]
+    )
+    hist_base = GaugeMetricFamily(
+        "sojourn_history_events_baseline",
+        "The typical history length of completed runs (exponentially weighted).",
+        labels=["agent"],
+    )
+    ratio = GaugeMetricFamily(
+        "sojourn_anomaly_ratio",
+        "A signal against its baseline (tool_calls: rate; history_growth: longest live "
+        "history); absent until the baseline is known.",
+        labels=["agent", "signal"],
+    )
+    idle = GaugeMetricFamily(
+        "sojourn_idle_polls_per_run",
+        "Mean idle polls (ctx.poll checks that found nothing) per live run.",
+        labels=["agent"],
+    )
+    families: list[Metric] = [
+        runs, suspended, workers, timers, lag, lag_s, scan,
+        rate, rate_base, hist_max, hist_base, ratio, idle,
+    ]  # fmt: skip
+    if model is None:
+        return families
+    now = model.assessed_at or time.time()
+    counts = {(a, st): 0 for a in model.agents for st in LIVENESS_STATES if st != "ended"}
+    reasons: dict[tuple[str, str], int] = {}
+    for liv in model.assessed.values():
+        agent = liv.agent if liv.agent in model.agents else "other"
+        if liv.state != "ended":
+            counts[agent, liv.state] = counts.get((agent, liv.state), 0) + 1
+    longest: dict[str, int] = {}
+    polls: dict[str, list[int]] = {}
+    pending_timers = 0
+    for s in model.runs.values():
+        agent = s.agent if s.agent in model.agents else "other"
+        if s.status == "suspended":
+            key = (agent, s.suspended_reason or "suspended")
+            reasons[key] = reasons.get(key, 0) + 1
+        longest[agent] = max(longest.get(agent, 0), s.events)
+        polls.setdefault(agent, []).append(s.idle_polls)
+        pending_timers += s.deadline is not None and s.status in ("waiting", "suspended")
+    for (agent, st), n in sorted(counts.items()):
+        runs.add_metric([agent, st], n)
+    for (agent, reason), n in sorted(reasons.items()):
+        suspended.add_metric([agent, reason], n)
+    states = model.worker_states(now)
+    for st in ("live", "silent"):
+        workers.add_metric([st], sum(1 for v in states.values() if v == st))
+    timers.add_metric([], pending_timers)
+    lag.add_metric([], model.lag_events)
+    lag_s.add_metric([], model.lag_seconds(now))
+    if model.assessed_at:
+        scan.add_metric([], model.assessed_at)
+    for agent in sorted(model.agents):
+        rb = model.tool_calls.get(agent)
+        if rb is not None:
+            rate.add_metric([agent], rb.rate(now))
+            base = rb.baseline(now)
+            if base is not None:
+                rate_base.add_metric([agent], base)
+            r = rb.ratio(now)
+            if r is not None:
+                ratio.add_metric([agent, "tool_calls"], r)
+        hist_max.add_metric([agent], longest.get(agent, 0))
+        hb = model.history.get(agent)
+        if hb is not None and hb.value is not None:
+            hist_base.add_metric([agent], hb.value)
+            r = hb.ratio(longest.get(agent, 0))
+            if r is not None:
+                ratio.add_metric([agent, "history_growth"], r)
+        ps = polls.get(agent)
+        idle.add_metric([agent], sum(ps) / len(ps) if ps else 0.0)
+    return families
+
+
+def by_state(assessed: Iterable[Liveness]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for liv in assessed:
+        out[liv.state] = out.get(liv.state, 0) + 1
+    return out

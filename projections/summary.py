@@ -1,0 +1,261 @@
+"""A compact run summary folded from a run's events: what liveness and dashboards need.
+
+The full run state (``sojourn.actors.state``) keeps every operation so replay can hand results
+back to the code; a watchdog that follows every run of a deployment needs far less: status,
+what the run waits for and until when, the signals it has not consumed yet, its current step
+and a few counters. This fold keeps exactly that, in constant space per run, and like the full
+one it is pure (``summarize(summary, event, seq) -> summary``), total (an event that does not
+fit is counted, never raised) and tested against the full fold (tests/projections).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from sojourn.schemas.codec import from_raw
+from sojourn.schemas.events import (
+    CancelRequested,
+    ChildStarted,
+    RunCancelled,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    RunSuspended,
+    SignalReceived,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    ValueRecorded,
+    WaitCompleted,
+    WaitStarted,
+)
+
+__all__ = ["CHILD_SIGNAL", "POLL_WAIT", "RunSummary", "summarize", "summarize_all"]
+
+CHILD_SIGNAL = "sojourn-child"
+"""The reserved signal a child run sends its parent when it ends (``<this>.<child_run_id>``)."""
+POLL_WAIT = "poll"
+"""The wait key of the pause between two checks of ``ctx.poll``: one idle poll."""
+
+_TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+class PendingSignal(msgspec.Struct, frozen=True, array_like=True):
+    signal_id: str
+    name: str
+    at: float
+
+
+class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str = ""
+    agent: str = ""
+    parent_run_id: str | None = None
+    status: str = "new"
+    """``new``, ``pending``, ``running``, ``waiting``, ``suspended`` or a terminal status."""
+    started_at: float = 0.0
+    ended_at: float | None = None
+    last_seq: int = 0
+    last_event_at: float = 0.0
+    events: int = 0
+    decisions: int = 0
+    bytes: int = 0
+    waiting_on: tuple[str, ...] = ()
+    waiting_since: float | None = None
+    deadline: float | None = None
+    signals: tuple[PendingSignal, ...] = ()
+    suspended_reason: str | None = None
+    suspended_detail: str | None = None
+    cancel_requested: bool = False
+    step: str | None = None
+    """The step started and not yet settled (in doubt if the run is not running it)."""
+    step_position: int | None = None
+    step_started_at: float | None = None
+    step_attempts: int = 0
+    retries: int = 0
+    in_doubt: int = 0
+    """Steps started again after an attempt whose end was never recorded."""
+    idle_polls: int = 0
+    spent_usd: float = 0.0
+    spent_tokens: int = 0
+    anomalies: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in _TERMINAL
+
+    @property
+    def needs_work(self) -> bool:
+        """Whether a worker should be executing the run now (it is not parked)."""
+        return self.status in ("pending", "running")
+
+    def due_signal(self) -> PendingSignal | None:
+        """The earliest buffered signal the run's current wait is waiting for, if any."""
+        wanted = set()
+        for on in self.waiting_on:
+            kind, _, what = on.partition(":")
+            if kind == "signal":
+                wanted.add(what)
+            elif kind == "run":
+                wanted.add(f"{CHILD_SIGNAL}.{what}")
+        for sig in self.signals:
+            if sig.name in wanted:
+                return sig
+        return None
+
+
+def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
+    """Apply one event."""
+    rep = msgspec.structs.replace
+    s = rep(s, events=s.events + 1, last_event_at=max(s.last_event_at, event.at))
+    if s.terminal:
+        return s if isinstance(event, CancelRequested) else rep(s, anomalies=s.anomalies + 1)
+    active = "suspended" if s.status == "suspended" else "running"
+    match event:
+        case RunStarted():
+            if s.status != "new":
+                return rep(s, anomalies=s.anomalies + 1)
+            return rep(
+                s,
+                run_id=event.run_id,
+                agent=event.agent,
+                parent_run_id=event.parent_run_id,
+                status="pending",
+                started_at=event.at,
+            )
+        case StepStarted():
+            in_doubt = s.step is not None and s.step_position == event.position
+            retry = event.attempt > 1 and not in_doubt
+            s = rep(
+                s,
+                status=active,
+                step=event.name,
+                step_position=event.position,
+                step_started_at=event.at,
+                step_attempts=s.step_attempts + 1,
+                retries=s.retries + retry,
+                in_doubt=s.in_doubt + in_doubt,
+            )
+            if s.waiting_on == (f"retry:{event.name}",):
+                s = rep(s, waiting_on=(), deadline=None, waiting_since=None)
+            return s
+        case StepCompleted():
+            return rep(s, status=active, step=None, step_position=None, step_started_at=None)
+        case StepFailed():
+            s = rep(s, step=None, step_position=None, step_started_at=None)
+            if event.retry_at is None:
+                return rep(s, status=active)
+            return rep(
+                s,
+                status="suspended" if s.status == "suspended" else "waiting",
+                waiting_on=(f"retry:{event.name}",),
+                waiting_since=event.at,
+                deadline=event.retry_at,
+            )
+        case WaitStarted():
+            on = (
+                *(f"signal:{n}" for n in event.signals),
+                *(f"run:{c}" for c in event.children),
+                *(("timer",) if event.deadline is not None else ()),
+            )
+            return rep(
+                s,
+                status="suspended" if s.status == "suspended" else "waiting",
+                waiting_on=on,
+                waiting_since=event.at,
+                deadline=event.deadline,
+                idle_polls=s.idle_polls + (event.key == POLL_WAIT),
+            )
+        case WaitCompleted():
+            signals = s.signals
+            if event.signal_id is not None:
+                signals = tuple(x for x in signals if x.signal_id != event.signal_id)
+            elif event.outcome == "child":
+                # The child's notification may have been buffered: it is consumed with the wait.
+                done = {f"{CHILD_SIGNAL}.{on[4:]}" for on in s.waiting_on if on.startswith("run:")}
+                signals = tuple(x for x in signals if x.name not in done)
+            return rep(
+                s,
+                status=active,
+                waiting_on=(),
+                waiting_since=None,
+                deadline=None,
+                signals=signals,
+            )
+        case SignalReceived():
+            if any(x.signal_id == event.signal_id for x in s.signals):
+                return s
+            sig = PendingSignal(event.signal_id, event.name, event.at)
+            return rep(s, signals=(*s.signals, sig))
+        case ValueRecorded():
+            if event.kind == "spend":
+                usd, tokens = _spend(event.value)
+                return rep(s, spent_usd=s.spent_usd + usd, spent_tokens=s.spent_tokens + tokens)
+            return s
+        case ChildStarted():
+            return s
+        case CancelRequested():
+            return rep(s, cancel_requested=True)
+        case RunSuspended():
+            return rep(
+                s,
+                status="suspended",
+                suspended_reason=event.reason,
+                suspended_detail=event.detail,
+            )
+        case RunResumed():
+            if s.status != "suspended":
+                return rep(s, anomalies=s.anomalies + 1)
+            return rep(s, status="pending", suspended_reason=None, suspended_detail=None)
+        case RunCompleted():
+            return _ended(s, "completed", event.at)
+        case RunFailed():
+            return _ended(s, "failed", event.at)
+        case RunCancelled():
+            return _ended(s, "cancelled", event.at)
+    return rep(s, anomalies=s.anomalies + 1)  # pragma: no cover
+
+
+def _ended(s: RunSummary, status: str, at: float) -> RunSummary:
+    return msgspec.structs.replace(
+        s,
+        status=status,
+        ended_at=at,
+        waiting_on=(),
+        waiting_since=None,
+        deadline=None,
+        signals=(),
+        step=None,
+        step_position=None,
+        step_started_at=None,
+    )
+
+
+class _Spend(msgspec.Struct, frozen=True):
+    usd: float = 0.0
+    tokens: int = 0
+
+
+def _spend(raw: msgspec.Raw) -> tuple[float, int]:
+    try:
+        v = from_raw(raw, _Spend)
+    except msgspec.MsgspecError:
+        return 0.0, 0
+    return v.usd, v.tokens
+
+
+def summarize_all(
+    decisions: Iterable[tuple[int, int, Iterable[RunEvent]]], s: RunSummary | None = None
+) -> RunSummary:
+    """Fold decisions given as ``(seq, size_in_bytes, events)``."""
+    s = s or RunSummary()
+    for seq, size, events in decisions:
+        for e in events:
+            s = summarize(s, e)
+        s = msgspec.structs.replace(
+            s, last_seq=seq, decisions=s.decisions + 1, bytes=s.bytes + size
+        )
+    return s

@@ -1,0 +1,128 @@
+"""Health records: worker heartbeats, the liveness of a run, the watchdog's action claims.
+
+These are not run events (they never enter a run's history): they describe the processes
+around the runs, and they are read by the watchdog, ``sojourn status`` and dashboards. Like the
+events they are closed, versioned by field defaults, and JSON on the wire (docs/wire.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "LIVENESS_STATES",
+    "Liveness",
+    "LivenessState",
+    "WatchClaim",
+    "WedgeRecord",
+    "WorkerBeat",
+]
+
+LivenessState = Literal[
+    "pending",
+    "running",
+    "waiting",
+    "suspended",
+    "stalled",
+    "orphaned",
+    "overdue",
+    "wedged",
+    "ended",
+]
+LIVENESS_STATES: tuple[LivenessState, ...] = (
+    "pending",
+    "running",
+    "waiting",
+    "suspended",
+    "stalled",
+    "orphaned",
+    "overdue",
+    "wedged",
+    "ended",
+)
+"""Every liveness state, in the order dashboards list them.
+
+- ``pending``: has work to do and no owner yet, for less than the stall threshold.
+- ``running``: an owner holds the run and heartbeats.
+- ``waiting``: parked on signals, a timer, a child or a retry; nothing is late.
+- ``suspended``: parked for a human (a cap, a budget, an in-doubt step, a manual suspend).
+- ``stalled``: an owner holds the run but has been silent past the stall threshold.
+- ``orphaned``: has work to do and no owner has held it for the stall threshold.
+- ``overdue``: a wake that should have happened has not (a timer due, a signal arrived).
+- ``wedged``: cannot make progress without a human: non-determinism, an undecodable event,
+  or too many failed activations.
+- ``ended``: completed, failed or cancelled.
+"""
+
+
+class WorkerBeat(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker's heartbeat: the one message on ``<prefix>.worker.<token>``."""
+
+    worker_id: str
+    host: str = ""
+    pid: int = 0
+    agents: tuple[str, ...] = ()
+    active: int = 0
+    capacity: int = 0
+    started_at: float = 0.0
+    at: float = 0.0
+    interval: float = 0.0
+    stopped: bool = False
+    """Set by the last beat of a worker that stopped gracefully (it is not "down")."""
+
+
+class Liveness(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a run is doing now, from its history plus its owner's heartbeats."""
+
+    run_id: str
+    state: LivenessState
+    agent: str = ""
+    status: str = ""
+    """The run's status from its history (``running``, ``waiting``, ...)."""
+    reason: str | None = None
+    """Why a run is suspended, stalled, orphaned, overdue or wedged, in words."""
+    owner: str | None = None
+    last_heartbeat: float | None = None
+    step: str | None = None
+    """The step the owner reported running at its last heartbeat."""
+    details: msgspec.Raw | None = None
+    """What the step last reported with ``ctx.heartbeat(details)``."""
+    on: tuple[str, ...] = ()
+    since: float | None = None
+    deadline: float | None = None
+    checked_at: float = 0.0
+
+    @property
+    def flagged(self) -> bool:
+        """Whether this state needs attention (an alert, a re-wake or a human)."""
+        return self.state in ("stalled", "orphaned", "overdue", "wedged")
+
+
+class WatchClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """The last action a watchdog took on a run (``<prefix>.watch.<run_id>``).
+
+    Written with a compare-and-set on the subject, so of several watchdogs that see the same
+    problem exactly one acts on it.
+    """
+
+    run_id: str
+    state: LivenessState
+    event_seq: int
+    by: str
+    at: float
+
+
+class WedgeRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker gave up on a run (``<prefix>.wedge.<run_id>``): the run is wedged until its
+    history moves past ``seq`` (or for good, when ``permanent``)."""
+
+    run_id: str
+    code: str
+    """``poison`` (an event that cannot be decoded) or ``max_deliveries`` (activations kept
+    failing outside the agent's code)."""
+    reason: str
+    seq: int
+    permanent: bool = False
+    at: float = 0.0

@@ -1,0 +1,359 @@
+"""Liveness proofs with real processes: a stopped worker is stalled, a killed one's run resumes
+elsewhere, waiting runs are never flagged, a lost timer is overdue and re-woken, a diverged
+replay is wedged (issue 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+
+import pytest
+
+from sojourn.actors import Client, Context, Watchdog, Worker, agent
+from sojourn.broker.server import EmbeddedServer
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import RunNotFound
+from sojourn.schemas.health import Liveness
+from tests.conftest import PYTHON, ROOT, subprocess_env
+from tests.procs import WorkerProc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+def gauge_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if not m:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+class WatchdogProc:
+    """``sojourn watchdog`` in its own process, with its /metrics endpoint."""
+
+    def __init__(self, url: str, prefix: str, lease_ttl: float) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                PYTHON,
+                "-m",
+                "sojourn.actors.cli",
+                "watchdog",
+                "--nats",
+                url,
+                "--prefix",
+                prefix,
+                "--lease-ttl",
+                str(lease_ttl),
+                "--metrics-port",
+                str(self.port),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=subprocess_env(),
+        )
+
+    async def metrics(self) -> str:
+        return await asyncio.to_thread(scrape, self.port)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+async def until(predicate, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = await predicate()
+        except (OSError, ConnectionError, RunNotFound):
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[WorkerProc | WatchdogProc]]:
+    started: list[WorkerProc | WatchdogProc] = []
+    yield started
+    for p in started:
+        if isinstance(p, WorkerProc) and p.proc.poll() is None:
+            os.kill(p.proc.pid, signal.SIGCONT)
+            p.kill()
+        else:
+            p.stop()
+
+
+async def test_a_stopped_worker_is_stalled_and_a_killed_ones_run_resumes_elsewhere(
+    nats_server: EmbeddedServer,
+    settings: Settings,
+    client: Client,
+    procs: list[WorkerProc | WatchdogProc],
+) -> None:
+    url, prefix, ttl = nats_server.url, settings.prefix, settings.lease_ttl
+    a = await WorkerProc(url, prefix, "tests.apps.liveness", lease_ttl=ttl).ready()
+    procs.append(a)
+    wd = WatchdogProc(url, prefix, ttl)
+    procs.append(wd)
+    run_id = await client.start("longstep", 7)
+
+    async def running() -> Liveness | None:
+        liv = await client.liveness(run_id)
+        return liv if liv.state == "running" and liv.details is not None else None
+
+    liv = await until(running, 30, "the step to run and report progress")
+    assert liv.step == "long_task" and liv.owner is not None
+    assert b'"done"' in bytes(liv.details or b"")
+
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+
+    async def stalled() -> Liveness | None:
+        liv = await client.liveness(run_id)
+        return liv if liv.state == "stalled" else None
+
+    threshold = settings.stall_threshold
+    liv = await until(stalled, 2 * threshold + 2, "the run to show stalled", interval=0.05)
+    took = time.monotonic() - stopped
+    assert took <= 2 * threshold + 1.0, f"stalled after {took:.2f}s (threshold {threshold}s)"
+    assert liv.owner is not None and liv.step == "long_task"
+    assert "silent" in (liv.reason or "")
+
+    async def gauge_up() -> bool:
+        return gauge_sum(await wd.metrics(), "sojourn_runs", liveness="stalled") >= 1
+
+    await until(gauge_up, 30, "the stalled gauge to rise on /metrics")
+
+    a.kill()
+    b = await WorkerProc(url, prefix, "tests.apps.liveness", lease_ttl=ttl).ready()
+    procs.append(b)
+    assert await client.result(run_id, timeout=60) == 7
+
+    async def gauge_down() -> bool:
+        text = await wd.metrics()
+        return (
+            gauge_sum(text, "sojourn_runs", liveness="stalled") == 0
+            and gauge_sum(text, "sojourn_runs") == 0  # the run ended: nothing live is left
+        )
+
+    await until(gauge_down, 30, "the stalled gauge to return to 0")
+    assert (await client.liveness(run_id)).state == "ended"
+
+
+# --- in-process agents ---------------------------------------------------------------------
+
+
+@agent("patient")
+async def patient(ctx: Context, kind: str) -> str:
+    if kind == "timer":
+        await ctx.sleep(timedelta(hours=1))
+    elif kind == "signal":
+        await ctx.wait_for("never")
+    else:  # woken once by a signal, then waits for one that never comes, with a long timeout
+        await ctx.wait_for("first")
+        await ctx.wait_for("second", timeout=timedelta(days=3))
+    return kind
+
+
+@pytest.fixture
+async def watchers(
+    nats_server: EmbeddedServer, settings: Settings
+) -> AsyncIterator[list[Watchdog]]:
+    started: list[Watchdog] = []
+    yield started
+    for w in started:
+        await w.stop()
+
+
+@pytest.mark.slow
+async def test_a_thousand_waiting_runs_raise_no_flag_for_a_minute(
+    nats_server: EmbeddedServer,
+    settings: Settings,
+    client: Client,
+    watchers: list[Watchdog],
+) -> None:
+    strict = Settings(prefix=settings.prefix, lease_ttl=settings.lease_ttl, overdue_after=1.0)
+    flags: list[Liveness] = []
+
+    def seen(liv: Liveness, _before: Liveness | None) -> None:
+        if liv.flagged:
+            flags.append(liv)
+
+    async with Worker([patient], nats=nats_server.url, settings=settings):
+        kinds = ["timer", "signal", "first"] * 333 + ["timer"]
+        runs = [await client.start("patient", k) for k in kinds]
+        firsts = [r for r, k in zip(runs, kinds, strict=True) if k == "first"]
+        wd = await Watchdog(nats=nats_server.url, settings=strict, on_change=seen).start()
+        watchers.append(wd)
+
+        async def all_waiting() -> bool:
+            await wd.wait_scanned()
+            judged = [wd.liveness(r) for r in runs]
+            return all(j is not None and j.state == "waiting" for j in judged)
+
+        await until(all_waiting, 120, "1,000 runs to be waiting")
+        for r in firsts:
+            await client.signal(r, "first", {"go": True})
+
+        async def firsts_moved_on() -> bool:
+            states = [await client.state(r) for r in firsts]
+            return all(s.waiting_on == ("signal:second", "timer") for s in states)
+
+        await until(firsts_moved_on, 120, "the signalled runs to wait for the next signal")
+        watched_from = time.monotonic()
+        scans = 0
+        while time.monotonic() - watched_from < 60:
+            await wd.wait_scanned()
+            scans += 1
+            judged = [wd.liveness(r) for r in runs]
+            assert all(j is not None and j.state == "waiting" for j in judged), [
+                j for j in judged if j is None or j.state != "waiting"
+            ][:3]
+        assert scans >= 30
+        assert flags == []
+        states = {s.name: s for s in wd.gauges()}
+        waiting = sum(
+            smp.value
+            for smp in states["sojourn_runs"].samples
+            if smp.labels["liveness"] == "waiting"
+        )
+        flagged = sum(
+            smp.value
+            for smp in states["sojourn_runs"].samples
+            if smp.labels["liveness"] in ("stalled", "orphaned", "overdue", "wedged")
+        )
+        assert (waiting, flagged) == (1000, 0)
+        assert wd.actions == 0
+
+
+@agent("napper")
+async def napper(ctx: Context, seconds: float) -> str:
+    await ctx.sleep(seconds)
+    return "rested"
+
+
+async def test_a_lost_timer_is_flagged_overdue_and_rewoken_once_by_two_watchdogs(
+    nats_server: EmbeddedServer,
+    settings: Settings,
+    client: Client,
+    watchers: list[Watchdog],
+) -> None:
+    strict = Settings(prefix=settings.prefix, lease_ttl=settings.lease_ttl, overdue_after=1.0)
+    seen: list[tuple[str, str]] = []
+
+    def note(liv: Liveness, _before: Liveness | None) -> None:
+        seen.append((liv.run_id, liv.state))
+
+    async with Worker([napper], nats=nats_server.url, settings=settings):
+        for _ in range(2):
+            watchers.append(
+                await Watchdog(nats=nats_server.url, settings=strict, on_change=note).start()
+            )
+        run_id = await client.start("napper", 2.0)
+
+        async def parked() -> bool:
+            return (await client.state(run_id)).waiting_on == ("timer",)
+
+        await until(parked, 30, "the run to park on its timer")
+        names = client.names
+        purged = await client.broker.api(
+            f"$JS.API.STREAM.PURGE.{names.wake_stream}",
+            {"filter": f"{names.prefix}.timer.{run_id}.*"},
+        )
+        assert purged["purged"] == 1  # the timer is gone: nothing will wake the run
+
+        assert await client.result(run_id, timeout=60) == "rested"
+    assert (run_id, "overdue") in seen
+    assert sum(w.actions for w in watchers) == 1  # two watchdogs, one re-wake
+    history = await client.history(run_id)
+    assert history  # and the run ended normally
+
+
+FLIP = {"step": "first_version"}
+
+
+def first_version() -> str:
+    return "one"
+
+
+def second_version() -> str:
+    return "two"
+
+
+@agent("shifty")
+async def shifty(ctx: Context, _: None) -> str:
+    step = first_version if FLIP["step"] == "first_version" else second_version
+    await ctx.step(step)
+    await ctx.sleep(0.5)
+    return "done"
+
+
+async def test_a_nondeterministic_replay_shows_wedged_with_the_reason(
+    nats_server: EmbeddedServer,
+    settings: Settings,
+    client: Client,
+    watchers: list[Watchdog],
+) -> None:
+    FLIP["step"] = "first_version"
+    wd = await Watchdog(nats=nats_server.url, settings=settings).start()
+    watchers.append(wd)
+    async with Worker([shifty], nats=nats_server.url, settings=settings):
+        run_id = await client.start("shifty", None)
+
+        async def parked() -> bool:
+            return (await client.state(run_id)).waiting_on == ("timer",)
+
+        await until(parked, 30, "the run to park")
+        FLIP["step"] = "second_version"  # a deploy that changed the code under a live run
+
+        async def wedged() -> Liveness | None:
+            liv = await client.liveness(run_id)
+            return liv if liv.state == "wedged" else None
+
+        liv = await until(wedged, 30, "the run to show wedged")
+    assert liv.reason is not None and liv.reason.startswith("nondeterminism")
+    assert "first_version" in liv.reason and "second_version" in liv.reason
+
+    async def watchdog_agrees() -> bool:
+        await wd.wait_scanned()
+        judged = wd.liveness(run_id)
+        return judged is not None and judged.state == "wedged"
+
+    await until(watchdog_agrees, 30, "the watchdog to judge it wedged")
+    gauges = {g.name: g for g in wd.gauges()}
+    assert any(
+        s.labels == {"agent": "shifty", "liveness": "wedged"} and s.value == 1
+        for s in gauges["sojourn_runs"].samples
+    )
+    assert wd.actions == 0  # wedged runs are reported, never re-woken
