@@ -23,7 +23,7 @@ from sojourn.schemas.errors import (
     TerminalError,
 )
 
-from .agent import Agent, agent
+from .agent import Agent, Budget, agent
 from .client import Client, RunCancelledError, RunFailedError, StartReceipt, TriggerRejected
 from .context import (
     ChildHandle,
@@ -45,6 +45,7 @@ __all__ = [
     "Agent",
     "ApprovalDecision",
     "ApprovalTimeout",
+    "Budget",
     "ChildHandle",
     "ChildRunError",
     "Client",

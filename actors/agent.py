@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
@@ -29,6 +30,25 @@ O = TypeVar("O")  # noqa: E741
 AgentFn = Callable[["Context", I], Awaitable[O]]
 
 
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What one run may spend (as reported with ``ctx.spend``) before it is suspended.
+
+    A run that reaches a limit is suspended with reason ``budget`` (visible in ``sojourn
+    status``, counted in ``sojourn_budget_breaches_total``); ``sojourn resume RUN`` grants it
+    the same budget again.
+    """
+
+    usd: float | None = None
+    tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("usd", "tokens"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"Budget.{name} must be positive, not {value}")
+
+
 class Agent(Generic[I, O]):
     """A named, durable agent: its function plus the types of its input and output.
 
@@ -40,6 +60,7 @@ class Agent(Generic[I, O]):
         poll_cap: how many ``ctx.poll`` checks a run may make before it is suspended.
         retry: the default ``RetryPolicy`` of this agent's steps (``@step(retry=...)``
             overrides it per step); none by default: a failing step fails at once.
+        budget: what one run may spend (``ctx.spend``) before it is suspended.
     """
 
     def __init__(
@@ -50,6 +71,7 @@ class Agent(Generic[I, O]):
         version: str | None = None,
         poll_cap: int = 1000,
         retry: RetryPolicy | None = None,
+        budget: Budget | None = None,
     ) -> None:
         validate_token(name, "agent name")
         if poll_cap < 1:
@@ -59,6 +81,7 @@ class Agent(Generic[I, O]):
         self.version = version
         self.poll_cap = poll_cap
         self.retry = retry
+        self.budget = budget
         hints = _hints(fn)
         params = list(inspect.signature(fn).parameters)
         self.takes_input = len(params) > 1
@@ -96,6 +119,7 @@ def agent(
     version: str | None = None,
     poll_cap: int = 1000,
     retry: RetryPolicy | None = None,
+    budget: Budget | None = None,
 ) -> Callable[[AgentFn[I, O]], Agent[I, O]]:
     """Decorate ``async def fn(ctx, input) -> output`` into an ``Agent``.
 
@@ -109,6 +133,6 @@ def agent(
     """
 
     def wrap(fn: AgentFn[I, O]) -> Agent[I, O]:
-        return Agent(name, fn, version=version, poll_cap=poll_cap, retry=retry)
+        return Agent(name, fn, version=version, poll_cap=poll_cap, retry=retry, budget=budget)
 
     return wrap

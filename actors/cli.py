@@ -58,7 +58,7 @@ from sojourn.schemas.health import Liveness
 
 from .app import load_app
 from .client import Client, TriggerRejected
-from .metrics import serve_metrics
+from .metrics import serve_metrics, stop_metrics
 from .state import RunState
 from .watchdog import Watchdog
 from .worker import Worker
@@ -337,7 +337,7 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
         finally:
             stopper.remove()
             if metrics_server is not None:
-                metrics_server.shutdown()
+                stop_metrics(metrics_server)
     out("stopped")
     return EXIT_OK
 
@@ -417,7 +417,7 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
     finally:
         stopper.remove()
         if metrics_server is not None:
-            metrics_server.shutdown()
+            stop_metrics(metrics_server)
     out("stopped")
     return EXIT_OK
 

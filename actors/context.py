@@ -255,6 +255,8 @@ class Context:
     def __init__(self, activation: Activation) -> None:
         self._act = activation
         self._loop = asyncio.get_running_loop()
+        self._spent_usd = 0.0
+        self._spent_tokens = 0
         self._journal = activation.journal
         self._polls = 0
 
@@ -761,6 +763,47 @@ class Context:
             )
         )
         return from_raw(raw, tp)
+
+    async def spend(self, *, usd: float = 0.0, tokens: int = 0) -> None:
+        """Record what the run just spent (an LLM call's cost and tokens), journaled.
+
+        Totals appear in ``sojourn status`` and ``sojourn_spend_total``. When the agent has a
+        ``Budget`` and the run's total reaches it, the run is suspended (reason ``budget``)
+        before it can spend more; ``sojourn resume RUN`` grants the same budget again.
+
+        Raises:
+            ValueError: a negative amount.
+        """
+        if usd < 0 or tokens < 0:
+            raise ValueError("ctx.spend amounts must not be negative")
+        replaying = self._journal.replaying
+        self._value("spend", lambda: {"usd": usd, "tokens": tokens}, dict)
+        self._spent_usd += usd
+        self._spent_tokens += tokens
+        agent = self._act.metric_agent
+        if not replaying:
+            _metrics.SPEND.labels(agent, "usd").inc(usd)
+            _metrics.SPEND.labels(agent, "tokens").inc(tokens)
+        budget = self._act.agent.budget
+        if budget is None:
+            return
+        grants = 1 + self._act.state.budget_resumes
+        over = [
+            (unit, spent, limit * grants)
+            for unit, spent, limit in (
+                ("usd", self._spent_usd, budget.usd),
+                ("tokens", self._spent_tokens, budget.tokens),
+            )
+            if limit is not None and spent >= limit * grants
+        ]
+        if over and not self._journal.replaying:
+            unit, spent, allowed = over[0]
+            _metrics.BUDGET_BREACHES.labels(agent, unit).inc()
+            await self._act.suspend(
+                "budget",
+                f"spent {spent:g} {unit} of a budget of {allowed:g}; "
+                "`sojourn resume RUN` grants the same budget again",
+            )
 
     def now(self) -> datetime:
         """The current time (UTC), journaled: replay returns the recorded instant."""

@@ -44,6 +44,7 @@ __all__ = [
     "agent_label",
     "serve_metrics",
     "step_label",
+    "stop_metrics",
     "track_watchdog",
     "track_worker",
 ]
@@ -248,3 +249,9 @@ def serve_metrics(port: int, host: str = "127.0.0.1") -> Any:
             "--metrics-port"
         ) from e
     return server
+
+
+def stop_metrics(server: Any) -> None:
+    """Stop serving and close the listening socket."""
+    server.shutdown()
+    server.server_close()

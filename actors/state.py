@@ -98,6 +98,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     children: tuple[str, ...] = ()
     parent_run_id: str | None = None
     cap_resumes: int = 0
+    budget_resumes: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -171,6 +172,7 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 suspended_reason=None,
                 suspended_detail=None,
                 cap_resumes=s.cap_resumes + (s.suspended_reason == "cap"),
+                budget_resumes=s.budget_resumes + (s.suspended_reason == "budget"),
             )
         case RunCompleted():
             return msgspec.structs.replace(
