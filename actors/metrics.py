@@ -222,7 +222,7 @@ def _watchdog_families(watchdogs: list[_Gauges]) -> Iterable[Metric]:
 
 
 _workers = _LiveCollector(_worker_families)
-_watchdogs = _LiveCollector(_watchdog_families)  # type: ignore[arg-type]
+_watchdogs = _LiveCollector(_watchdog_families)
 REGISTRY.register(_workers)
 REGISTRY.register(_watchdogs)
 

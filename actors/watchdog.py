@@ -208,9 +208,8 @@ class Watchdog:
         claim = WatchClaim(
             run_id=liv.run_id, state=liv.state, event_seq=seq, by=self.watchdog_id, at=now
         )
-        ack = await b.publish_raw(
-            subject, encode(claim), {"Nats-Expected-Last-Subject-Sequence": str(expected)}
-        )
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(expected), "Nats-TTL": "24h"}
+        ack = await b.publish_raw(subject, encode(claim), headers)
         return not ack.get("error")
 
     def _broker_or_fail(self) -> Broker:

@@ -43,6 +43,9 @@ __all__ = ["Worker"]
 
 log = logging.getLogger("sojourn.worker")
 
+BEAT_TTL = "24h"
+"""How long the broker keeps a worker's last heartbeat (the watchdog forgets it after 1 h)."""
+
 
 class Worker:
     """Serves a set of agents.
@@ -180,7 +183,9 @@ class Worker:
             interval=self.settings.heartbeat_every,
             stopped=stopped,
         )
-        await self._broker_or_fail().publish(self.names.worker(self.worker_id), encode(beat))
+        await self._broker_or_fail().publish(
+            self.names.worker(self.worker_id), encode(beat), {"Nats-TTL": BEAT_TTL}
+        )
 
     async def _heartbeat_loop(self) -> None:
         """The worker's own heartbeat (runs heartbeat through their lease renewals)."""

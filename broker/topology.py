@@ -80,7 +80,9 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "allow_direct": True,
             "num_replicas": 1,
         },
-        {  # worker heartbeats, watchdog action claims, wedged runs: one message per subject
+        {  # worker heartbeats, watchdog action claims, wedged runs: one message per subject.
+            # No max age: a wedge record must outlive any outage; heartbeats and claims carry
+            # their own Nats-TTL, so the subjects of workers long gone do not pile up.
             "name": names.health_stream,
             "subjects": [
                 names.workers_all,
@@ -90,7 +92,8 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "retention": "limits",
             "storage": "file",
             "max_msgs_per_subject": 1,
-            "max_age": _DAY * _NS,
+            "max_age": 0,
+            "allow_msg_ttl": True,
             "allow_direct": True,
             "num_replicas": 1,
         },

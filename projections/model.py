@@ -112,11 +112,11 @@ class RunModel:
             s = RunSummary(run_id=run_id)
         try:
             events = decode_events(m.data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
             self.wedges[run_id] = WedgeRecord(
                 run_id=run_id,
                 code="poison",
-                reason=f"event message {seq} cannot be decoded: {e}",
+                reason=f"event message {seq} cannot be decoded: {error}",
                 seq=seq,
                 permanent=True,
                 at=time.time(),
@@ -141,10 +141,6 @@ class RunModel:
             self.leases.pop(run_id, None)
             self.wedges.pop(run_id, None)
             return
-        if s.status == "new" and not s.agent:
-            # Events of a run whose start we never saw (the stream was trimmed): keep it anyway,
-            # it may still need a worker.
-            pass
         self.runs[run_id] = s
 
     def _tool_calls(self, agent: str) -> RateBaseline:
@@ -307,8 +303,8 @@ def gauge_families(model: RunModel | None) -> list[Metric]:
     for (agent, reason), n in sorted(reasons.items()):
         suspended.add_metric([agent, reason], n)
     states = model.worker_states(now)
-    for st in ("live", "silent"):
-        workers.add_metric([st], sum(1 for v in states.values() if v == st))
+    for worker_state in ("live", "silent"):
+        workers.add_metric([worker_state], sum(1 for v in states.values() if v == worker_state))
     timers.add_metric([], pending_timers)
     lag.add_metric([], model.lag_events)
     lag_s.add_metric([], model.lag_seconds(now))

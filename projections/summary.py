@@ -241,7 +241,7 @@ class _Spend(msgspec.Struct, frozen=True):
 
 def _spend(raw: msgspec.Raw) -> tuple[float, int]:
     try:
-        v = from_raw(raw, _Spend)
+        v: _Spend = from_raw(raw, _Spend)
     except msgspec.MsgspecError:
         return 0.0, 0
     return v.usd, v.tokens

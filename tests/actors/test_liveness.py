@@ -14,10 +14,11 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from sojourn.actors import Client, Context, Watchdog, Worker, agent
+from sojourn.actors import Client, Context, RunCancelledError, Watchdog, Worker, agent
 from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound
@@ -357,3 +358,63 @@ async def test_a_nondeterministic_replay_shows_wedged_with_the_reason(
         for s in gauges["sojourn_runs"].samples
     )
     assert wd.actions == 0  # wedged runs are reported, never re-woken
+
+
+@agent("brittle")
+async def brittle(ctx: Context, _: None) -> str:
+    await ctx.sleep(0.2)
+    return "fine"
+
+
+async def test_a_run_whose_activations_keep_failing_is_wedged_until_its_history_moves(
+    nats_server: EmbeddedServer,
+    settings: Settings,
+    client: Client,
+    watchers: list[Watchdog],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sojourn.actors.worker as worker_module
+
+    class Broken(worker_module.Activation):
+        async def run(self) -> Any:
+            raise RuntimeError("a bug outside the agent's code")
+
+    tight = Settings(
+        prefix=settings.prefix, lease_ttl=settings.lease_ttl, max_activation_failures=3
+    )
+    wd = await Watchdog(nats=nats_server.url, settings=tight).start()
+    watchers.append(wd)
+    async with Worker([brittle], nats=nats_server.url, settings=tight):
+        run_id = await client.start("brittle", None)
+
+        async def parked() -> bool:
+            return (await client.state(run_id)).waiting_on == ("timer",)
+
+        await until(parked, 30, "the run to park")
+        monkeypatch.setattr(worker_module, "Activation", Broken)
+
+        async def wedged() -> Liveness | None:
+            liv = await client.liveness(run_id)
+            return liv if liv.state == "wedged" else None
+
+        liv = await until(wedged, 60, "the run to be given up on")
+        assert (liv.reason or "").startswith("max_deliveries: 3 activations failed")
+        assert "RuntimeError: a bug outside the agent's code" in (liv.reason or "")
+
+        async def watchdog_agrees() -> bool:
+            await wd.wait_scanned()
+            judged = wd.liveness(run_id)
+            return judged is not None and judged.state == "wedged"
+
+        await until(watchdog_agrees, 30, "the watchdog to judge it wedged")
+        assert wd.actions == 0
+        letters = await client.broker.direct_get_last(
+            client.names.dlq_stream, client.names.dlq("other")
+        )
+        assert letters is not None and b"max_deliveries" in letters.data
+
+        monkeypatch.setattr(worker_module, "Activation", Broken.__mro__[1])  # the bug is fixed
+        await client.cancel(run_id, "unstick")  # history moves on: the wedge no longer holds
+        with pytest.raises(RunCancelledError):
+            await client.result(run_id, timeout=30)
+    assert (await client.liveness(run_id)).state == "ended"

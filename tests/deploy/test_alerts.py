@@ -181,3 +181,16 @@ def test_dashboard_queries_parse(tmp_path: Path) -> None:
     path = tmp_path / "dashboard_rules.yml"
     path.write_text("\n".join(rules) + "\n")
     run_promtool("check", "rules", str(path))
+
+
+def test_every_runbook_link_points_at_a_section_of_the_operations_guide() -> None:
+    rules = (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
+    links = set(re.findall(r"docs/operations\.md#([a-z0-9-]+)", rules))
+    headings = (ROOT / "docs" / "operations.md").read_text().splitlines()
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", h.lstrip("#").strip().lower()).replace(" ", "-")
+        for h in headings
+        if h.startswith("#")
+    }
+    assert len(links) >= 10
+    assert links <= anchors, sorted(links - anchors)
