@@ -20,6 +20,7 @@ import contextlib
 import getpass
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -1061,6 +1062,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except nats.errors.Error as e:
         _error(f"NATS: {type(e).__name__}: {e}")
         return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader went away (`sojourn ... | head -1`): like any Unix tool, stop quietly.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # keeps the interpreter's exit quiet
+        return EXIT_OK
     except OSError as e:
         _error(str(e))
         return EXIT_ERROR

@@ -65,6 +65,7 @@ class RunModel:
         self._leases = StreamFollower(broker, names.leases_stream, names.leases_all)
         self._workers = StreamFollower(broker, names.health_stream, names.workers_all)
         self._wedges = StreamFollower(broker, names.health_stream, f"{names.prefix}.wedge.*")
+        self._agents = StreamFollower(broker, names.agents_stream, f"{names.prefix}.agent.*")
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -77,6 +78,8 @@ class RunModel:
             self._on_beat(m)
         for m in await self._drain(self._wedges, 10):
             self._on_wedge(m)
+        for m in await self._drain(self._agents, 2):  # served agents get zeros on dashboards
+            self._add_agent(self._run_of(m))
         pages = 0
         while pages < max_pages:
             msgs = await self._events.next_page()
@@ -130,8 +133,8 @@ class RunModel:
         s = msgspec.structs.replace(
             s, last_seq=seq, decisions=s.decisions + 1, bytes=s.bytes + len(m.data)
         )
-        if s.agent and s.agent not in self.agents and len(self.agents) < _MAX_AGENTS:
-            self.agents.add(s.agent)
+        if s.agent:
+            self._add_agent(s.agent)
         if s.terminal:
             if not was_terminal:
                 self.ended += 1
@@ -142,6 +145,10 @@ class RunModel:
             self.wedges.pop(run_id, None)
             return
         self.runs[run_id] = s
+
+    def _add_agent(self, agent: str) -> None:
+        if agent not in self.agents and len(self.agents) < _MAX_AGENTS:
+            self.agents.add(agent)
 
     def _tool_calls(self, agent: str) -> RateBaseline:
         rb = self.tool_calls.get(agent)

@@ -1,0 +1,1018 @@
+"""Liveness benchmark: the watchdog's start-up cost, how fast it flags a stopped worker, how fast
+another worker takes the run over, and what ``heartbeat(details)`` costs a step.
+
+Run from the repository root::
+
+    python -m bench.liveness            # ~3 min: 20,000 live + 20,000 ended runs, 5 + 5 rounds
+    python -m bench.liveness --quick    # < 1 min: 2,000 + 2,000 runs, 2 + 2 rounds
+
+It starts its own ``EmbeddedServer`` (free port, temp dir, ``sync_interval: always``) and gives
+every phase its own ``Settings`` prefix. Nothing in the runtime is patched or wrapped: instants
+are wall-clock stamps taken by this process, event stamps (``at``) and lease stamps
+(``heartbeat_at``) written by the workers, all on the same machine and clock.
+
+1. **Catch-up** (what a starting watchdog pays before its first judgement). The events stream of
+   a fresh prefix is filled directly, with no worker: N live runs, each two decisions
+   ``[RunStarted, StepStarted]`` and ``[StepCompleted, WaitStarted]`` (half a ``sleep`` with a
+   deadline one day ahead, half ``wait_for`` a signal), and M ended runs,
+   ``[RunStarted, StepStarted]`` and ``[StepCompleted, RunCompleted]``, interleaved at random.
+   Each is a real CAS append (``Nats-Expected-Last-Subject-Sequence``, ``Nats-Msg-Id``,
+   ``Sojourn-Writer``), 500 runs at a time. Then, ``--repeats`` times interleaved:
+   (a) the *raw read*: a ``StreamFollower`` over ``<prefix>.ev.*`` with the model's page size
+   (1,000), reading every message and decoding nothing; (b) a fresh ``RunModel``, ``refresh()``
+   until ``caught_up``. Both report messages/s and the CPU of this process and of nats-server per
+   message. (c) ``assess(now)`` over every live run (median of 5 calls). (d) Memory: this
+   process's RSS (``/proc/self/statm``) after ``gc.collect()`` before the first model is built
+   and after it caught up, per live run; then, on a fresh model fed the same messages
+   (``RunModel._on_decision`` page by page) under ``tracemalloc``, the Python heap it retains per
+   live run and where. An untraced pass of the same feeding splits the per-message CPU into
+   ``decode_events`` and the rest of ``_on_decision`` (fold, summary copy, bookkeeping).
+2. **Detection and take-over** with ``lease_ttl=3`` (heartbeat 1 s, stall threshold 3 s): an
+   in-process ``Watchdog`` (default interval: half a heartbeat, 0.5 s) records through
+   ``on_change`` when it first judges a run ``stalled``. Workers are real processes
+   (``python -m tests.apps.run_worker ... tests.apps.liveness``); the agent ``longstep`` runs a
+   step whose first attempt loops forever reporting progress every 0.1 s (so its worker renews
+   the lease every second) and whose re-run returns at once.
+   - *standby* rounds: two workers are up. Start a run, wait until ``client.liveness`` says
+     ``running``, SIGSTOP the worker that holds it (read from the lease's owner). Stop -> flag,
+     and last heartbeat (``last_heartbeat`` of the flagged liveness, i.e. the lease's
+     ``heartbeat_at``) -> flag. Take-over: last heartbeat -> the other worker's
+     ``StepStarted`` of attempt 2 (its event stamp), compared with the lease expiry
+     (last heartbeat + ``lease_ttl``); and stop -> ``RunCompleted.at``. Then the stopped worker
+     is killed and replaced before the next round.
+   - *restart* rounds: one worker is up. The same until the flag; then SIGKILL it and start a
+     new worker process: kill -> new worker ready (process start-up), and kill ->
+     ``RunCompleted.at``.
+   Theory: flag at last heartbeat + 3 s + up to one judging interval (0.5 s) + the model's read
+   lag; SIGSTOP falls 0-1 s after a heartbeat, so stop -> flag is 2-3.5 s; take-over at the
+   lease expiry (last heartbeat + 3 s) plus a wake's delivery and one history load.
+3. **Heartbeat cost.** An in-process ``Worker`` (``lease_ttl=30``: heartbeat every 5 s) runs the
+   agent ``hb_bench`` defined here. A sync step (run in a thread, like every sync step) calls
+   ``sojourn.actors.heartbeat({"i": i})`` ``--hb-calls`` times in a tight loop: µs per call, the
+   CPU of this process per call (the event loop's share included), against a floor of the
+   same loop calling only ``to_raw({"i": i})``; the same loop in an ``async def`` step. Lease
+   writes are counted by a core subscription on ``<prefix>.lease.*`` (stamps inside the step's
+   window) and by the leases stream's sequence. To show the coalescing over time: a step that
+   reports progress every ~1 ms for ``--hb-seconds``, and a control step that sleeps as long and
+   reports nothing (expected: ~1 lease write per second, and one per heartbeat interval).
+4. **No false flags at scale.** Phase 1's model judged at ``now``: how many of the N waiting
+   runs come out as anything but ``waiting`` (expected 0). As a control the same model is judged
+   two days later, when every ``sleep`` deadline is a day past: those runs must come out
+   ``overdue``, the signal waits (no deadline) ``waiting``.
+
+It is a benchmark, not a test: it asserts nothing and prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sojourn.actors import Client, Context, Watchdog, Worker, agent, heartbeat
+from sojourn.broker import Broker, EmbeddedServer, find_nats_server
+from sojourn.broker.follow import StreamFollower
+from sojourn.broker.leases import decode_lease
+from sojourn.broker.names import Names
+from sojourn.broker.topology import ensure_topology
+from sojourn.projections.model import RunModel, by_state
+from sojourn.schemas.codec import decode_events, encode_events, to_raw
+from sojourn.schemas.config import Settings
+from sojourn.schemas.events import (
+    RunCompleted,
+    RunEvent,
+    RunStarted,
+    StepCompleted,
+    StepStarted,
+    TriggerInfo,
+    WaitStarted,
+)
+from sojourn.schemas.health import Liveness
+
+from .util import (
+    cpu_process,
+    cpu_server,
+    fmt_ms,
+    fmt_rate,
+    git_state,
+    machine_facts,
+    median,
+    pct,
+    run_bench,
+    summarize,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("catchup", "detect", "heartbeat")
+FLAGGED = ("stalled", "orphaned", "overdue", "wedged")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# --- the agent of phase 3 -----------------------------------------------------------------------
+
+
+def hb_tight(n: int) -> dict[str, float]:
+    """``heartbeat(details)`` n times in a tight loop (a sync step: it runs in a thread)."""
+    start = time.time()
+    t0 = time.perf_counter()
+    for i in range(n):
+        heartbeat({"i": i})
+    return {"elapsed": time.perf_counter() - t0, "start": start, "end": time.time()}
+
+
+async def hb_tight_async(n: int) -> dict[str, float]:
+    """The same loop in an ``async def`` step (on the event loop, never yielding)."""
+    start = time.time()
+    t0 = time.perf_counter()
+    for i in range(n):
+        heartbeat({"i": i})
+    return {"elapsed": time.perf_counter() - t0, "start": start, "end": time.time()}
+
+
+def hb_paced(seconds: float) -> dict[str, float]:
+    """Progress every ~1 ms for ``seconds``."""
+    start = time.time()
+    t0 = time.perf_counter()
+    calls = 0
+    while time.perf_counter() - t0 < seconds:
+        heartbeat({"i": calls})
+        calls += 1
+        time.sleep(0.001)
+    return {"elapsed": time.perf_counter() - t0, "start": start, "end": time.time(), "calls": calls}
+
+
+def hb_quiet(seconds: float) -> dict[str, float]:
+    """No progress reports at all: the worker heartbeats for the step on its own."""
+    start = time.time()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    return {"elapsed": time.perf_counter() - t0, "start": start, "end": time.time(), "calls": 0}
+
+
+@agent("hb_bench")
+async def hb_bench(ctx: Context, job: dict[str, Any]) -> dict[str, float]:
+    mode = job["mode"]
+    if mode == "tight":
+        return await ctx.step(hb_tight, int(job["n"]))
+    if mode == "tight_async":
+        return await ctx.step(hb_tight_async, int(job["n"]))
+    if mode == "paced":
+        return await ctx.step(hb_paced, float(job["seconds"]))
+    return await ctx.step(hb_quiet, float(job["seconds"]))
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    live: int = 20_000
+    ended: int = 20_000
+    repeats: int = 3
+    rounds: int = 5
+    hb_calls: int = 100_000
+    hb_seconds: float = 6.0
+    lease_ttl: float = 3.0
+    sections: tuple[str, ...] = SECTIONS
+    store_dir: str | None = None
+    json_out: str | None = None
+    quick: bool = False
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.liveness",
+        description="sojourn liveness: watchdog catch-up, detection, take-over, heartbeat cost",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="< 1 min: 2,000 + 2,000 runs, 2 + 2 rounds"
+    )
+    p.add_argument("--live", type=int, help="live (waiting) runs in the stream (default 20,000)")
+    p.add_argument("--ended", type=int, help="ended runs in the stream (default 20,000)")
+    p.add_argument("--repeats", type=int, help="raw read / catch-up repeats (default 3)")
+    p.add_argument("--rounds", type=int, help="standby and restart rounds, each (default 5)")
+    p.add_argument("--hb-calls", type=int, help="heartbeat calls in the tight loop (100,000)")
+    p.add_argument("--hb-seconds", type=float, help="paced / quiet step duration (default 6)")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        help="run only this phase (repeatable; phase 4 comes with catchup)",
+    )
+    p.add_argument("--store-dir", help="parent directory for the server's temp store")
+    p.add_argument("--json", dest="json_out", help="also write all figures to this JSON file")
+    a = p.parse_args(argv)
+    cfg = Config(quick=a.quick, store_dir=a.store_dir, json_out=a.json_out)
+    if a.quick:
+        cfg.live, cfg.ended, cfg.repeats, cfg.rounds = 2_000, 2_000, 2, 2
+        cfg.hb_calls, cfg.hb_seconds = 10_000, 3.0
+    for name in ("live", "ended", "repeats", "rounds", "hb_calls", "hb_seconds"):
+        if getattr(a, name) is not None:
+            setattr(cfg, name, getattr(a, name))
+    if a.only:
+        cfg.sections = tuple(s for s in SECTIONS if s in a.only)
+    return cfg
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+Log = Callable[[str], None]
+
+
+def rss() -> int:
+    """This process's resident set size in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+async def stream_info(broker: Broker, stream: str) -> dict[str, Any]:
+    state: dict[str, Any] = (await broker.api(f"$JS.API.STREAM.INFO.{stream}"))["state"]
+    return state
+
+
+async def until(
+    predicate: Callable[[], Awaitable[Any]], timeout: float, what: str, interval: float = 0.05
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            value = await predicate()
+            if value:
+                return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+# --- phase 1 (and 4): catch-up ------------------------------------------------------------------
+
+
+async def fill(broker: Broker, names: Names, live: int, ended: int) -> dict[str, Any]:
+    """Live and ended runs, two CAS appends each, written directly (no worker)."""
+    now = time.time()
+    writer = f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}.1"
+    kinds = ["sleep"] * (live // 2) + ["signal"] * (live - live // 2) + ["ended"] * ended
+    random.Random(7).shuffle(kinds)
+    runs = [(uuid.uuid4().hex, k) for k in kinds]
+
+    def first(i: int, run_id: str) -> list[RunEvent]:
+        return [
+            RunStarted(
+                run_id=run_id,
+                agent="researcher",
+                input=to_raw({"topic": f"topic {i}", "depth": 3}),
+                trigger=TriggerInfo(inbox_seq=i + 1, received_at=now),
+                at=now,
+            ),
+            StepStarted(position=0, name="search", at=now),
+        ]
+
+    def second(kind: str) -> list[RunEvent]:
+        done = StepCompleted(
+            position=0,
+            name="search",
+            result=to_raw({"hits": ["https://example.com/a", "https://example.com/b"]}),
+            duration=0.4,
+            at=now,
+        )
+        if kind == "sleep":
+            return [done, WaitStarted(position=1, key="sleep", deadline=now + 86_400, at=now)]
+        if kind == "signal":
+            return [done, WaitStarted(position=1, key="signal:approve", signals=("approve",))]
+        return [done, RunCompleted(output=to_raw({"summary": "done"}), at=now)]
+
+    async def append(run_id: str, events: list[RunEvent], expected: int) -> int:
+        headers = {
+            "Nats-Expected-Last-Subject-Sequence": str(expected),
+            "Nats-Msg-Id": f"{run_id}:{expected}:{writer}",
+            "Sojourn-Writer": writer,
+        }
+        return await broker.publish(names.events(run_id), encode_events(events), headers)
+
+    t0 = time.perf_counter()
+    batch = 500
+    for lo in range(0, len(runs), batch):
+        chunk = runs[lo : lo + batch]
+        seqs = await asyncio.gather(
+            *(append(r, first(lo + j, r), 0) for j, (r, _k) in enumerate(chunk))
+        )
+        await asyncio.gather(
+            *(append(r, second(k), s) for (r, k), s in zip(chunk, seqs, strict=True))
+        )
+    elapsed = time.perf_counter() - t0
+    return {"elapsed": elapsed, "messages": 2 * len(runs), "kinds": kinds}
+
+
+async def raw_read(broker: Broker, names: Names, server_pid: int | None) -> dict[str, float]:
+    f = StreamFollower(broker, names.events_stream, names.events_all, page=1000)
+    n = nbytes = 0
+    c0, s0 = cpu_process(), cpu_server(server_pid)
+    t0 = time.perf_counter()
+    while True:
+        msgs = await f.next_page()
+        if not msgs:
+            break
+        n += len(msgs)
+        nbytes += sum(len(m.data) for m in msgs)
+        if f.pending == 0:
+            break
+    elapsed = time.perf_counter() - t0
+    return {
+        "elapsed": elapsed,
+        "messages": n,
+        "bytes": nbytes,
+        "rate": n / elapsed,
+        "py_cpu": cpu_process() - c0,
+        "srv_cpu": cpu_server(server_pid) - s0,
+    }
+
+
+async def catch_up(model: RunModel, server_pid: int | None) -> dict[str, float]:
+    calls = 0
+    c0, s0 = cpu_process(), cpu_server(server_pid)
+    t0 = time.perf_counter()
+    while True:
+        calls += 1
+        if await model.refresh():
+            break
+    elapsed = time.perf_counter() - t0
+    return {
+        "elapsed": elapsed,
+        "calls": calls,
+        "py_cpu": cpu_process() - c0,
+        "srv_cpu": cpu_server(server_pid) - s0,
+    }
+
+
+async def feed(
+    broker: Broker, names: Names, model: RunModel, split: bool
+) -> dict[str, float]:
+    """Read the stream page by page and hand each message to ``model._on_decision`` (no I/O is
+    timed); with ``split``, also time ``decode_events`` alone over the same pages."""
+    f = StreamFollower(broker, names.events_stream, names.events_all, page=1000)
+    decode = handle = 0.0
+    n = 0
+    while True:
+        msgs = await f.next_page()
+        if not msgs:
+            break
+        n += len(msgs)
+        if split:
+            t0 = time.perf_counter()
+            for m in msgs:
+                decode_events(m.data)
+            decode += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for m in msgs:
+            model._on_decision(m)
+        handle += time.perf_counter() - t0
+        if f.pending == 0:
+            break
+    model.caught_up = True
+    return {"messages": n, "decode": decode, "on_decision": handle}
+
+
+async def phase_catchup(
+    url: str, server_pid: int | None, cfg: Config, log: Log
+) -> dict[str, Any]:
+    settings = Settings(prefix=f"lc{uuid.uuid4().hex[:8]}")
+    names = Names(settings.prefix)
+    broker = await Broker.connect(url, name="bench-liveness-catchup")
+    try:
+        await ensure_topology(broker, names, settings, consumers=False)
+        log(f"catch-up: filling {cfg.live:,} live + {cfg.ended:,} ended runs")
+        filled = await fill(broker, names, cfg.live, cfg.ended)
+        kinds: list[str] = filled.pop("kinds")
+        info = await stream_info(broker, names.events_stream)
+        log(f"catch-up: filled {filled['messages']:,} messages in {filled['elapsed']:.1f} s")
+
+        await raw_read(broker, names, server_pid)  # warm-up: page cache, connection buffers
+        raws: list[dict[str, float]] = []
+        catches: list[dict[str, float]] = []
+        model: RunModel | None = None
+        mem: dict[str, float] = {}
+        for rep in range(cfg.repeats):
+            raws.append(await raw_read(broker, names, server_pid))
+            if model is not None:
+                del model
+                model = None
+            gc.collect()
+            before = rss()
+            model = RunModel(broker, names, settings)
+            catches.append(await catch_up(model, server_pid))
+            gc.collect()
+            if rep == 0:
+                mem = {"rss_before": before, "rss_after": rss()}
+            log(
+                f"catch-up {rep + 1}/{cfg.repeats}: raw {raws[-1]['elapsed']:.2f} s, "
+                f"model {catches[-1]['elapsed']:.2f} s"
+            )
+        assert model is not None
+        now = time.time()
+        assess_times = []
+        judged: dict[str, Liveness] = {}
+        for _ in range(5):
+            t0 = time.perf_counter()
+            judged = model.assess(now)
+            assess_times.append(time.perf_counter() - t0)
+        states_now = by_state(judged.values())
+        later = model.assess(now + 2 * 86_400)
+        states_later = by_state(later.values())
+        retained = {
+            "runs": len(model.runs),
+            "ended_seen": model.ended,
+            "leases": len(model.leases),
+            "wedges": len(model.wedges),
+        }
+        expected_later = {
+            "overdue": kinds.count("sleep"),
+            "waiting": kinds.count("signal"),
+        }
+        del model, judged, later
+        gc.collect()
+
+        log("catch-up: CPU split (decode vs the rest of _on_decision)")
+        split_model = RunModel(broker, names, settings)
+        split = await feed(broker, names, split_model, split=True)
+        del split_model
+        gc.collect()
+
+        log("catch-up: tracemalloc pass")
+        traced_model = RunModel(broker, names, settings)
+        tracemalloc.start()
+        snap0 = tracemalloc.take_snapshot()
+        cur0 = tracemalloc.get_traced_memory()[0]
+        await feed(broker, names, traced_model, split=False)
+        gc.collect()
+        cur1 = tracemalloc.get_traced_memory()[0]
+        snap1 = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        sites = []
+        for st in snap1.compare_to(snap0, "lineno")[:6]:
+            frame = st.traceback[0]
+            where = f"{_short(frame.filename)}:{frame.lineno}"
+            sites.append({"where": where, "bytes": st.size_diff, "blocks": st.count_diff})
+        traced = {"bytes": cur1 - cur0, "runs": len(traced_model.runs), "sites": sites}
+        del traced_model, snap0, snap1
+        gc.collect()
+    finally:
+        await broker.close()
+    return {
+        "live": cfg.live,
+        "ended": cfg.ended,
+        "fill": filled,
+        "stream": {"messages": info["messages"], "bytes": info["bytes"]},
+        "raw": raws,
+        "model": catches,
+        "memory": mem,
+        "assess": assess_times,
+        "states_now": states_now,
+        "states_later": states_later,
+        "expected_later": expected_later,
+        "retained": retained,
+        "split": split,
+        "traced": traced,
+    }
+
+
+def _short(filename: str) -> str:
+    parts = Path(filename).parts
+    for anchor in ("site-packages", "main", "lib"):
+        if anchor in parts:
+            i = len(parts) - 1 - parts[::-1].index(anchor)
+            return "/".join(parts[i + 1 :])
+    return "/".join(parts[-2:])
+
+
+# --- phase 2: detection and take-over -----------------------------------------------------------
+
+
+class WorkerProc:
+    """``python -m tests.apps.run_worker URL PREFIX tests.apps.liveness TTL`` in its own process
+    (output to a file, so a chatty worker can never block on a full pipe)."""
+
+    def __init__(self, url: str, prefix: str, ttl: float, logdir: Path) -> None:
+        self.log_path = logdir / f"worker-{uuid.uuid4().hex[:6]}.log"
+        self._out = open(self.log_path, "wb")  # noqa: SIM115 - closed in kill()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        self.spawned = time.time()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.apps.run_worker", url, prefix, "tests.apps.liveness"]
+            + [str(ttl)],
+            cwd=ROOT,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        self.ready_at = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def ready(self, timeout: float = 60.0) -> WorkerProc:
+        deadline = time.monotonic() + timeout
+        while b"ready" not in self.log_path.read_bytes():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited: {self.log_path.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("worker did not get ready")
+            await asyncio.sleep(0.01)
+        self.ready_at = time.time()
+        return self
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+                os.kill(self.proc.pid, signal.SIGCONT)
+        self.proc.wait(10)
+        self._out.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._out.close()
+
+
+def owner_pid(owner: str) -> int:
+    """The pid in a lease owner ``<host>-<pid>-<rand>.<n>``."""
+    return int(owner.rsplit(".", 1)[0].split("-")[-2])
+
+
+async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[str, Any]:
+    ttl = cfg.lease_ttl
+    settings = Settings(prefix=f"ld{uuid.uuid4().hex[:8]}", lease_ttl=ttl)
+    prefix = settings.prefix
+    seen: dict[str, list[tuple[str, float, Liveness]]] = {}
+    flagged: dict[str, asyncio.Future[tuple[float, Liveness]]] = {}
+
+    def on_change(liv: Liveness, _before: Liveness | None) -> None:
+        t = time.time()
+        seen.setdefault(liv.run_id, []).append((liv.state, t, liv))
+        fut = flagged.get(liv.run_id)
+        if liv.state == "stalled" and fut is not None and not fut.done():
+            fut.set_result((t, liv))
+
+    client = await Client.connect(url, settings=settings)
+    wd = await Watchdog(nats=url, settings=settings, on_change=on_change).start()
+    procs: list[WorkerProc] = []
+
+    async def spawn() -> WorkerProc:
+        p = WorkerProc(url, prefix, ttl, logdir)
+        procs.append(p)
+        return await p.ready()
+
+    async def one_round(pool: list[WorkerProc], k: int) -> dict[str, Any]:
+        run_id = await client.start("longstep", k)
+        loop = asyncio.get_running_loop()
+        flagged[run_id] = loop.create_future()
+
+        async def running() -> Liveness | None:
+            liv = await client.liveness(run_id)
+            return liv if liv.state == "running" and liv.owner else None
+
+        liv = await until(running, 60, "the step to run")
+        assert liv.owner is not None
+        pid = owner_pid(liv.owner)
+        holder = next(p for p in pool if p.pid == pid)
+        t_stop = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        t_flag, fl = await asyncio.wait_for(flagged[run_id], 30)
+        return {
+            "run_id": run_id,
+            "holder": holder,
+            "t_stop": t_stop,
+            "t_flag": t_flag,
+            "beat": fl.last_heartbeat or 0.0,
+        }
+
+    async def ending(run_id: str) -> dict[str, float]:
+        await client.result(run_id, timeout=60)
+        history = await client.history(run_id)
+        events = [e for d in history for e in d.events]
+        retake = next(e for e in events if isinstance(e, StepStarted) and e.attempt > 1)
+        done = next(e for e in events if isinstance(e, RunCompleted))
+        return {"retake": retake.at, "done": done.at}
+
+    standby: list[dict[str, float]] = []
+    restart: list[dict[str, float]] = []
+    try:
+        log("detect: starting two worker processes")
+        pool = list(await asyncio.gather(spawn(), spawn()))
+        spawn_times = [p.ready_at - p.spawned for p in pool]
+        await client.start("longstep", -1)  # warm-up: not measured
+        for k in range(cfg.rounds):
+            r = await one_round(pool, k)
+            end = await ending(r["run_id"])
+            holder: WorkerProc = r["holder"]
+            holder.kill()
+            pool.remove(holder)
+            standby.append(
+                {
+                    "stop_after_beat": r["t_stop"] - r["beat"],
+                    "stop_to_flag": r["t_flag"] - r["t_stop"],
+                    "beat_to_flag": r["t_flag"] - r["beat"],
+                    "beat_to_retake": end["retake"] - r["beat"],
+                    "expiry_to_retake": end["retake"] - (r["beat"] + ttl),
+                    "stop_to_done": end["done"] - r["t_stop"],
+                    "retake_to_done": end["done"] - end["retake"],
+                }
+            )
+            log(
+                f"detect: standby round {k + 1}/{cfg.rounds}: flag "
+                f"{standby[-1]['beat_to_flag']:.2f} s after the last beat, retake "
+                f"{standby[-1]['beat_to_retake']:.2f} s after it"
+            )
+            new = await spawn()
+            spawn_times.append(new.ready_at - new.spawned)
+            pool.append(new)
+        lone = pool.pop()
+        lone.stop()
+        for k in range(cfg.rounds):
+            r = await one_round(pool, 100 + k)
+            holder = r["holder"]
+            t_kill = time.time()
+            holder.kill()
+            pool.remove(holder)
+            new = WorkerProc(url, prefix, ttl, logdir)
+            procs.append(new)
+            end_task = asyncio.create_task(ending(r["run_id"]))
+            await new.ready()
+            end = await end_task
+            pool.append(new)
+            spawn_times.append(new.ready_at - new.spawned)
+            restart.append(
+                {
+                    "stop_after_beat": r["t_stop"] - r["beat"],
+                    "stop_to_flag": r["t_flag"] - r["t_stop"],
+                    "beat_to_flag": r["t_flag"] - r["beat"],
+                    "flag_to_kill": t_kill - r["t_flag"],
+                    "kill_to_ready": new.ready_at - t_kill,
+                    "ready_to_retake": end["retake"] - new.ready_at,
+                    "kill_to_done": end["done"] - t_kill,
+                }
+            )
+            log(
+                f"detect: restart round {k + 1}/{cfg.rounds}: kill -> done "
+                f"{restart[-1]['kill_to_done']:.2f} s (start-up {restart[-1]['kill_to_ready']:.2f} s)"
+            )
+        actions = wd.actions
+    finally:
+        for p in procs:
+            if p.proc.poll() is None:
+                p.kill()
+            else:
+                with contextlib.suppress(Exception):
+                    p._out.close()
+        await wd.stop()
+        await client.close()
+    return {
+        "lease_ttl": ttl,
+        "heartbeat": settings.heartbeat_every,
+        "stall_threshold": settings.stall_threshold,
+        "interval": wd.interval,
+        "standby": standby,
+        "restart": restart,
+        "spawn": spawn_times,
+        "watchdog_actions": actions,
+    }
+
+
+# --- phase 3: heartbeat cost --------------------------------------------------------------------
+
+
+async def phase_heartbeat(url: str, cfg: Config, log: Log) -> dict[str, Any]:
+    settings = Settings(prefix=f"lh{uuid.uuid4().hex[:8]}", lease_ttl=30.0)
+    names = Names(settings.prefix)
+    observer = await Broker.connect(url, name="bench-liveness-observer")
+    writes: list[tuple[float, float, str | None]] = []
+
+    async def on_lease(m: Any) -> None:
+        with contextlib.suppress(Exception):
+            lh = decode_lease(m.data)
+            writes.append((time.time(), lh.heartbeat_at, lh.owner))
+
+    sub = await observer.nc.subscribe(names.leases_all, cb=on_lease)
+    await observer.nc.flush()
+    client = await Client.connect(url, settings=settings)
+    out: dict[str, Any] = {"heartbeat": settings.heartbeat_every}
+
+    # the floor: the same loop encoding the details only, in a thread like a sync step
+    def floor(n: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(n):
+            to_raw({"i": i})
+        return time.perf_counter() - t0
+
+    out["floor"] = min([await asyncio.to_thread(floor, cfg.hb_calls) for _ in range(3)])
+    try:
+        async with Worker([hb_bench], nats=url, settings=settings):
+
+            async def run(job: dict[str, Any]) -> dict[str, Any]:
+                info0 = await stream_info(observer, names.leases_stream)
+                writes.clear()
+                c0 = cpu_process()
+                run_id = await client.start("hb_bench", job)
+                res: dict[str, Any] = await client.result(run_id, timeout=120)
+                cpu = cpu_process() - c0
+                await asyncio.sleep(0.3)  # the release write reaches the observer
+                info1 = await stream_info(observer, names.leases_stream)
+                inside = [w for w in writes if w[2] and res["start"] <= w[1] <= res["end"]]
+                res.update(
+                    cpu=cpu,
+                    writes_total=int(info1["last_seq"]) - int(info0["last_seq"]),
+                    writes_seen=len(writes),
+                    writes_inside=len(inside),
+                    duration=res["end"] - res["start"],
+                )
+                return res
+
+            await run({"mode": "tight", "n": 1000})  # warm-up
+            log(f"heartbeat: {cfg.hb_calls:,} calls in a sync step")
+            out["tight"] = await run({"mode": "tight", "n": cfg.hb_calls})
+            log(f"heartbeat: {cfg.hb_calls:,} calls in an async step")
+            out["tight_async"] = await run({"mode": "tight_async", "n": cfg.hb_calls})
+            log(f"heartbeat: paced and quiet steps, {cfg.hb_seconds:g} s each")
+            out["paced"] = await run({"mode": "paced", "seconds": cfg.hb_seconds})
+            out["quiet"] = await run({"mode": "quiet", "seconds": cfg.hb_seconds})
+    finally:
+        await sub.unsubscribe()
+        await client.close()
+        await observer.close()
+    return out
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+def _b(n: float) -> str:
+    if abs(n) >= 1024 * 1024:
+        return f"{n / 1024 / 1024:,.1f} MiB"
+    return f"{n:,.0f} B"
+
+
+def _s(seconds: float) -> str:
+    return "—" if seconds != seconds else f"{seconds:,.2f} s"
+
+
+def _p3(xs: list[float]) -> str:
+    return " / ".join(_s(pct(xs, q)) for q in (50, 0, 100))
+
+
+def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
+    lines: list[str] = []
+    add = lines.append
+    add("## sojourn liveness benchmark")
+    add("")
+    add("| machine | |")
+    add("|---|---|")
+    for k, v in facts.items():
+        add(f"| {k} | {v} |")
+    cu = res.get("catchup")
+    if cu:
+        raw_rate = median([r["rate"] for r in cu["raw"]])
+        n_msgs = cu["raw"][0]["messages"]
+        model_t = median([c["elapsed"] for c in cu["model"]])
+        model_rate = n_msgs / model_t
+        raw_cpu = median([r["py_cpu"] for r in cu["raw"]]) / n_msgs
+        model_cpu = median([c["py_cpu"] for c in cu["model"]]) / n_msgs
+        raw_srv = median([r["srv_cpu"] for r in cu["raw"]]) / n_msgs
+        model_srv = median([c["srv_cpu"] for c in cu["model"]]) / n_msgs
+        live = cu["live"]
+        mem = cu["memory"]
+        per_run = (mem["rss_after"] - mem["rss_before"]) / max(live, 1)
+        tr = cu["traced"]
+        sp = cu["split"]
+        add("")
+        add(
+            f"### 1. Catch-up: {live:,} live + {cu['ended']:,} ended runs, "
+            f"{n_msgs:,} messages ({_b(cu['stream']['bytes'])} stored), "
+            f"median of {len(cu['raw'])}"
+        )
+        add("")
+        add("| measurement | value | ratio / note |")
+        add("|---|---|---|")
+        add(
+            f"| raw read: StreamFollower, 1,000 per page, no decoding | "
+            f"{fmt_rate(raw_rate, 'msgs')} ({_s(n_msgs / raw_rate)}) | the read limit |"
+        )
+        add(
+            f"| RunModel.refresh until caught_up | {fmt_rate(model_rate, 'msgs')} "
+            f"({_s(model_t)}) | {model_rate / raw_rate:.2f}x the raw read |"
+        )
+        add(
+            f"| CPU per message, this process: raw read / catch-up | "
+            f"{raw_cpu * 1e6:,.1f} µs / {model_cpu * 1e6:,.1f} µs | nats-server: "
+            f"{raw_srv * 1e6:,.1f} µs / {model_srv * 1e6:,.1f} µs |"
+        )
+        add(
+            f"| of which (no I/O): decode_events / whole `_on_decision` | "
+            f"{sp['decode'] / sp['messages'] * 1e6:,.1f} µs / "
+            f"{sp['on_decision'] / sp['messages'] * 1e6:,.1f} µs | "
+            f"decode is {sp['decode'] / max(sp['on_decision'], 1e-12):.0%} of `_on_decision` |"
+        )
+        add(
+            f"| assess(now), all {live:,} live runs | {fmt_ms(median(cu['assess']))} | "
+            f"{median(cu['assess']) / max(live, 1) * 1e6:,.2f} µs per run |"
+        )
+        add(
+            f"| RSS per live run ((after catch-up - before) / live, after gc) | {_b(per_run)} | "
+            f"{_b(mem['rss_before'])} -> {_b(mem['rss_after'])} |"
+        )
+        add(
+            f"| Python heap per live run (tracemalloc, fresh model) | "
+            f"{_b(tr['bytes'] / max(tr['runs'], 1))} | {_b(tr['bytes'])} for "
+            f"{tr['runs']:,} runs |"
+        )
+        rt = cu["retained"]
+        add(
+            f"| runs retained by the model / ended runs seen | {rt['runs']:,} "
+            f"({rt['runs'] / max(live + cu['ended'], 1):.0%} of all) / {rt['ended_seen']:,} "
+            f"| leases {rt['leases']}, wedges {rt['wedges']} |"
+        )
+        add(
+            f"| fill (not a result: 2 CAS appends per run, 500 runs at a time) | "
+            f"{_s(cu['fill']['elapsed'])} | "
+            f"{fmt_rate(cu['fill']['messages'] / cu['fill']['elapsed'], 'msgs')} |"
+        )
+        add("")
+        add("Where the model's heap is (tracemalloc, top sites):")
+        add("")
+        add("| site | retained | per live run |")
+        add("|---|---|---|")
+        for site in tr["sites"]:
+            add(
+                f"| {site['where']} | {_b(site['bytes'])} ({site['blocks']:+,} blocks) | "
+                f"{site['bytes'] / max(tr['runs'], 1):,.0f} B |"
+            )
+        add("")
+        add("### 4. No false flags at scale (phase 1's model)")
+        add("")
+        add("| judged | states | flagged |")
+        add("|---|---|---|")
+        sn = cu["states_now"]
+        add(
+            f"| now ({live:,} waiting runs, deadlines 1 day ahead or none) | "
+            f"{_states(sn)} | {sum(v for k, v in sn.items() if k in FLAGGED)} |"
+        )
+        sl = cu["states_later"]
+        ex = cu["expected_later"]
+        add(
+            f"| control: 2 days later (expected: {ex['overdue']:,} overdue, "
+            f"{ex['waiting']:,} waiting) | {_states(sl)} | "
+            f"{sum(v for k, v in sl.items() if k in FLAGGED)} |"
+        )
+    dt = res.get("detect")
+    if dt:
+        sb, rs = dt["standby"], dt["restart"]
+        add("")
+        add(
+            f"### 2. Detection and take-over: lease_ttl {dt['lease_ttl']:g} s, heartbeat "
+            f"{dt['heartbeat']:g} s, stall threshold {dt['stall_threshold']:g} s, judging "
+            f"every {dt['interval']:g} s"
+        )
+        add("")
+        add("p50 / min / max over the rounds:")
+        add("")
+        add("| measurement | standby rounds | restart rounds | theory |")
+        add("|---|---|---|---|")
+        thr, iv, ttl = dt["stall_threshold"], dt["interval"], dt["lease_ttl"]
+
+        def row(label: str, key: str, theory: str, both: bool = True) -> None:
+            a = _p3([r[key] for r in sb]) if key in (sb[0] if sb else {}) else "—"
+            b = _p3([r[key] for r in rs]) if both and key in (rs[0] if rs else {}) else "—"
+            add(f"| {label} | {a} | {b} | {theory} |")
+
+        row("last heartbeat -> SIGSTOP", "stop_after_beat", f"0 - {dt['heartbeat']:g} s")
+        row(
+            "SIGSTOP -> watchdog flags `stalled`",
+            "stop_to_flag",
+            f"{thr - dt['heartbeat']:g} - {thr + iv:g} s",
+        )
+        row("last heartbeat -> flag", "beat_to_flag", f"{thr:g} - {thr + iv:g} s")
+        row(
+            "last heartbeat -> the standby's StepStarted (attempt 2)",
+            "beat_to_retake",
+            f"lease expiry: {ttl:g} s",
+        )
+        row("lease expiry -> that StepStarted", "expiry_to_retake", "a wake + a history load")
+        row("SIGSTOP -> RunCompleted.at", "stop_to_done", "")
+        row("flag -> SIGKILL (the bench's reaction)", "flag_to_kill", "")
+        row("SIGKILL -> new worker process ready", "kill_to_ready", "process start-up")
+        row("new worker ready -> StepStarted (attempt 2)", "ready_to_retake", "lease lapsed")
+        row("SIGKILL -> RunCompleted.at", "kill_to_done", "")
+        add("")
+        add(
+            f"Rounds: {len(sb)} standby, {len(rs)} restart. Worker process start-up "
+            f"(spawn -> ready), all spawns: p50 {_s(median(dt['spawn']))}. "
+            f"Watchdog re-wakes: {dt['watchdog_actions']}."
+        )
+    hb = res.get("heartbeat")
+    if hb:
+        add("")
+        add(f"### 3. Heartbeat cost (lease_ttl 30 s: heartbeat every {hb['heartbeat']:g} s)")
+        add("")
+        t, ta = hb["tight"], hb["tight_async"]
+        n = cfg.hb_calls
+        add("| measurement | value | note |")
+        add("|---|---|---|")
+        add(
+            f"| `heartbeat({{'i': i}})` in a sync step (thread), {n:,} calls | "
+            f"{t['elapsed'] / n * 1e6:,.2f} µs per call | "
+            f"{t['elapsed'] / max(hb['floor'], 1e-12):.1f}x the floor "
+            f"(`to_raw` only: {hb['floor'] / n * 1e6:,.2f} µs) |"
+        )
+        add(
+            f"| CPU of this process per call, sync step (the loop's share included) | "
+            f"{t['cpu'] / n * 1e6:,.2f} µs | whole run, start to result |"
+        )
+        add(
+            f"| the same loop in an async step (on the event loop) | "
+            f"{ta['elapsed'] / n * 1e6:,.2f} µs per call | CPU per call "
+            f"{ta['cpu'] / n * 1e6:,.2f} µs |"
+        )
+        for key, what in (
+            ("tight", f"sync tight loop ({t['duration']:.2f} s)"),
+            ("tight_async", f"async tight loop ({ta['duration']:.2f} s)"),
+            ("paced", f"progress every ~1 ms for {hb['paced']['duration']:.1f} s"),
+            ("quiet", f"no progress reports, {hb['quiet']['duration']:.1f} s"),
+        ):
+            r = hb[key]
+            calls = r.get("calls", n)
+            add(
+                f"| lease writes during the step: {what} | {r['writes_inside']} "
+                f"({r['writes_inside'] / max(r['duration'], 1e-9):.2f}/s) | "
+                f"{calls:,} calls; activation total {r['writes_total']} writes "
+                f"(acquire, renewals, release) |"
+            )
+    return "\n".join(lines)
+
+
+def _states(d: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(d.items())) or "—"
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+
+async def amain(cfg: Config) -> dict[str, Any]:
+    logging.basicConfig(level=logging.ERROR)
+
+    def log(msg: str) -> None:
+        print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+    binary = find_nats_server()
+    facts = machine_facts(binary, Path(cfg.store_dir or tempfile.gettempdir()))
+    facts["event loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    facts["sojourn"] = git_state(ROOT)
+    res: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=cfg.store_dir, prefix="bench-liveness-") as tmp:
+        async with EmbeddedServer(store_dir=Path(tmp) / "nats", port=0) as server:
+            if "catchup" in cfg.sections:
+                res["catchup"] = await phase_catchup(server.url, server.pid, cfg, log)
+                gc.collect()
+            if "detect" in cfg.sections:
+                res["detect"] = await phase_detect(server.url, cfg, Path(tmp), log)
+            if "heartbeat" in cfg.sections:
+                res["heartbeat"] = await phase_heartbeat(server.url, cfg, log)
+    elapsed = time.perf_counter() - t0
+    print(render(cfg, facts, res))
+    print(f"\n(bench took {elapsed:.0f} s)")
+    return {"config": cfg.__dict__, "machine": facts, "results": _jsonable(res)}
+
+
+def _jsonable(res: dict[str, Any]) -> Any:
+    return json.loads(json.dumps(res, default=str))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    run_bench(amain(cfg), cfg.json_out)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
