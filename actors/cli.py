@@ -390,7 +390,7 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
             out(encode(rows).decode())
             return EXIT_OK
         flagged = sum(1 for v in rows if v.flagged)
-        out(f"{len(rows)} live runs, {flagged} flagged")
+        out(f"{len(rows)} live run{'s' if len(rows) != 1 else ''}, {flagged} flagged")
         for liv in rows if args.all else [v for v in rows if v.flagged]:
             out(_liveness_line(liv))
         return EXIT_OK

@@ -115,11 +115,11 @@ from .util import (
     median,
     pct,
     run_bench,
-    summarize,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("catchup", "detect", "heartbeat")
+APP = "tests.apps.liveness"
 FLAGGED = ("stalled", "orphaned", "overdue", "wedged")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -200,9 +200,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         prog="python -m bench.liveness",
         description="sojourn liveness: watchdog catch-up, detection, take-over, heartbeat cost",
     )
-    p.add_argument(
-        "--quick", action="store_true", help="< 1 min: 2,000 + 2,000 runs, 2 + 2 rounds"
-    )
+    p.add_argument("--quick", action="store_true", help="< 1 min: 2,000 + 2,000 runs, 2 + 2 rounds")
     p.add_argument("--live", type=int, help="live (waiting) runs in the stream (default 20,000)")
     p.add_argument("--ended", type=int, help="ended runs in the stream (default 20,000)")
     p.add_argument("--repeats", type=int, help="raw read / catch-up repeats (default 3)")
@@ -360,9 +358,7 @@ async def catch_up(model: RunModel, server_pid: int | None) -> dict[str, float]:
     }
 
 
-async def feed(
-    broker: Broker, names: Names, model: RunModel, split: bool
-) -> dict[str, float]:
+async def feed(broker: Broker, names: Names, model: RunModel, split: bool) -> dict[str, float]:
     """Read the stream page by page and hand each message to ``model._on_decision`` (no I/O is
     timed); with ``split``, also time ``decode_events`` alone over the same pages."""
     f = StreamFollower(broker, names.events_stream, names.events_all, page=1000)
@@ -388,9 +384,7 @@ async def feed(
     return {"messages": n, "decode": decode, "on_decision": handle}
 
 
-async def phase_catchup(
-    url: str, server_pid: int | None, cfg: Config, log: Log
-) -> dict[str, Any]:
+async def phase_catchup(url: str, server_pid: int | None, cfg: Config, log: Log) -> dict[str, Any]:
     settings = Settings(prefix=f"lc{uuid.uuid4().hex[:8]}")
     names = Names(settings.prefix)
     broker = await Broker.connect(url, name="bench-liveness-catchup")
@@ -509,13 +503,12 @@ class WorkerProc:
 
     def __init__(self, url: str, prefix: str, ttl: float, logdir: Path) -> None:
         self.log_path = logdir / f"worker-{uuid.uuid4().hex[:6]}.log"
-        self._out = open(self.log_path, "wb")  # noqa: SIM115 - closed in kill()
+        self._out = open(self.log_path, "wb")  # closed by kill() / stop()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         self.spawned = time.time()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.apps.run_worker", url, prefix, "tests.apps.liveness"]
-            + [str(ttl)],
+            [sys.executable, "-m", "tests.apps.run_worker", url, prefix, APP, str(ttl)],
             cwd=ROOT,
             stdout=self._out,
             stderr=subprocess.STDOUT,
@@ -599,7 +592,15 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
         holder = next(p for p in pool if p.pid == pid)
         t_stop = time.time()
         os.kill(pid, signal.SIGSTOP)
-        t_flag, fl = await asyncio.wait_for(flagged[run_id], 30)
+        try:
+            t_flag, fl = await asyncio.wait_for(flagged[run_id], 30)
+        except TimeoutError:
+            states = [(st, round(t - t_stop, 2)) for st, t, _ in seen.get(run_id, [])]
+            now_liv = await client.liveness(run_id)
+            raise RuntimeError(
+                f"run {run_id} not flagged 30 s after SIGSTOP: watchdog saw {states}, judges "
+                f"{wd.liveness(run_id)}; client.liveness says {now_liv}"
+            ) from None
         return {
             "run_id": run_id,
             "holder": holder,
@@ -622,7 +623,6 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
         log("detect: starting two worker processes")
         pool = list(await asyncio.gather(spawn(), spawn()))
         spawn_times = [p.ready_at - p.spawned for p in pool]
-        await client.start("longstep", -1)  # warm-up: not measured
         for k in range(cfg.rounds):
             r = await one_round(pool, k)
             end = await ending(r["run_id"])
@@ -674,9 +674,10 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
                     "kill_to_done": end["done"] - t_kill,
                 }
             )
+            rr = restart[-1]
             log(
                 f"detect: restart round {k + 1}/{cfg.rounds}: kill -> done "
-                f"{restart[-1]['kill_to_done']:.2f} s (start-up {restart[-1]['kill_to_ready']:.2f} s)"
+                f"{rr['kill_to_done']:.2f} s (start-up {rr['kill_to_ready']:.2f} s)"
             )
         actions = wd.actions
     finally:

@@ -84,10 +84,12 @@ def classify(
         running = None
 
     if s.status == "waiting":
+        if running is not None:  # a worker is on it right now (resuming it, or parking it)
+            return running
         late = _late_wake(s, now, limits.overdue_after)
         if late is not None:
             return make("overdue", reason=late[1], since=late[0])
-        return running or make("waiting", since=s.waiting_since)
+        return make("waiting", since=s.waiting_since)
 
     # pending or running: the run has work to do, so someone must hold it and heartbeat.
     if running is not None:

@@ -24,7 +24,7 @@ from sojourn.broker.leases import LeaseHolder, decode_lease
 from sojourn.broker.names import Names
 from sojourn.schemas.codec import decode_events, decode_wedge_record, decode_worker_beat
 from sojourn.schemas.config import Settings
-from sojourn.schemas.events import RunCompleted, StepStarted
+from sojourn.schemas.events import RunCompleted, RunStarted, StepStarted
 from sojourn.schemas.health import LIVENESS_STATES, Liveness, WedgeRecord, WorkerBeat
 
 from .anomaly import HistoryBaseline, RateBaseline
@@ -111,8 +111,6 @@ class RunModel:
         run_id = self._run_of(m)
         seq = int(header(m, "Nats-Sequence"))
         s = self.runs.get(run_id)
-        if s is None:
-            s = RunSummary(run_id=run_id)
         try:
             events = decode_events(m.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
@@ -125,6 +123,12 @@ class RunModel:
                 at=time.time(),
             )
             events = []
+        if s is None:
+            if events and not isinstance(events[0], RunStarted):
+                # The run ended before (and was dropped) or its start was never stored: a late
+                # event (a cancel after the end) must not bring it back as a live run.
+                return
+            s = RunSummary(run_id=run_id)
         was_terminal = s.terminal
         for e in events:
             s = summarize(s, e)

@@ -5,6 +5,7 @@ replay is wedged (issue 5)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.health import Liveness
+from tests.actors.test_cli import sojourn
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.procs import WorkerProc
 
@@ -358,6 +360,19 @@ async def test_a_nondeterministic_replay_shows_wedged_with_the_reason(
         for s in gauges["sojourn_runs"].samples
     )
     assert wd.actions == 0  # wedged runs are reported, never re-woken
+
+    # the same judgement from the command line
+    common = ("--nats", nats_server.url, "--prefix", settings.prefix, "--lease-ttl", "2")
+    listed = await sojourn("watchdog", "--once", *common)
+    assert listed.rc == 0, listed.err
+    assert "1 live run, 1 flagged" in listed.out
+    assert run_id in listed.out and "wedged" in listed.out and "nondeterminism" in listed.out
+    as_json = await sojourn("watchdog", "--once", "--json", *common)
+    (row,) = [r for r in json.loads(as_json.out) if r["run_id"] == run_id]
+    assert row["state"] == "wedged" and row["agent"] == "shifty"
+    status = await sojourn("status", run_id, "--json", *common[:4])
+    assert status.rc == 0, status.err
+    assert json.loads(status.out)["liveness"]["state"] == "wedged"
 
 
 @agent("brittle")
