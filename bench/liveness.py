@@ -557,9 +557,10 @@ def owner_pid(owner: str) -> int:
 async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[str, Any]:
     ttl = cfg.lease_ttl
     settings = Settings(prefix=f"ld{uuid.uuid4().hex[:8]}", lease_ttl=ttl)
-    prefix = settings.prefix
+    names = Names(settings.prefix)
     seen: dict[str, list[tuple[str, float, Liveness]]] = {}
     flagged: dict[str, asyncio.Future[tuple[float, Liveness]]] = {}
+    leases: dict[str, list[tuple[float, float, str]]] = {}
 
     def on_change(liv: Liveness, _before: Liveness | None) -> None:
         t = time.time()
@@ -568,19 +569,29 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
         if liv.state == "stalled" and fut is not None and not fut.done():
             fut.set_result((t, liv))
 
+    async def on_lease(m: Any) -> None:
+        with contextlib.suppress(Exception):
+            lh = decode_lease(m.data)
+            if lh.owner:
+                run_id = names.subject_token(m.subject, 1)
+                leases.setdefault(run_id, []).append((lh.heartbeat_at, lh.acquired_at, lh.owner))
+
+    observer = await Broker.connect(url, name="bench-liveness-leases")
+    sub = await observer.nc.subscribe(names.leases_all, cb=on_lease)
+    await observer.nc.flush()
     client = await Client.connect(url, settings=settings)
     wd = await Watchdog(nats=url, settings=settings, on_change=on_change).start()
     procs: list[WorkerProc] = []
 
     async def spawn() -> WorkerProc:
-        p = WorkerProc(url, prefix, ttl, logdir)
+        p = WorkerProc(url, settings.prefix, ttl, logdir)
         procs.append(p)
         return await p.ready()
 
-    async def one_round(pool: list[WorkerProc], k: int) -> dict[str, Any]:
+    async def stop_holder(pool: list[WorkerProc], k: int) -> dict[str, Any]:
+        """Start a run, wait until its step runs, SIGSTOP the worker that holds it."""
         run_id = await client.start("longstep", k)
-        loop = asyncio.get_running_loop()
-        flagged[run_id] = loop.create_future()
+        flagged[run_id] = asyncio.get_running_loop().create_future()
 
         async def running() -> Liveness | None:
             liv = await client.liveness(run_id)
@@ -592,22 +603,17 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
         holder = next(p for p in pool if p.pid == pid)
         t_stop = time.time()
         os.kill(pid, signal.SIGSTOP)
+        return {"run_id": run_id, "holder": holder, "t_stop": t_stop}
+
+    async def await_flag(run_id: str, t_stop: float) -> tuple[float, Liveness]:
         try:
-            t_flag, fl = await asyncio.wait_for(flagged[run_id], 30)
+            return await asyncio.wait_for(asyncio.shield(flagged[run_id]), 30)
         except TimeoutError:
             states = [(st, round(t - t_stop, 2)) for st, t, _ in seen.get(run_id, [])]
-            now_liv = await client.liveness(run_id)
             raise RuntimeError(
-                f"run {run_id} not flagged 30 s after SIGSTOP: watchdog saw {states}, judges "
-                f"{wd.liveness(run_id)}; client.liveness says {now_liv}"
+                f"run {run_id} not flagged 30 s after SIGSTOP: the watchdog saw {states}, "
+                f"judges {wd.liveness(run_id)}; client.liveness: {await client.liveness(run_id)}"
             ) from None
-        return {
-            "run_id": run_id,
-            "holder": holder,
-            "t_stop": t_stop,
-            "t_flag": t_flag,
-            "beat": fl.last_heartbeat or 0.0,
-        }
 
     async def ending(run_id: str) -> dict[str, float]:
         await client.result(run_id, timeout=60)
@@ -617,68 +623,84 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
         done = next(e for e in events if isinstance(e, RunCompleted))
         return {"retake": retake.at, "done": done.at}
 
-    standby: list[dict[str, float]] = []
-    restart: list[dict[str, float]] = []
+    def beats(run_id: str, pid: int) -> tuple[float, float]:
+        """The stopped owner's last heartbeat, and when the next owner acquired the lease."""
+        mine = [hb for hb, _acq, owner in leases.get(run_id, []) if owner_pid(owner) == pid]
+        others = [acq for _hb, acq, owner in leases.get(run_id, []) if owner_pid(owner) != pid]
+        return max(mine, default=float("nan")), min(others, default=float("nan"))
+
+    standby: list[dict[str, Any]] = []
+    restart: list[dict[str, Any]] = []
+    spawn_times: list[float] = []
     try:
-        log("detect: starting two worker processes")
-        pool = list(await asyncio.gather(spawn(), spawn()))
-        spawn_times = [p.ready_at - p.spawned for p in pool]
+        log("detect: restart rounds (one worker: nobody takes over until a new one starts)")
+        pool = [await spawn()]
         for k in range(cfg.rounds):
-            r = await one_round(pool, k)
-            end = await ending(r["run_id"])
-            holder: WorkerProc = r["holder"]
-            holder.kill()
-            pool.remove(holder)
-            standby.append(
-                {
-                    "stop_after_beat": r["t_stop"] - r["beat"],
-                    "stop_to_flag": r["t_flag"] - r["t_stop"],
-                    "beat_to_flag": r["t_flag"] - r["beat"],
-                    "beat_to_retake": end["retake"] - r["beat"],
-                    "expiry_to_retake": end["retake"] - (r["beat"] + ttl),
-                    "stop_to_done": end["done"] - r["t_stop"],
-                    "retake_to_done": end["done"] - end["retake"],
-                }
-            )
-            log(
-                f"detect: standby round {k + 1}/{cfg.rounds}: flag "
-                f"{standby[-1]['beat_to_flag']:.2f} s after the last beat, retake "
-                f"{standby[-1]['beat_to_retake']:.2f} s after it"
-            )
-            new = await spawn()
-            spawn_times.append(new.ready_at - new.spawned)
-            pool.append(new)
-        lone = pool.pop()
-        lone.stop()
-        for k in range(cfg.rounds):
-            r = await one_round(pool, 100 + k)
-            holder = r["holder"]
+            r = await stop_holder(pool, k)
+            run_id, holder = r["run_id"], r["holder"]
+            t_flag, fl = await await_flag(run_id, r["t_stop"])
             t_kill = time.time()
             holder.kill()
             pool.remove(holder)
-            new = WorkerProc(url, prefix, ttl, logdir)
+            new = WorkerProc(url, settings.prefix, ttl, logdir)
             procs.append(new)
-            end_task = asyncio.create_task(ending(r["run_id"]))
+            end_task = asyncio.create_task(ending(run_id))
             await new.ready()
             end = await end_task
             pool.append(new)
             spawn_times.append(new.ready_at - new.spawned)
+            beat = fl.last_heartbeat or float("nan")
+            seen_beat, acquired = beats(run_id, holder.pid)
             restart.append(
                 {
-                    "stop_after_beat": r["t_stop"] - r["beat"],
-                    "stop_to_flag": r["t_flag"] - r["t_stop"],
-                    "beat_to_flag": r["t_flag"] - r["beat"],
-                    "flag_to_kill": t_kill - r["t_flag"],
+                    "stop_after_beat": r["t_stop"] - beat,
+                    "stop_to_flag": t_flag - r["t_stop"],
+                    "beat_to_flag": t_flag - beat,
+                    "beat_mismatch": beat - seen_beat,
+                    "flag_to_kill": t_kill - t_flag,
                     "kill_to_ready": new.ready_at - t_kill,
+                    "ready_to_acquire": acquired - new.ready_at,
                     "ready_to_retake": end["retake"] - new.ready_at,
                     "kill_to_done": end["done"] - t_kill,
                 }
             )
             rr = restart[-1]
             log(
-                f"detect: restart round {k + 1}/{cfg.rounds}: kill -> done "
-                f"{rr['kill_to_done']:.2f} s (start-up {rr['kill_to_ready']:.2f} s)"
+                f"detect: restart round {k + 1}/{cfg.rounds}: flag {rr['beat_to_flag']:.2f} s "
+                f"after the last heartbeat; kill -> done {rr['kill_to_done']:.2f} s "
+                f"(start-up {rr['kill_to_ready']:.2f} s)"
             )
+        log("detect: standby rounds (a second worker is up)")
+        pool.append(await spawn())
+        spawn_times.append(pool[-1].ready_at - pool[-1].spawned)
+        for k in range(cfg.rounds):
+            r = await stop_holder(pool, 100 + k)
+            run_id, holder = r["run_id"], r["holder"]
+            end = await ending(run_id)
+            await asyncio.sleep(0.2)  # the observer has every lease write by now
+            beat, acquired = beats(run_id, holder.pid)
+            holder.kill()
+            pool.remove(holder)
+            stalled = [t for st, t, _ in seen.get(run_id, []) if st == "stalled"]
+            standby.append(
+                {
+                    "stop_after_beat": r["t_stop"] - beat,
+                    "beat_to_acquire": acquired - beat,
+                    "expiry_to_acquire": acquired - (beat + ttl),
+                    "beat_to_retake": end["retake"] - beat,
+                    "stop_to_done": end["done"] - r["t_stop"],
+                    "beat_to_flag": (stalled[0] - beat) if stalled else float("nan"),
+                    "flagged": bool(stalled),
+                }
+            )
+            sr = standby[-1]
+            log(
+                f"detect: standby round {k + 1}/{cfg.rounds}: lease taken "
+                f"{sr['beat_to_acquire']:.2f} s after the last heartbeat; flagged: {sr['flagged']}"
+            )
+            new = await spawn()
+            spawn_times.append(new.ready_at - new.spawned)
+            pool.append(new)
         actions = wd.actions
     finally:
         for p in procs:
@@ -688,6 +710,8 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
                 with contextlib.suppress(Exception):
                     p._out.close()
         await wd.stop()
+        await sub.unsubscribe()
+        await observer.close()
         await client.close()
     return {
         "lease_ttl": ttl,
@@ -888,47 +912,57 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
     dt = res.get("detect")
     if dt:
         sb, rs = dt["standby"], dt["restart"]
+        thr, iv, ttl, beat = dt["stall_threshold"], dt["interval"], dt["lease_ttl"], dt["heartbeat"]
         add("")
         add(
-            f"### 2. Detection and take-over: lease_ttl {dt['lease_ttl']:g} s, heartbeat "
-            f"{dt['heartbeat']:g} s, stall threshold {dt['stall_threshold']:g} s, judging "
-            f"every {dt['interval']:g} s"
+            f"### 2. Detection and take-over: lease_ttl {ttl:g} s, heartbeat {beat:g} s, "
+            f"stall threshold {thr:g} s, watchdog judging every {iv:g} s"
         )
-        add("")
-        add("p50 / min / max over the rounds:")
-        add("")
-        add("| measurement | standby rounds | restart rounds | theory |")
-        add("|---|---|---|---|")
-        thr, iv, ttl = dt["stall_threshold"], dt["interval"], dt["lease_ttl"]
-
-        def row(label: str, key: str, theory: str, both: bool = True) -> None:
-            a = _p3([r[key] for r in sb]) if key in (sb[0] if sb else {}) else "—"
-            b = _p3([r[key] for r in rs]) if both and key in (rs[0] if rs else {}) else "—"
-            add(f"| {label} | {a} | {b} | {theory} |")
-
-        row("last heartbeat -> SIGSTOP", "stop_after_beat", f"0 - {dt['heartbeat']:g} s")
-        row(
-            "SIGSTOP -> watchdog flags `stalled`",
-            "stop_to_flag",
-            f"{thr - dt['heartbeat']:g} - {thr + iv:g} s",
-        )
-        row("last heartbeat -> flag", "beat_to_flag", f"{thr:g} - {thr + iv:g} s")
-        row(
-            "last heartbeat -> the standby's StepStarted (attempt 2)",
-            "beat_to_retake",
-            f"lease expiry: {ttl:g} s",
-        )
-        row("lease expiry -> that StepStarted", "expiry_to_retake", "a wake + a history load")
-        row("SIGSTOP -> RunCompleted.at", "stop_to_done", "")
-        row("flag -> SIGKILL (the bench's reaction)", "flag_to_kill", "")
-        row("SIGKILL -> new worker process ready", "kill_to_ready", "process start-up")
-        row("new worker ready -> StepStarted (attempt 2)", "ready_to_retake", "lease lapsed")
-        row("SIGKILL -> RunCompleted.at", "kill_to_done", "")
         add("")
         add(
-            f"Rounds: {len(sb)} standby, {len(rs)} restart. Worker process start-up "
-            f"(spawn -> ready), all spawns: p50 {_s(median(dt['spawn']))}. "
-            f"Watchdog re-wakes: {dt['watchdog_actions']}."
+            f"Restart rounds ({len(rs)}): one worker; SIGSTOP it, wait for the flag, SIGKILL it, "
+            "start a new worker process. p50 / min / max:"
+        )
+        add("")
+        add("| measurement | p50 / min / max | theory |")
+        add("|---|---|---|")
+
+        def row(rows: list[dict[str, Any]], label: str, key: str, theory: str) -> None:
+            xs = [r[key] for r in rows if r[key] == r[key]]
+            add(f"| {label} | {_p3(xs) if xs else '—'} | {theory} |")
+
+        row(rs, "last heartbeat -> SIGSTOP", "stop_after_beat", f"0 - {beat:g} s")
+        row(rs, "SIGSTOP -> watchdog flags `stalled`", "stop_to_flag",
+            f"{thr - beat:g} - {thr + iv:g} s")  # fmt: skip
+        row(rs, "last heartbeat -> flag", "beat_to_flag", f"{thr:g} - {thr + iv:g} s")
+        row(rs, "flag -> SIGKILL (the bench reacting)", "flag_to_kill", "")
+        row(rs, "SIGKILL -> new worker process ready", "kill_to_ready", "process start-up")
+        row(rs, "new worker ready -> it holds the lease", "ready_to_acquire", "lease long lapsed")
+        row(rs, "new worker ready -> StepStarted (attempt 2)", "ready_to_retake", "")
+        row(rs, "SIGKILL -> RunCompleted.at", "kill_to_done", "start-up + the above")
+        add("")
+        nflag = sum(1 for r in sb if r["flagged"])
+        add(
+            f"Standby rounds ({len(sb)}): two workers; SIGSTOP the one holding the run, the other "
+            f"takes it over. The watchdog flagged the run `stalled` in {nflag} of {len(sb)}. "
+            "p50 / min / max:"
+        )
+        add("")
+        add("| measurement | p50 / min / max | theory |")
+        add("|---|---|---|")
+        row(sb, "last heartbeat -> SIGSTOP", "stop_after_beat", f"0 - {beat:g} s")
+        row(sb, "last heartbeat -> the standby holds the lease", "beat_to_acquire",
+            f"lease expiry: {ttl:g} s")  # fmt: skip
+        row(sb, "lease expiry -> the standby holds the lease", "expiry_to_acquire",
+            "a wake's delivery")  # fmt: skip
+        row(sb, "last heartbeat -> the standby's StepStarted (attempt 2)", "beat_to_retake", "")
+        row(sb, "SIGSTOP -> RunCompleted.at", "stop_to_done", f"{ttl - beat:g} - {ttl:g} s + ")
+        row(sb, "last heartbeat -> flag (rounds that flagged)", "beat_to_flag",
+            f"{thr:g} - {thr + iv:g} s")  # fmt: skip
+        add("")
+        add(
+            f"Worker process start-up (spawn -> ready), all {len(dt['spawn'])} spawns: p50 "
+            f"{_s(median(dt['spawn']))}. Watchdog re-wakes: {dt['watchdog_actions']}."
         )
     hb = res.get("heartbeat")
     if hb:
