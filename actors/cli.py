@@ -872,7 +872,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=_positive_float,
         default=None,
-        help="silence after which an owner counts as stalled (default: 3 heartbeats)",
+        help="silence after which an owner counts as stalled (default: 3 heartbeats, at "
+        "most 2/3 of the lease)",
     )
     p.add_argument(
         "--overdue-after",

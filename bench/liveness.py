@@ -3,8 +3,8 @@ another worker takes the run over, and what ``heartbeat(details)`` costs a step.
 
 Run from the repository root::
 
-    python -m bench.liveness            # ~3 min: 20,000 live + 20,000 ended runs, 5 + 5 rounds
-    python -m bench.liveness --quick    # < 1 min: 2,000 + 2,000 runs, 2 + 2 rounds
+    python -m bench.liveness            # ~2 min: 20,000 live + 20,000 ended runs, 5 + 5 rounds
+    python -m bench.liveness --quick    # ~30 s: 2,000 + 2,000 runs, 2 + 2 rounds
 
 It starts its own ``EmbeddedServer`` (free port, temp dir, ``sync_interval: always``) and gives
 every phase its own ``Settings`` prefix. Nothing in the runtime is patched or wrapped: instants
@@ -21,7 +21,9 @@ are wall-clock stamps taken by this process, event stamps (``at``) and lease sta
    (a) the *raw read*: a ``StreamFollower`` over ``<prefix>.ev.*`` with the model's page size
    (1,000), reading every message and decoding nothing; (b) a fresh ``RunModel``, ``refresh()``
    until ``caught_up``. Both report messages/s and the CPU of this process and of nats-server per
-   message. (c) ``assess(now)`` over every live run (median of 5 calls). (d) Memory: this
+   message. (c) ``assess(now)`` over every live run (median of 5 calls), and a whole
+   ``Watchdog.scan()`` over the caught-up model (refresh with nothing new, assess, compare with
+   the last judgement; median of the 5 after the first). (d) Memory: this
    process's RSS (``/proc/self/statm``) after ``gc.collect()`` before the first model is built
    and after it caught up, per live run; then, on a fresh model fed the same messages
    (``RunModel._on_decision`` page by page) under ``tracemalloc``, the Python heap it retains per
@@ -33,16 +35,18 @@ are wall-clock stamps taken by this process, event stamps (``at``) and lease sta
    (``python -m tests.apps.run_worker ... tests.apps.liveness``); the agent ``longstep`` runs a
    step whose first attempt loops forever reporting progress every 0.1 s (so its worker renews
    the lease every second) and whose re-run returns at once.
-   - *standby* rounds: two workers are up. Start a run, wait until ``client.liveness`` says
-     ``running``, SIGSTOP the worker that holds it (read from the lease's owner). Stop -> flag,
-     and last heartbeat (``last_heartbeat`` of the flagged liveness, i.e. the lease's
-     ``heartbeat_at``) -> flag. Take-over: last heartbeat -> the other worker's
-     ``StepStarted`` of attempt 2 (its event stamp), compared with the lease expiry
-     (last heartbeat + ``lease_ttl``); and stop -> ``RunCompleted.at``. Then the stopped worker
-     is killed and replaced before the next round.
-   - *restart* rounds: one worker is up. The same until the flag; then SIGKILL it and start a
-     new worker process: kill -> new worker ready (process start-up), and kill ->
-     ``RunCompleted.at``.
+   After ``client.liveness`` says ``running`` the bench waits a random 0-1 s (the state shows
+   right after a renewal), then SIGSTOPs the worker that holds the run (the lease's owner). The
+   "last heartbeat" is that worker's last lease write (``heartbeat_at``), seen by a core
+   subscription on ``<prefix>.lease.*`` or read from the flagged liveness.
+   - *restart* rounds (first): one worker is up, so nobody can take over. SIGSTOP -> flag and
+     last heartbeat -> flag; then SIGKILL it and start a new worker process: kill -> new worker
+     ready (process start-up), ready -> it holds the lease, kill -> ``RunCompleted.at``.
+   - *standby* rounds: a second worker is up and nobody intervenes. Last heartbeat -> the other
+     worker holds the lease (its ``acquired_at``), against the lease expiry (last heartbeat +
+     ``lease_ttl``); -> its ``StepStarted`` of attempt 2; SIGSTOP -> ``RunCompleted.at``; and
+     whether the watchdog saw the run ``stalled`` at all before the take-over. Then the stopped
+     worker is killed and replaced.
    Theory: flag at last heartbeat + 3 s + up to one judging interval (0.5 s) + the model's read
    lag; SIGSTOP falls 0-1 s after a heartbeat, so stop -> flag is 2-3.5 s; take-over at the
    lease expiry (last heartbeat + 3 s) plus a wake's delivery and one history load.
@@ -52,9 +56,11 @@ are wall-clock stamps taken by this process, event stamps (``at``) and lease sta
    CPU of this process per call (the event loop's share included), against a floor of the
    same loop calling only ``to_raw({"i": i})``; the same loop in an ``async def`` step. Lease
    writes are counted by a core subscription on ``<prefix>.lease.*`` (stamps inside the step's
-   window) and by the leases stream's sequence. To show the coalescing over time: a step that
-   reports progress every ~1 ms for ``--hb-seconds``, and a control step that sleeps as long and
-   reports nothing (expected: ~1 lease write per second, and one per heartbeat interval).
+   window) and by the leases stream's sequence. The tight loop is over in a fraction of a second,
+   so to show the coalescing over time three more steps run ``--hb-seconds`` each: progress every
+   ~1 ms, progress as fast as the loop goes (a flood), and a control that sleeps and reports
+   nothing (expected: ~1 lease write per second for the first two, one per heartbeat interval
+   for the control).
 4. **No false flags at scale.** Phase 1's model judged at ``now``: how many of the N waiting
    runs come out as anything but ``waiting`` (expected 0). As a control the same model is judged
    two days later, when every ``sleep`` deadline is a day past: those runs must come out
@@ -157,6 +163,18 @@ def hb_paced(seconds: float) -> dict[str, float]:
     return {"elapsed": time.perf_counter() - t0, "start": start, "end": time.time(), "calls": calls}
 
 
+def hb_flood(seconds: float) -> dict[str, float]:
+    """``heartbeat(details)`` as fast as possible for ``seconds``."""
+    start = time.time()
+    t0 = time.perf_counter()
+    calls = 0
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(1000):
+            heartbeat({"i": calls})
+            calls += 1
+    return {"elapsed": time.perf_counter() - t0, "start": start, "end": time.time(), "calls": calls}
+
+
 def hb_quiet(seconds: float) -> dict[str, float]:
     """No progress reports at all: the worker heartbeats for the step on its own."""
     start = time.time()
@@ -174,6 +192,8 @@ async def hb_bench(ctx: Context, job: dict[str, Any]) -> dict[str, float]:
         return await ctx.step(hb_tight_async, int(job["n"]))
     if mode == "paced":
         return await ctx.step(hb_paced, float(job["seconds"]))
+    if mode == "flood":
+        return await ctx.step(hb_flood, float(job["seconds"]))
     return await ctx.step(hb_quiet, float(job["seconds"]))
 
 
@@ -187,7 +207,7 @@ class Config:
     repeats: int = 3
     rounds: int = 5
     hb_calls: int = 100_000
-    hb_seconds: float = 6.0
+    hb_seconds: float = 5.0
     lease_ttl: float = 3.0
     sections: tuple[str, ...] = SECTIONS
     store_dir: str | None = None
@@ -206,7 +226,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--repeats", type=int, help="raw read / catch-up repeats (default 3)")
     p.add_argument("--rounds", type=int, help="standby and restart rounds, each (default 5)")
     p.add_argument("--hb-calls", type=int, help="heartbeat calls in the tight loop (100,000)")
-    p.add_argument("--hb-seconds", type=float, help="paced / quiet step duration (default 6)")
+    p.add_argument(
+        "--hb-seconds", type=float, help="paced / flood / quiet step duration (default 5)"
+    )
     p.add_argument(
         "--only",
         action="append",
@@ -219,7 +241,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     cfg = Config(quick=a.quick, store_dir=a.store_dir, json_out=a.json_out)
     if a.quick:
         cfg.live, cfg.ended, cfg.repeats, cfg.rounds = 2_000, 2_000, 2, 2
-        cfg.hb_calls, cfg.hb_seconds = 10_000, 3.0
+        cfg.hb_calls, cfg.hb_seconds = 10_000, 2.0
     for name in ("live", "ended", "repeats", "rounds", "hb_calls", "hb_seconds"):
         if getattr(a, name) is not None:
             setattr(cfg, name, getattr(a, name))
@@ -410,6 +432,7 @@ async def phase_catchup(url: str, server_pid: int | None, cfg: Config, log: Log)
             before = rss()
             model = RunModel(broker, names, settings)
             catches.append(await catch_up(model, server_pid))
+            await asyncio.sleep(0.1)  # let the reader's last subscription wind down
             gc.collect()
             if rep == 0:
                 mem = {"rss_before": before, "rss_after": rss()}
@@ -426,6 +449,16 @@ async def phase_catchup(url: str, server_pid: int | None, cfg: Config, log: Log)
             judged = model.assess(now)
             assess_times.append(time.perf_counter() - t0)
         states_now = by_state(judged.values())
+        # a whole watchdog scan over this model: refresh (nothing new), assess, compare, report
+        wd = Watchdog(broker=broker, settings=settings, on_change=lambda _liv, _before: None)
+        wd.model = model
+        scan_times = []
+        for _ in range(6):
+            t0 = time.perf_counter()
+            await wd.scan()
+            scan_times.append(time.perf_counter() - t0)
+        scan = {"first": scan_times[0], "steady": median(scan_times[1:]), "interval": wd.interval}
+        del wd
         later = model.assess(now + 2 * 86_400)
         states_later = by_state(later.values())
         retained = {
@@ -448,22 +481,26 @@ async def phase_catchup(url: str, server_pid: int | None, cfg: Config, log: Log)
         gc.collect()
 
         log("catch-up: tracemalloc pass")
-        traced_model = RunModel(broker, names, settings)
         tracemalloc.start()
-        snap0 = tracemalloc.take_snapshot()
-        cur0 = tracemalloc.get_traced_memory()[0]
+        traced_model = RunModel(broker, names, settings)
         await feed(broker, names, traced_model, split=False)
+        await asyncio.sleep(0.1)  # let the reader's last subscription wind down
         gc.collect()
-        cur1 = tracemalloc.get_traced_memory()[0]
+        with_model = tracemalloc.get_traced_memory()[0]
         snap1 = tracemalloc.take_snapshot()
+        n_runs = len(traced_model.runs)
+        del traced_model
+        gc.collect()
+        without_model = tracemalloc.get_traced_memory()[0]
+        snap0 = tracemalloc.take_snapshot()
         tracemalloc.stop()
         sites = []
         for st in snap1.compare_to(snap0, "lineno")[:6]:
             frame = st.traceback[0]
             where = f"{_short(frame.filename)}:{frame.lineno}"
             sites.append({"where": where, "bytes": st.size_diff, "blocks": st.count_diff})
-        traced = {"bytes": cur1 - cur0, "runs": len(traced_model.runs), "sites": sites}
-        del traced_model, snap0, snap1
+        traced = {"bytes": with_model - without_model, "runs": n_runs, "sites": sites}
+        del snap0, snap1
         gc.collect()
     finally:
         await broker.close()
@@ -476,6 +513,7 @@ async def phase_catchup(url: str, server_pid: int | None, cfg: Config, log: Log)
         "model": catches,
         "memory": mem,
         "assess": assess_times,
+        "scan": scan,
         "states_now": states_now,
         "states_later": states_later,
         "expected_later": expected_later,
@@ -582,6 +620,7 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
     client = await Client.connect(url, settings=settings)
     wd = await Watchdog(nats=url, settings=settings, on_change=on_change).start()
     procs: list[WorkerProc] = []
+    rng = random.Random(11)
 
     async def spawn() -> WorkerProc:
         p = WorkerProc(url, settings.prefix, ttl, logdir)
@@ -599,6 +638,8 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
 
         liv = await until(running, 60, "the step to run")
         assert liv.owner is not None
+        # "running" shows right after a renewal: stop at a random phase of the heartbeat
+        await asyncio.sleep(rng.uniform(0, settings.heartbeat_every))
         pid = owner_pid(liv.owner)
         holder = next(p for p in pool if p.pid == pid)
         t_stop = time.time()
@@ -779,8 +820,9 @@ async def phase_heartbeat(url: str, cfg: Config, log: Log) -> dict[str, Any]:
             out["tight"] = await run({"mode": "tight", "n": cfg.hb_calls})
             log(f"heartbeat: {cfg.hb_calls:,} calls in an async step")
             out["tight_async"] = await run({"mode": "tight_async", "n": cfg.hb_calls})
-            log(f"heartbeat: paced and quiet steps, {cfg.hb_seconds:g} s each")
+            log(f"heartbeat: paced, flood and quiet steps, {cfg.hb_seconds:g} s each")
             out["paced"] = await run({"mode": "paced", "seconds": cfg.hb_seconds})
+            out["flood"] = await run({"mode": "flood", "seconds": cfg.hb_seconds})
             out["quiet"] = await run({"mode": "quiet", "seconds": cfg.hb_seconds})
     finally:
         await sub.unsubscribe()
@@ -862,6 +904,13 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
             f"| assess(now), all {live:,} live runs | {fmt_ms(median(cu['assess']))} | "
             f"{median(cu['assess']) / max(live, 1) * 1e6:,.2f} µs per run |"
         )
+        sc = cu["scan"]
+        add(
+            f"| a whole watchdog scan (refresh with nothing new, assess, compare), steady / "
+            f"first | {fmt_ms(sc['steady'])} / {fmt_ms(sc['first'])} | "
+            f"{sc['steady'] / sc['interval']:.1%} of its {sc['interval']:g} s interval "
+            f"(lease_ttl 30 s) |"
+        )
         add(
             f"| RSS per live run ((after catch-up - before) / live, after gc) | {_b(per_run)} | "
             f"{_b(mem['rss_before'])} -> {_b(mem['rss_after'])} |"
@@ -907,7 +956,7 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         add(
             f"| control: 2 days later (expected: {ex['overdue']:,} overdue, "
             f"{ex['waiting']:,} waiting) | {_states(sl)} | "
-            f"{sum(v for k, v in sl.items() if k in FLAGGED)} |"
+            f"{sum(v for k, v in sl.items() if k in FLAGGED):,} |"
         )
     dt = res.get("detect")
     if dt:
@@ -937,7 +986,12 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         row(rs, "last heartbeat -> flag", "beat_to_flag", f"{thr:g} - {thr + iv:g} s")
         row(rs, "flag -> SIGKILL (the bench reacting)", "flag_to_kill", "")
         row(rs, "SIGKILL -> new worker process ready", "kill_to_ready", "process start-up")
-        row(rs, "new worker ready -> it holds the lease", "ready_to_acquire", "lease long lapsed")
+        row(
+            rs,
+            "new worker ready -> it holds the lease",
+            "ready_to_acquire",
+            "~0: lease lapsed, re-wake queued",
+        )
         row(rs, "new worker ready -> StepStarted (attempt 2)", "ready_to_retake", "")
         row(rs, "SIGKILL -> RunCompleted.at", "kill_to_done", "start-up + the above")
         add("")
@@ -956,7 +1010,7 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         row(sb, "lease expiry -> the standby holds the lease", "expiry_to_acquire",
             "a wake's delivery")  # fmt: skip
         row(sb, "last heartbeat -> the standby's StepStarted (attempt 2)", "beat_to_retake", "")
-        row(sb, "SIGSTOP -> RunCompleted.at", "stop_to_done", f"{ttl - beat:g} - {ttl:g} s + ")
+        row(sb, "SIGSTOP -> RunCompleted.at", "stop_to_done", f"{ttl:g} s - (heartbeat -> SIGSTOP)")
         row(sb, "last heartbeat -> flag (rounds that flagged)", "beat_to_flag",
             f"{thr:g} - {thr + iv:g} s")  # fmt: skip
         add("")
@@ -992,10 +1046,18 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
             ("tight", f"sync tight loop ({t['duration']:.2f} s)"),
             ("tight_async", f"async tight loop ({ta['duration']:.2f} s)"),
             ("paced", f"progress every ~1 ms for {hb['paced']['duration']:.1f} s"),
+            ("flood", f"progress as fast as possible for {hb['flood']['duration']:.1f} s"),
             ("quiet", f"no progress reports, {hb['quiet']['duration']:.1f} s"),
         ):
             r = hb[key]
-            calls = r.get("calls", n)
+            calls = int(r.get("calls", n))
+            if key == "flood":
+                add(
+                    f"| flood: calls per second / µs per call | "
+                    f"{calls / max(r['elapsed'], 1e-9):,.0f}/s / "
+                    f"{r['elapsed'] / max(calls, 1) * 1e6:,.2f} µs | "
+                    f"CPU of this process per call {r['cpu'] / max(calls, 1) * 1e6:,.2f} µs |"
+                )
             add(
                 f"| lease writes during the step: {what} | {r['writes_inside']} "
                 f"({r['writes_inside'] / max(r['duration'], 1e-9):.2f}/s) | "

@@ -10,6 +10,7 @@ fit is counted, never raised) and tested against the full fold (tests/projection
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 import msgspec
@@ -120,8 +121,8 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 return rep(s, anomalies=s.anomalies + 1)
             return rep(
                 s,
-                run_id=event.run_id,
-                agent=event.agent,
+                run_id=s.run_id or event.run_id,
+                agent=sys.intern(event.agent),  # one copy per agent name, not per run
                 parent_run_id=event.parent_run_id,
                 status="pending",
                 started_at=event.at,

@@ -22,7 +22,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             executes (the run's heartbeat is its lease renewal). Default: ``lease_ttl / 3``,
             at most 5 s. Must leave room for three heartbeats per lease period.
         stall_after: seconds of silence after which a worker, or the owner of a run, counts as
-            stalled. Default: three heartbeats.
+            stalled. Default: three heartbeats, but at most two thirds of ``lease_ttl``, so that
+            a stall shows before another worker may take the run over.
         overdue_after: seconds past its due time after which a wake that has not happened (a
             timer that did not fire, a signal that did not wake its run) counts as lost.
         max_activation_failures: consecutive failed activations of one run (errors outside
@@ -69,4 +70,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def stall_threshold(self) -> float:
         """Seconds of silence after which an owner counts as stalled."""
-        return self.stall_after if self.stall_after is not None else 3 * self.heartbeat_every
+        if self.stall_after is not None:
+            return self.stall_after
+        return min(3 * self.heartbeat_every, self.lease_ttl * 2 / 3)
