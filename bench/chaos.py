@@ -51,7 +51,7 @@ from typing import Any
 
 import msgspec
 
-from sojourn.actors import Client, fold
+from sojourn.actors import Client, Watchdog, fold
 from sojourn.broker import EmbeddedServer
 from sojourn.broker.eventstore import Decision
 from sojourn.schemas.codec import decode_events
@@ -68,6 +68,7 @@ from sojourn.schemas.events import (
     WaitCompleted,
     WaitStarted,
 )
+from sojourn.schemas.health import Liveness
 
 from .chaos_agents import AGENT, STEP
 
@@ -232,6 +233,13 @@ class Tally:
     nats_down: float = 0.0
     fault_window: float = 0.0
     heal: float = 0.0
+    flags: Counter[str] = field(default_factory=Counter)
+    """Runs the watchdog saw become stalled, orphaned, overdue or wedged."""
+    rewakes: int = 0
+
+    def on_liveness(self, liv: Liveness, _before: Liveness | None) -> None:
+        if liv.flagged:
+            self.flags[liv.state] += 1
 
 
 class WorkerPool:
@@ -846,6 +854,7 @@ async def harness(args: argparse.Namespace) -> int:
     store: Child | None = None
     pool: WorkerPool | None = None
     client: Client | None = None
+    watchdog: Watchdog | None = None
     tasks: list[asyncio.Task[Any]] = []
     keep = args.keep
     ok = False
@@ -874,6 +883,11 @@ async def harness(args: argparse.Namespace) -> int:
         pool.start()
         client = await Client.connect(server.url, settings=settings)
         await client._ensure()  # create the streams before the first worker needs them
+        # A watchdog through all of it (broker restarts included): it re-wakes stuck runs, and
+        # its run model must end up agreeing with the histories.
+        watchdog = await Watchdog(
+            nats=server.url, settings=settings, on_change=tally.on_liveness
+        ).start()
         await pool.wait_ready(60)
         tasks.append(asyncio.create_task(pool.supervise()))
 
@@ -959,6 +973,8 @@ async def harness(args: argparse.Namespace) -> int:
                 f" before the workers stopped: {lease_notes.get(run_id, '?')}; {backlog}"
             )
         check_effects(workdir / "effects.sqlite", histories, outcomes, args.steps, report)
+        await check_watchdog(watchdog, histories, report)
+        tally.rewakes = watchdog.actions
         tally.fault_window = (t_heal - t0) if t_heal is not None else t_end - t0
         tally.heal = heal
         _print_report(args, report, tally, runs, t_end - t0, time.monotonic() - t_begin)
@@ -984,6 +1000,9 @@ async def harness(args: argparse.Namespace) -> int:
             except BaseException:
                 store.kill_now()
                 raise
+        if watchdog is not None:
+            with contextlib.suppress(BaseException):
+                await watchdog.stop()
         if client is not None:
             with contextlib.suppress(BaseException):
                 await client.close()
@@ -993,6 +1012,29 @@ async def harness(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:
             log(f"  work dir: {workdir}")
+
+
+async def check_watchdog(
+    watchdog: Watchdog, histories: dict[str, list[Decision]], report: Report
+) -> None:
+    """The watchdog's run model equals the histories: a run it still holds as live must not
+    have ended, and every run that has not ended must be in it (after it has read everything)."""
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                await watchdog.wait_scanned()
+                if watchdog.model.caught_up and watchdog.model.lag_events == 0:
+                    break
+    except TimeoutError:
+        report.violate("watchdog: its run model did not catch up within 60 s")
+        return
+    live = set(watchdog.model.runs)
+    for run_id, h in histories.items():
+        ended = fold(e for d in h for e in d.events).terminal
+        if ended and run_id in live:
+            report.violate(f"{run_id}: ended, but the watchdog's model holds it as live")
+        if not ended and h and run_id not in live:
+            report.violate(f"{run_id}: not ended, but missing from the watchdog's model")
 
 
 async def _subscribe_hints(client: Client, runs: Runs) -> None:
@@ -1062,6 +1104,11 @@ def _print_report(
         ("worker processes", f"{tally.workers_started} started"),
         ("other worker exits", _fmt_counter(sorted(tally.other_exits.items()))),
         ("nats-server down", f"{tally.nats_down:.1f} s in total"),
+        (
+            "watchdog",
+            f"flagged {_fmt_counter(sorted(tally.flags.items()))}; "
+            f"{tally.rewakes} re-wakes",
+        ),
         ("trigger publish retries", f"{runs.start_errors}"),
         (
             "elapsed",
