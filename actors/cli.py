@@ -690,6 +690,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _log_level(group: Any, default: str) -> None:
+    group.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=default,
+        help=f"log level on stderr (default: {default})",
+    )
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -770,12 +779,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="name in logs and history (default: host-pid-random)",
     )
-    s.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        default="info",
-        help="log level on stderr (default: info)",
-    )
+    _log_level(s, "info")
 
     parser = argparse.ArgumentParser(
         prog="sojourn",
@@ -889,12 +893,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds between two judgements (default: half a heartbeat)",
     )
-    p.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        default="warning",
-        help="log level on stderr (default: warning)",
-    )
+    _log_level(p, "warning")
 
     p = command(
         "start",

@@ -7,7 +7,7 @@ events they are closed, versioned by field defaults, and JSON on the wire (docs/
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
@@ -31,17 +31,7 @@ LivenessState = Literal[
     "wedged",
     "ended",
 ]
-LIVENESS_STATES: tuple[LivenessState, ...] = (
-    "pending",
-    "running",
-    "waiting",
-    "suspended",
-    "stalled",
-    "orphaned",
-    "overdue",
-    "wedged",
-    "ended",
-)
+LIVENESS_STATES: tuple[LivenessState, ...] = get_args(LivenessState)
 """Every liveness state, in the order dashboards list them.
 
 - ``pending``: has work to do and no owner yet, for less than the stall threshold.

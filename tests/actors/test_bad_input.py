@@ -221,5 +221,7 @@ async def test_same_run_id_started_twice_is_one_run(
 
 
 async def test_broker_down_is_a_clear_error() -> None:
-    with pytest.raises(BrokerUnavailable, match=r"no NATS server answered at nats://127\.0\.0\.1:1"):
+    with pytest.raises(
+        BrokerUnavailable, match=r"no NATS server answered at nats://127\.0\.0\.1:1"
+    ):
         await Client.connect("nats://127.0.0.1:1")

@@ -106,6 +106,13 @@ async def until(predicate, timeout: float, what: str, interval: float = 0.1):  #
         await asyncio.sleep(interval)
 
 
+async def parked_on_timer(client: Client, run_id: str) -> None:
+    async def parked() -> bool:
+        return (await client.state(run_id)).waiting_on == ("timer",)
+
+    await until(parked, 30, "the run to park on its timer")
+
+
 @pytest.fixture
 def procs() -> Iterator[list[WorkerProc | WatchdogProc]]:
     started: list[WorkerProc | WatchdogProc] = []
@@ -284,11 +291,7 @@ async def test_a_lost_timer_is_flagged_overdue_and_rewoken_once_by_two_watchdogs
                 await Watchdog(nats=nats_server.url, settings=strict, on_change=note).start()
             )
         run_id = await client.start("napper", 2.0)
-
-        async def parked() -> bool:
-            return (await client.state(run_id)).waiting_on == ("timer",)
-
-        await until(parked, 30, "the run to park on its timer")
+        await parked_on_timer(client, run_id)
         names = client.names
         purged = await client.broker.api(
             f"$JS.API.STREAM.PURGE.{names.wake_stream}",
@@ -334,10 +337,7 @@ async def test_a_nondeterministic_replay_shows_wedged_with_the_reason(
     async with Worker([shifty], nats=nats_server.url, settings=settings):
         run_id = await client.start("shifty", None)
 
-        async def parked() -> bool:
-            return (await client.state(run_id)).waiting_on == ("timer",)
-
-        await until(parked, 30, "the run to park")
+        await parked_on_timer(client, run_id)
         FLIP["step"] = "second_version"  # a deploy that changed the code under a live run
 
         async def wedged() -> Liveness | None:
@@ -402,10 +402,7 @@ async def test_a_run_whose_activations_keep_failing_is_wedged_until_its_history_
     async with Worker([brittle], nats=nats_server.url, settings=tight):
         run_id = await client.start("brittle", None)
 
-        async def parked() -> bool:
-            return (await client.state(run_id)).waiting_on == ("timer",)
-
-        await until(parked, 30, "the run to park")
+        await parked_on_timer(client, run_id)
         monkeypatch.setattr(worker_module, "Activation", Broken)
 
         async def wedged() -> Liveness | None:
