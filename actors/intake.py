@@ -254,7 +254,7 @@ class Intake:
     async def _check_parent(self, parent_run_id: str) -> None:
         """A child whose parent was cancelled (or ended) while its start was queued must not
         run: the parent's cancel cascade could not reach a run that did not exist yet."""
-        history = await self.store.load(parent_run_id)
+        history = await self.store.history(parent_run_id)
         parent = fold(e for d in history for e in d.events)
         if parent.terminal or parent.cancel_requested is not None:
             raise Rejected(
@@ -282,7 +282,7 @@ class Intake:
             header(msg, "Sojourn-Signal-Id") or header(msg, "Nats-Msg-Id") or f"inbox-{inbox_seq}"
         )
         for _ in range(20):
-            history = await self.store.load(run_id)
+            history = await self.store.history(run_id)
             if not history:
                 if msg.metadata.num_delivered < UNKNOWN_RUN_RETRIES:
                     await msg.nak(delay=1.0)  # its start may still be on its way

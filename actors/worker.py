@@ -56,6 +56,8 @@ class Worker:
         settings: deployment settings; every worker and client of a deployment uses the same.
         concurrency: how many runs this worker executes at once.
         worker_id: stable name for logs and leases (default ``host-pid-random``).
+        history_cache: decisions of recently used run histories kept in memory (all runs
+            together), so that waking a run reads only what was appended since; 0 disables.
 
     Example:
         >>> async def main():                                   # doctest: +SKIP
@@ -73,6 +75,7 @@ class Worker:
         concurrency: int = 256,
         worker_id: str | None = None,
         flush_delay: float = 0.02,
+        history_cache: int = 50_000,
     ) -> None:
         self.agents: dict[str, Agent[Any, Any]] = {}
         for a in agents:
@@ -85,6 +88,7 @@ class Worker:
         self.names = Names(self.settings.prefix)
         self.concurrency = concurrency
         self.flush_delay = flush_delay
+        self.history_cache = history_cache
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._url = nats
         self._broker = broker
@@ -107,7 +111,7 @@ class Worker:
             self._broker = await Broker.connect(self._url, name=f"sojourn-worker {self.worker_id}")
         b = self._broker
         await ensure_topology(b, self.names, self.settings)
-        self.store = EventStore(b, self.names, self.settings)
+        self.store = EventStore(b, self.names, self.settings, cache_decisions=self.history_cache)
         self.leases = LeaseStore(b, self.names)
         self.registry = AgentRegistry(b, self.names)
         for a in self.agents.values():
@@ -260,6 +264,7 @@ class Worker:
         if self._stopping.is_set() or run_id in self._active or self._free_slots() <= 0:
             return False
         await self._slots.acquire()
+        self.store.seed(run_id, [first])  # its later wakes read only what came after
         self._spawn(run_id, msg, [first])
         return True
 
@@ -327,7 +332,7 @@ class Worker:
                 leases.append(got)
                 keepalive.append(asyncio.create_task(self._keepalive(got, wake, progress, poke)))
                 t0 = time.perf_counter()
-                history = await self.store.load(run_id)
+                history = await self.store.history(run_id)
                 loaded = time.perf_counter() - t0
             else:
                 loaded = None
@@ -366,6 +371,8 @@ class Worker:
             self.activations_completed += 1
             self._failures.pop(run_id, None)
             metrics.ACTIVATIONS.labels(agent_name, outcome).inc()
+            if outcome in ("completed", "failed", "cancelled"):
+                self.store.forget(run_id)
             if lease_task is not None:
                 await lease_task
             if outcome == "fenced" or act.fenced:

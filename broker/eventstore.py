@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgspec
@@ -49,12 +50,72 @@ class Decision:
 
 
 class EventStore:
-    """Append to and read from run histories. Holds no per-run state."""
+    """Append to and read from run histories.
 
-    def __init__(self, broker: Broker, names: Names, settings: Settings) -> None:
+    With ``cache_decisions`` > 0 it keeps the most recently used histories, up to that many
+    decisions in all, and ``history()`` then reads only what was appended after the cached
+    part. That is safe because a history is never rewritten: the events stream denies delete
+    and purge, and every append is fenced on the run's last sequence, so a cached prefix stays
+    true forever. What this store appends itself is added to the cache as it lands.
+    """
+
+    def __init__(
+        self, broker: Broker, names: Names, settings: Settings, *, cache_decisions: int = 0
+    ) -> None:
         self.broker = broker
         self.names = names
         self.settings = settings
+        self.cache_decisions = cache_decisions
+        self._cache: OrderedDict[str, list[Decision]] = OrderedDict()
+        self._cached = 0
+        self.cache_hits = 0
+
+    # --- the history cache ------------------------------------------------------------------
+
+    async def history(self, run_id: str) -> list[Decision]:
+        """The run's whole history (a new list), from the cache plus what came after it."""
+        if self.cache_decisions <= 0:
+            return await self.load(run_id)
+        cached = self._cache.pop(run_id, None)
+        if cached is None:
+            history = await self.load(run_id)
+        else:
+            self._cached -= len(cached)
+            self.cache_hits += 1
+            cached.extend(await self.load(run_id, after_seq=cached[-1].seq))
+            history = cached
+        self._remember(run_id, history)
+        return list(history)
+
+    def seed(self, run_id: str, history: list[Decision]) -> None:
+        """Cache a history known to be complete (a run this process just created)."""
+        if self.cache_decisions > 0 and run_id not in self._cache:
+            self._remember(run_id, list(history))
+
+    def forget(self, run_id: str) -> None:
+        """Drop a run from the cache (it ended: nobody will read it again soon)."""
+        old = self._cache.pop(run_id, None)
+        if old is not None:
+            self._cached -= len(old)
+
+    def _remember(self, run_id: str, history: list[Decision]) -> None:
+        if not history or len(history) > self.cache_decisions:
+            return
+        self._cache[run_id] = history
+        self._cached += len(history)
+        while self._cached > self.cache_decisions:
+            _, old = self._cache.popitem(last=False)
+            self._cached -= len(old)
+
+    def _appended(self, run_id: str, expected_seq: int, decision: Decision) -> None:
+        cached = self._cache.get(run_id)
+        if cached is not None and cached[-1].seq == expected_seq:
+            cached.append(decision)
+            self._cached += 1
+            self._cache.move_to_end(run_id)
+            while self._cached > self.cache_decisions and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._cached -= len(old)
 
     async def append(
         self,
@@ -125,10 +186,16 @@ class EventStore:
                 raise BrokerUnavailable("connection to NATS is closed", run_id=run_id) from e
             err = ack.get("error")
             if not err:
-                return int(ack["seq"]), bool(ack.get("duplicate"))
+                seq = int(ack["seq"])
+                if self._cache:
+                    self._appended(run_id, expected_seq, Decision(seq, tuple(events), writer, mid))
+                return seq, bool(ack.get("duplicate"))
             if int(err.get("err_code", 0)) == WRONG_LAST_SEQUENCE:
                 landed = await self._landed_seq(run_id, expected_seq, mid)
                 if landed is not None:
+                    if self._cache:
+                        decision = Decision(landed, tuple(events), writer, mid)
+                        self._appended(run_id, expected_seq, decision)
                     return landed, True
                 raise ConcurrencyConflict(
                     f"run {run_id}: another writer appended after seq {expected_seq}",

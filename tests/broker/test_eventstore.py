@@ -125,3 +125,39 @@ async def test_leases_one_holder_expiry_and_release(store: EventStore) -> None:
     assert isinstance(c, Lease)
     results = await asyncio.gather(*(leases.acquire("run-m", f"W{i}", ttl=30) for i in range(5)))
     assert sum(isinstance(r, Lease) for r in results) == 1
+
+
+async def test_the_history_cache_reads_only_what_came_after_and_stays_exact(
+    store: EventStore,
+) -> None:
+    cached = EventStore(store.broker, store.names, store.settings, cache_decisions=5)
+    seq = await store.append("c1", [started("c1")], expected_seq=0, writer="other")
+    assert await cached.history("c1") == await store.load("c1")  # a miss: read it all
+    # another writer appends; this store appends too: both are seen, in order, exactly
+    seq = await store.append(
+        "c1", [StepStarted(position=0, name="a")], expected_seq=seq, writer="o"
+    )
+    assert (await cached.history("c1")) == await store.load("c1")
+    seq = await cached.append(
+        "c1", [StepStarted(position=1, name="b")], expected_seq=seq, writer="me"
+    )
+    mine = await cached.history("c1")
+    assert mine == await store.load("c1") and mine[-1].writer == "me"
+    assert cached.cache_hits == 2
+    mine.clear()  # callers get a copy: the cache is not theirs to change
+    assert len(await cached.history("c1")) == 3
+
+    # bounded: at most 5 decisions in all, least recently used out first
+    s2 = await store.append("c2", [started("c2")], expected_seq=0, writer="o")
+    await store.append("c2", [StepStarted(position=0, name="a")], expected_seq=s2, writer="o")
+    await cached.history("c2")  # 3 + 2 = 5 decisions: both fit
+    hits = cached.cache_hits
+    await cached.history("c1")
+    assert cached.cache_hits == hits + 1
+    s3 = await store.append("c3", [started("c3")], expected_seq=0, writer="o")
+    await cached.history("c3")  # 6 > 5: c2, the least recently used, goes
+    hits = cached.cache_hits
+    assert await cached.history("c2") == await store.load("c2")
+    assert cached.cache_hits == hits  # c2 had to be read again
+    cached.forget("c3")
+    assert await cached.history("c3") == await store.load("c3") and s3 > 0
