@@ -43,6 +43,9 @@ __all__ = ["Worker"]
 
 log = logging.getLogger("sojourn.worker")
 
+HISTORY_CACHE_MIN = 16
+"""Histories shorter than this are read again on every wake (a few messages: < 1 ms)."""
+
 BEAT_TTL = "24h"
 """How long the broker keeps a worker's last heartbeat (the watchdog forgets it after 1 h)."""
 
@@ -57,7 +60,8 @@ class Worker:
         concurrency: how many runs this worker executes at once.
         worker_id: stable name for logs and leases (default ``host-pid-random``).
         history_cache: decisions of recently used run histories kept in memory (all runs
-            together), so that waking a run reads only what was appended since; 0 disables.
+            together, histories of at least ``HISTORY_CACHE_MIN`` decisions only), so that
+            waking a long-lived run reads only what was appended since; 0 disables.
 
     Example:
         >>> async def main():                                   # doctest: +SKIP
@@ -75,7 +79,7 @@ class Worker:
         concurrency: int = 256,
         worker_id: str | None = None,
         flush_delay: float = 0.02,
-        history_cache: int = 50_000,
+        history_cache: int = 10_000,
     ) -> None:
         self.agents: dict[str, Agent[Any, Any]] = {}
         for a in agents:
@@ -111,7 +115,13 @@ class Worker:
             self._broker = await Broker.connect(self._url, name=f"sojourn-worker {self.worker_id}")
         b = self._broker
         await ensure_topology(b, self.names, self.settings)
-        self.store = EventStore(b, self.names, self.settings, cache_decisions=self.history_cache)
+        self.store = EventStore(
+            b,
+            self.names,
+            self.settings,
+            cache_decisions=self.history_cache,
+            cache_min=HISTORY_CACHE_MIN,
+        )
         self.leases = LeaseStore(b, self.names)
         self.registry = AgentRegistry(b, self.names)
         for a in self.agents.values():
@@ -264,7 +274,6 @@ class Worker:
         if self._stopping.is_set() or run_id in self._active or self._free_slots() <= 0:
             return False
         await self._slots.acquire()
-        self.store.seed(run_id, [first])  # its later wakes read only what came after
         self._spawn(run_id, msg, [first])
         return True
 

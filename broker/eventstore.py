@@ -52,20 +52,31 @@ class Decision:
 class EventStore:
     """Append to and read from run histories.
 
-    With ``cache_decisions`` > 0 it keeps the most recently used histories, up to that many
-    decisions in all, and ``history()`` then reads only what was appended after the cached
-    part. That is safe because a history is never rewritten: the events stream denies delete
-    and purge, and every append is fenced on the run's last sequence, so a cached prefix stays
-    true forever. What this store appends itself is added to the cache as it lands.
+    With ``cache_decisions`` > 0 it keeps the most recently used histories of at least
+    ``cache_min`` decisions, up to ``cache_decisions`` decisions in all, and ``history()`` then
+    reads only what was appended after the cached part. Short histories are not worth keeping
+    (re-reading a few messages costs well under a millisecond), and leaving them out keeps a
+    burst of many small parked runs from occupying memory.
+
+    Caching is safe because a history is never rewritten: the events stream denies delete and
+    purge, and every append is fenced on the run's last sequence, so a cached prefix stays true
+    forever. What this store appends itself is added to the cache as it lands.
     """
 
     def __init__(
-        self, broker: Broker, names: Names, settings: Settings, *, cache_decisions: int = 0
+        self,
+        broker: Broker,
+        names: Names,
+        settings: Settings,
+        *,
+        cache_decisions: int = 0,
+        cache_min: int = 0,
     ) -> None:
         self.broker = broker
         self.names = names
         self.settings = settings
         self.cache_decisions = cache_decisions
+        self.cache_min = cache_min
         self._cache: OrderedDict[str, list[Decision]] = OrderedDict()
         self._cached = 0
         self.cache_hits = 0
@@ -87,11 +98,6 @@ class EventStore:
         self._remember(run_id, history)
         return list(history)
 
-    def seed(self, run_id: str, history: list[Decision]) -> None:
-        """Cache a history known to be complete (a run this process just created)."""
-        if self.cache_decisions > 0 and run_id not in self._cache:
-            self._remember(run_id, list(history))
-
     def forget(self, run_id: str) -> None:
         """Drop a run from the cache (it ended: nobody will read it again soon)."""
         old = self._cache.pop(run_id, None)
@@ -99,7 +105,7 @@ class EventStore:
             self._cached -= len(old)
 
     def _remember(self, run_id: str, history: list[Decision]) -> None:
-        if not history or len(history) > self.cache_decisions:
+        if not history or not self.cache_min <= len(history) <= self.cache_decisions:
             return
         self._cache[run_id] = history
         self._cached += len(history)

@@ -161,3 +161,17 @@ async def test_the_history_cache_reads_only_what_came_after_and_stays_exact(
     assert cached.cache_hits == hits  # c2 had to be read again
     cached.forget("c3")
     assert await cached.history("c3") == await store.load("c3") and s3 > 0
+
+
+async def test_short_histories_are_not_cached(store: EventStore) -> None:
+    cached = EventStore(store.broker, store.names, store.settings, cache_decisions=100, cache_min=3)
+    seq = await store.append("m1", [started("m1")], expected_seq=0, writer="o")
+    await cached.history("m1")
+    await cached.history("m1")
+    assert cached.cache_hits == 0  # one decision: read again each time
+    for p in range(2):
+        seq = await store.append(
+            "m1", [StepStarted(position=p, name="s")], expected_seq=seq, writer="o"
+        )
+    await cached.history("m1")  # three now: kept
+    assert await cached.history("m1") == await store.load("m1") and cached.cache_hits == 1
