@@ -7,6 +7,7 @@ processes (``tests.apps.waits``); otherwise an in-process ``Worker`` serves the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -725,3 +726,41 @@ async def test_client_refuses_invalid_signal_names_before_publishing(
         await sub.unsubscribe()
     assert seen == [sentinel]
     assert names.signal("some-run", "x") not in seen
+
+
+def tally(total: int, n: int) -> int:
+    return total + n
+
+
+@agent("accumulator")
+async def accumulator(ctx: Context, rounds: int) -> int:
+    """A long-lived run: each round waits for a signal, then records a step."""
+    total = 0
+    for _ in range(rounds):
+        n = await ctx.wait_for("add", type=int)
+        total = await ctx.step(tally, total, n)
+    return total
+
+
+async def test_a_long_run_woken_many_times_reads_only_new_history(
+    nats_server: EmbeddedServer, settings: Settings, client: Client
+) -> None:
+    """Wakes of a long history come from the worker's history cache plus a tail read, and the
+    run still sees exactly what was recorded (including signals appended by the intake)."""
+    async with Worker([accumulator], nats=nats_server.url, settings=settings) as worker:
+        run_id = await client.start("accumulator", 30)
+        for i in range(1, 31):
+
+            async def waiting(expect: int = i - 1) -> bool:
+                with contextlib.suppress(RunNotFound):
+                    state = await client.state(run_id)
+                    done = sum(op.status == "completed" for op in state.ops if op.kind == "step")
+                    return state.status == "waiting" and done == expect
+                return False
+
+            await wait_for(waiting, what=f"round {i} to wait")
+            await client.signal(run_id, "add", i)
+        assert await client.result(run_id, timeout=30) == sum(range(1, 31))
+        assert worker.store.cache_hits > 10  # the later wakes read only the tail
+    history = await client.history(run_id)
+    assert len(history) > 16
