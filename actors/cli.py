@@ -645,7 +645,7 @@ async def cmd_decide(args: argparse.Namespace) -> int:
     async with await _connect(args) as client:
         await _require_deployment(client, args.run_id)
         state = await client.state(args.run_id)
-        if state.status != "suspended" or state.suspended_reason != "in_doubt":
+        if state.status != "suspended" or state.suspended_reason not in ("in_doubt", "crash_loop"):
             raise UsageError(f"run {args.run_id} is not suspended on an in-doubt step")
         try:
             by = f"cli:{getpass.getuser()}"
@@ -992,9 +992,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_decide,
         "Settle an in-doubt step of a suspended run, then resume it.",
         "sojourn decide 5f0c9e2d 3 skip --result '\"ch_123\"'",
-        detail='For steps declared @step(in_doubt="ask"): retry runs the step again with '
-        "the same idempotency key; skip records --result as its result without running it; "
-        "fail fails the step.",
+        detail='For steps declared @step(in_doubt="ask"), and runs suspended as a crash loop '
+        "(Settings.crash_loop_limit): retry runs the step again with the same idempotency "
+        "key; skip records --result as its result without running it; fail fails the step.",
     )
     p.add_argument("run_id", metavar="RUN", help="run id")
     p.add_argument("position", metavar="POSITION", type=int, help="the step's position")

@@ -257,7 +257,8 @@ class Client:
     async def decide(
         self, run_id: str, position: int, action: str, result: Any = None, *, by: str | None = None
     ) -> None:
-        """Settle an in-doubt step of a run suspended by ``@step(in_doubt="ask")``: ``retry``
+        """Settle an in-doubt step of a run suspended by ``@step(in_doubt="ask")`` (or as a
+        ``crash_loop``): ``retry``
         runs it again (same idempotency key), ``skip`` records ``result`` as its result without
         running it, ``fail`` fails it. Then the run resumes."""
         if action not in ("retry", "skip", "fail"):

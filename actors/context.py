@@ -461,19 +461,36 @@ class Context:
     async def _settle_in_doubt(
         self, fn: Callable[..., Any], name: str, plan: Execute, opts: StepOptions, rtype: Any
     ) -> Any:
-        """A step that may have run: apply its in-doubt policy before running it again."""
-        policy = opts.in_doubt
+        """A step that may have run: apply its in-doubt policy before running it again.
+
+        A step cut off ``Settings.crash_loop_limit`` times in a row is probably what kills its
+        worker (a segfault, running out of memory): running it again would take down worker
+        after worker. Whatever its policy, it then waits for a human, like ``in_doubt="ask"``.
+        """
+        limit = self._act.store.settings.crash_loop_limit
+        crash_loop = 0 < limit <= plan.interrupted
+        policy = "ask" if crash_loop else opts.in_doubt
         if policy == "retry":
             return _RUN_AGAIN
         if policy == "ask":
             decision = self._act.take_decision(plan.position, plan.attempt - 1)
             if decision is None:
+                decide = (
+                    f"decide with `sojourn decide {self.run_id} {plan.position} "
+                    "retry|skip|fail [--result JSON]`"
+                )
+                if crash_loop:
+                    await self._act.suspend(
+                        "crash_loop",
+                        f"step '{name}' at position {plan.position} (key "
+                        f"{self.run_id}/{plan.position}) was cut off {plan.interrupted} times in "
+                        "a row: it may be what kills its worker; " + decide,
+                    )
                 await self._act.suspend(
                     "in_doubt",
                     f"step '{name}' at position {plan.position} (key "
                     f"{self.run_id}/{plan.position}) started but its end was never recorded; "
-                    f"decide with `sojourn decide {self.run_id} {plan.position} "
-                    "retry|skip|fail [--result JSON]`",
+                    + decide,
                 )
             assert decision is not None
             if decision.action == "retry":

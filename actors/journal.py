@@ -46,6 +46,8 @@ class Execute:
     attempt: int
     in_doubt: bool
     retry_at: float | None = None
+    interrupted: int = 0
+    """In doubt: how many attempts in a row were cut off mid-step (this one included)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,9 @@ class Journal:
                     position=p, attempt=rec.attempts + 1, in_doubt=False, retry_at=rec.deadline
                 )
             return RecordedFailure(position=p, error=rec.error, attempts=rec.attempts)
-        return Execute(position=p, attempt=rec.attempts + 1, in_doubt=True)
+        return Execute(
+            position=p, attempt=rec.attempts + 1, in_doubt=True, interrupted=rec.interrupted + 1
+        )
 
     def value(self, kind: str) -> Recorded | Execute:
         p, rec = self._take()

@@ -61,6 +61,9 @@ class OpRecord(msgspec.Struct, frozen=True, kw_only=True):
     children: tuple[str, ...] = ()
     outcome: str | None = None
     detail: str | None = None
+    interrupted: int = 0
+    """Attempts in a row at this step that started and never ended before the one recorded
+    last (their worker died mid-step): how a step that kills its worker is recognised."""
 
 
 class SignalRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -308,12 +311,14 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
     with status and counters updated (its ``ops`` field is the caller's to set)."""
     match event:
         case StepStarted():
+            prev = ops[event.position] if event.position < len(ops) else None
             rec = OpRecord(
                 position=event.position,
                 kind="step",
                 name=event.name,
                 status="started",
                 attempts=event.attempt,
+                interrupted=prev.interrupted + 1 if prev and prev.status == "started" else 0,
             )
             s = msgspec.structs.replace(s, status=_active(s), step_attempts=s.step_attempts + 1)
             if s.waiting_on == (f"retry:{event.name}",):

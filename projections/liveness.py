@@ -26,7 +26,7 @@ from .summary import RunSummary
 
 __all__ = ["WEDGING_SUSPENSIONS", "Thresholds", "classify"]
 
-WEDGING_SUSPENSIONS = frozenset({"nondeterminism", "poison"})
+WEDGING_SUSPENSIONS = frozenset({"nondeterminism", "poison", "crash_loop"})
 """Suspension reasons no resume can fix without a code change: reported as ``wedged``."""
 
 

@@ -29,6 +29,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         max_activation_failures: consecutive failed activations of one run (errors outside
             the agent's code, such as a worker bug) after which the worker stops retrying and
             dead-letters the run: the watchdog then reports it as wedged.
+        crash_loop_limit: attempts of one step cut off in a row after which the run is
+            suspended for a human (reason ``crash_loop``) instead of running the step again: a
+            step that kills its worker (a segfault, running out of memory) would otherwise take
+            down worker after worker. Off (0) by default: broker restarts and worker kills
+            during a step count as cut-offs too, so under a flapping broker healthy runs would
+            stop as well (the chaos harness hits 5 in a row). Set it where steps can crash
+            their process, e.g. 3.
     """
 
     prefix: str = "sojourn"
@@ -40,6 +47,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     stall_after: float | None = None
     overdue_after: float = 60.0
     max_activation_failures: int = 10
+    crash_loop_limit: int = 0
 
     def __post_init__(self) -> None:
         if self.lease_ttl <= 0:
@@ -59,6 +67,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError(f"overdue_after must be positive, not {self.overdue_after}")
         if self.max_activation_failures < 1:
             raise ValueError("max_activation_failures must be at least 1")
+        if self.crash_loop_limit < 0:
+            raise ValueError("crash_loop_limit must be 0 (never) or more")
 
     @property
     def heartbeat_every(self) -> float:

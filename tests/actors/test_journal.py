@@ -87,7 +87,10 @@ def test_a_failed_step_is_a_recorded_failure() -> None:
 def test_a_started_step_is_executed_again_in_doubt(attempts: int) -> None:
     j = history(*[StepStarted(position=0, name="send", attempt=a) for a in range(1, attempts + 1)])
     assert j.replaying
-    assert j.step("send") == Execute(position=0, attempt=attempts + 1, in_doubt=True)
+    # every attempt so far was cut off mid-step: the plan says how many in a row
+    assert j.step("send") == Execute(
+        position=0, attempt=attempts + 1, in_doubt=True, interrupted=attempts
+    )
     assert not j.replaying
     j.finish()
 
@@ -575,7 +578,8 @@ def expected_plan(i: int, rec: Recording) -> Plan:
             return RecordedFailure(position=i, error=BOOM, attempts=rec.attempts)
         case "waiting":
             return OpenWait(position=i, recorded=waiting_record(i, name))
-    return Execute(position=i, attempt=rec.attempts + 1, in_doubt=True)
+    # the recorded attempts were all started back to back: every one was cut off mid-step
+    return Execute(position=i, attempt=rec.attempts + 1, in_doubt=True, interrupted=rec.attempts)
 
 
 def new_plan(i: int, op: Op) -> Plan:
@@ -679,7 +683,12 @@ def test_the_code_that_wrote_a_valid_history_replays_it(
             elif op.status == "failed":
                 assert plan == RecordedFailure(position=p, error=op.error, attempts=op.attempts)  # type: ignore[arg-type]
             else:
-                assert plan == Execute(position=p, attempt=op.attempts + 1, in_doubt=True)
+                assert plan == Execute(
+                    position=p,
+                    attempt=op.attempts + 1,
+                    in_doubt=True,
+                    interrupted=op.interrupted + 1,
+                )
         elif op.kind == "wait":
             plan = j.wait(op.name)
             if op.status == "waiting":

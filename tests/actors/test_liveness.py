@@ -15,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -430,3 +431,42 @@ async def test_a_run_whose_activations_keep_failing_is_wedged_until_its_history_
         with pytest.raises(RunCancelledError):
             await client.result(run_id, timeout=30)
     assert (await client.liveness(run_id)).state == "ended"
+
+
+async def test_a_step_that_kills_its_worker_every_time_is_wedged_not_retried_forever(
+    nats_server: EmbeddedServer,
+    settings: Settings,
+    client: Client,
+    procs: list[WorkerProc | WatchdogProc],
+    tmp_path: Path,
+) -> None:
+    url, prefix, ttl = nats_server.url, settings.prefix, settings.lease_ttl
+    log = tmp_path / "execs.log"
+    env = {"SOJOURN_TEST_LOG": str(log), "SOJOURN_TEST_CRASH_LOOP_LIMIT": "3"}
+    run_id = await client.start("crashy", None)
+    for _ in range(3):  # each worker runs the step once and dies of it
+        w = await WorkerProc(url, prefix, "tests.apps.crashy", lease_ttl=ttl, **env).ready()
+        procs.append(w)
+        await until(lambda w=w: _exited(w), 60, "the worker to die in the step")
+    survivor = await WorkerProc(url, prefix, "tests.apps.crashy", lease_ttl=ttl, **env).ready()
+    procs.append(survivor)
+
+    async def wedged() -> Liveness | None:
+        liv = await client.liveness(run_id)
+        return liv if liv.state == "wedged" else None
+
+    liv = await until(wedged, 60, "the run to wait for a human")
+    assert (liv.reason or "").startswith("crash_loop: step 'explode' at position 0")
+    assert "cut off 3 times in a row" in (liv.reason or "")
+    assert survivor.proc.poll() is None  # the fourth worker did not run it again
+    assert log.read_text().split() == ["exec", "1", "exec", "2", "exec", "3"]
+
+    common = ("--nats", url, "--prefix", prefix)
+    decided = await sojourn("decide", run_id, "0", "skip", "--result", "41", *common)
+    assert decided.rc == 0, decided.err
+    assert await client.result(run_id, timeout=30) == 42
+    assert log.read_text().count("exec") == 3
+
+
+async def _exited(w: WorkerProc) -> bool:
+    return w.proc.poll() is not None

@@ -356,15 +356,24 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
                 exp.status = "running"
             # Only the last operation may stay open: the code waits for a step to finish.
             outcome = draw(st.sampled_from(["completed", "failed", *(["open"] if last else [])]))
-            rec = OpRecord(position=p, kind="step", name=name, status="started", attempts=attempts)
+            # While open, every attempt before the last one was cut off mid-step; an ended step
+            # keeps no count.
+            rec = OpRecord(
+                position=p,
+                kind="step",
+                name=name,
+                status="started",
+                attempts=attempts,
+                interrupted=attempts - 1,
+            )
             if outcome == "completed":
                 result = draw(raws)
                 emit(StepCompleted(position=p, name=name, attempt=attempts, result=result))
-                rec = msgspec.structs.replace(rec, status="completed", result=result)
+                rec = msgspec.structs.replace(rec, status="completed", result=result, interrupted=0)
             elif outcome == "failed":
                 error = draw(errors)
                 emit(StepFailed(position=p, name=name, attempt=attempts, error=error))
-                rec = msgspec.structs.replace(rec, status="failed", error=error)
+                rec = msgspec.structs.replace(rec, status="failed", error=error, interrupted=0)
             exp.ops.append(rec)
         elif action == "value":
             kind = draw(st.sampled_from(VALUE_KINDS))

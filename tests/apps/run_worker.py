@@ -21,7 +21,9 @@ async def main() -> None:
     ttl = float(sys.argv[4]) if len(sys.argv) > 4 else 2.0
     mod = importlib.import_module(module)
     agents = [v for v in vars(mod).values() if isinstance(v, Agent)]
-    worker = Worker(agents, nats=url, settings=Settings(prefix=prefix, lease_ttl=ttl))
+    limit = int(os.environ.get("SOJOURN_TEST_CRASH_LOOP_LIMIT", "0"))
+    settings = Settings(prefix=prefix, lease_ttl=ttl, crash_loop_limit=limit)
+    worker = Worker(agents, nats=url, settings=settings)
     await worker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
