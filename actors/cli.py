@@ -981,7 +981,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "resume",
         cmd_resume,
-        "Lift a run's suspension (a poll cap reached, a fixed non-determinism).",
+        "Lift a run's suspension (a poll cap or budget reached, a fixed non-determinism).",
         "sojourn resume 5f0c9e2d --note 'job is slow today'",
     )
     p.add_argument("run_id", metavar="RUN", help="run id")

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 import msgspec
 
 from sojourn.broker.names import validate_signal_name
+from sojourn.schemas import wire as _wire
 from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.errors import (
     ChildRunError,
@@ -129,8 +130,7 @@ def _retry_delay(e: Exception, policy: RetryPolicy | None, attempt: int) -> floa
     return policy.delay(attempt)
 
 
-CHILD_SIGNAL = "sojourn-child"
-"""Prefix of the signal a child run sends its parent when it ends (``sojourn-child.<id>``)."""
+CHILD_SIGNAL = _wire.CHILD_SIGNAL
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -131,6 +131,8 @@ class Activation:
         self.progress = progress if progress is not None else Progress()
         self.poke_heartbeat = heartbeat or (lambda: None)
         self.metric_agent = agent_label(agent.name)
+        self._appends_metric = APPENDS.labels(self.metric_agent)
+        self._events_metric = EVENTS_APPENDED.labels(self.metric_agent)
         self.run_id = run_id
         self.store = store
         self.writer = writer
@@ -225,8 +227,8 @@ class Activation:
                 break
             self.appends += 1
             self.last_seq = seq
-            APPENDS.labels(self.metric_agent).inc()
-            EVENTS_APPENDED.labels(self.metric_agent).inc(len(batch))
+            self._appends_metric.inc()
+            self._events_metric.inc(len(batch))
             # Live operations need no folding (the journal only consults what was recorded
             # before this activation); folding them would copy the op index on every step.
             others = [e for e in batch if not isinstance(e, _OP_EVENTS)]

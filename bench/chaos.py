@@ -1109,8 +1109,7 @@ def _print_report(
         ("nats-server down", f"{tally.nats_down:.1f} s in total"),
         (
             "watchdog",
-            f"flagged {_fmt_counter(sorted(tally.flags.items()))}; "
-            f"{tally.rewakes} re-wakes",
+            f"flagged {_fmt_counter(sorted(tally.flags.items()))}; {tally.rewakes} re-wakes",
         ),
         ("trigger publish retries", f"{runs.start_errors}"),
         (

@@ -86,7 +86,7 @@ import tempfile
 import time
 import tracemalloc
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +97,7 @@ from sojourn.broker.follow import StreamFollower
 from sojourn.broker.leases import decode_lease
 from sojourn.broker.names import Names
 from sojourn.broker.topology import ensure_topology
-from sojourn.projections.model import RunModel, by_state
+from sojourn.projections.model import RunModel
 from sojourn.schemas.codec import decode_events, encode_events, to_raw
 from sojourn.schemas.config import Settings
 from sojourn.schemas.events import (
@@ -131,6 +131,13 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 # --- the agent of phase 3 -----------------------------------------------------------------------
+
+
+def by_state(assessed: Iterable[Liveness]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for liv in assessed:
+        out[liv.state] = out.get(liv.state, 0) + 1
+    return out
 
 
 def hb_tight(n: int) -> dict[str, float]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 
 import msgspec
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -29,7 +28,7 @@ from sojourn.schemas.health import LIVENESS_STATES, Liveness, WedgeRecord, Worke
 
 from .anomaly import HistoryBaseline, RateBaseline
 from .liveness import Thresholds, classify
-from .summary import RunSummary, summarize
+from .summary import RunSummary, close_decision, summarize
 
 __all__ = ["RunModel", "gauge_families"]
 
@@ -134,9 +133,7 @@ class RunModel:
             s = summarize(s, e)
             if isinstance(e, StepStarted) and s.agent:
                 self._tool_calls(s.agent).add(e.at)
-        s = msgspec.structs.replace(
-            s, last_seq=seq, decisions=s.decisions + 1, bytes=s.bytes + len(m.data)
-        )
+        s = close_decision(s, seq, len(m.data))
         if s.agent:
             self._add_agent(s.agent)
         if s.terminal:
@@ -341,10 +338,3 @@ def gauge_families(model: RunModel | None) -> list[Metric]:
         ps = polls.get(agent)
         idle.add_metric([agent], sum(ps) / len(ps) if ps else 0.0)
     return families
-
-
-def by_state(assessed: Iterable[Liveness]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for liv in assessed:
-        out[liv.state] = out.get(liv.state, 0) + 1
-    return out

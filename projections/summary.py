@@ -34,11 +34,10 @@ from sojourn.schemas.events import (
     WaitCompleted,
     WaitStarted,
 )
+from sojourn.schemas.wire import CHILD_SIGNAL
 
 __all__ = ["CHILD_SIGNAL", "POLL_WAIT", "RunSummary", "summarize", "summarize_all"]
 
-CHILD_SIGNAL = "sojourn-child"
-"""The reserved signal a child run sends its parent when it ends (``<this>.<child_run_id>``)."""
 POLL_WAIT = "poll"
 """The wait key of the pause between two checks of ``ctx.poll``: one idle poll."""
 
@@ -87,11 +86,6 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def terminal(self) -> bool:
         return self.status in _TERMINAL
-
-    @property
-    def needs_work(self) -> bool:
-        """Whether a worker should be executing the run now (it is not parked)."""
-        return self.status in ("pending", "running")
 
     def due_signal(self) -> PendingSignal | None:
         """The earliest buffered signal the run's current wait is waiting for, if any."""
@@ -248,6 +242,11 @@ def _spend(raw: msgspec.Raw) -> tuple[float, int]:
     return v.usd, v.tokens
 
 
+def close_decision(s: RunSummary, seq: int, size: int) -> RunSummary:
+    """Account for the stored message that carried the events just applied."""
+    return msgspec.structs.replace(s, last_seq=seq, decisions=s.decisions + 1, bytes=s.bytes + size)
+
+
 def summarize_all(
     decisions: Iterable[tuple[int, int, Iterable[RunEvent]]], s: RunSummary | None = None
 ) -> RunSummary:
@@ -256,7 +255,5 @@ def summarize_all(
     for seq, size, events in decisions:
         for e in events:
             s = summarize(s, e)
-        s = msgspec.structs.replace(
-            s, last_seq=seq, decisions=s.decisions + 1, bytes=s.bytes + size
-        )
+        s = close_decision(s, seq, size)
     return s

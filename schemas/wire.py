@@ -13,6 +13,7 @@ from typing import Literal
 import msgspec
 
 __all__ = [
+    "CHILD_SIGNAL",
     "REJECT_CODES",
     "ChildOutcome",
     "DeadLetter",
@@ -22,6 +23,11 @@ __all__ = [
     "RejectCode",
     "StartTrigger",
 ]
+
+
+CHILD_SIGNAL = "sojourn-child"
+"""Prefix of the reserved signal a child run sends its parent when it ends
+(``sojourn-child.<child_run_id>``)."""
 
 
 class StartTrigger(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
