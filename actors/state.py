@@ -2,8 +2,9 @@
 
 No I/O, no clock, no randomness: the same events always give the same state, which is what
 lets any worker rebuild any run, and what the hypothesis tests in tests/actors/test_state.py
-check. ``fold`` is the fast path used by workers (it builds the operation index in one pass);
-tests assert it always equals ``functools.reduce(evolve, events, RunState())``.
+check. ``fold`` is the fast path used by workers (it builds the operation index, the buffered
+signals and the children in one pass); tests assert it always equals
+``functools.reduce(evolve, events, RunState())``.
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     def terminal(self) -> bool:
         return self.status in TERMINAL
 
+    @property
+    def buffered_signals(self) -> int:
+        """How many received signals no wait has consumed yet (``len(signals)``, O(1))."""
+        return len(self.signals)
+
     def op(self, position: int) -> OpRecord | None:
         return self.ops[position] if 0 <= position < len(self.ops) else None
 
@@ -135,14 +141,7 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 parent_run_id=event.parent_run_id,
             )
         case SignalReceived():
-            rec = SignalRecord(
-                name=event.name,
-                payload=event.payload,
-                signal_id=event.signal_id,
-                at=event.at,
-                sent_by=event.sent_by,
-            )
-            return msgspec.structs.replace(s, signals=(*s.signals, rec))
+            return msgspec.structs.replace(s, signals=(*s.signals, _signal_record(event)))
         case (
             StepStarted()
             | StepCompleted()
@@ -193,6 +192,16 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
     return _anomaly(s, f"unknown event {type(event).__name__}")  # pragma: no cover
 
 
+def _signal_record(event: SignalReceived) -> SignalRecord:
+    return SignalRecord(
+        name=event.name,
+        payload=event.payload,
+        signal_id=event.signal_id,
+        at=event.at,
+        sent_by=event.sent_by,
+    )
+
+
 def _active(s: RunState) -> RunStatus:
     return "suspended" if s.status == "suspended" else "running"
 
@@ -220,18 +229,42 @@ _OpEvent = (
 def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
     """Fold many events. Equal to ``reduce(evolve, events, state)``, in linear time.
 
-    Step and value events (the bulk of a long history) only touch the operation index, so they
-    are applied to a list and the tuple is built once; every other event goes through
-    ``evolve`` unchanged.
+    ``evolve`` copies a tuple for every event that grows one, so the fields that grow along a
+    history are kept in mutable form here and turned into tuples once, at the end: the
+    operation index (step and value events, the bulk of a long history), the buffered signals
+    (a run may buffer thousands before a wait takes them) and the children. Every other event
+    goes through ``evolve`` unchanged.
+
+    While buffered signals or children are held aside, ``s.signals`` and ``s.children`` are
+    empty: ``evolve`` and ``_apply_op`` only ever append to them or filter them (never decide
+    anything from them), so they then only add to an empty tuple, which is cheap, and what they
+    add is moved aside at once.
     """
     s = state or RunState()
     ops = list(s.ops)
     synced = True  # whether ``s.ops`` holds what ``ops`` holds
+    signals: _Buffered | None = None  # once set, the buffered signals (``s.signals`` is empty)
+    children: list[str] | None = None  # once set, the children (``s.children`` is empty)
     for event in events:
+        if isinstance(event, SignalReceived) and not s.terminal:
+            if signals is None:
+                signals, s = _Buffered(s.signals), msgspec.structs.replace(s, signals=())
+            signals.add(_signal_record(event))
+            s = msgspec.structs.replace(s, events=s.events + 1, updated_at=event.at)
+            continue
         if isinstance(event, _OP_EVENTS):
             if not s.terminal and _misplaced(ops, event) is None:
+                if isinstance(event, WaitCompleted) and event.signal_id is not None:
+                    if signals is None:
+                        signals, s = _Buffered(s.signals), msgspec.structs.replace(s, signals=())
+                    signals.consume(event.signal_id)
+                elif isinstance(event, ChildStarted) and children is None:
+                    children, s = list(s.children), msgspec.structs.replace(s, children=())
                 s = msgspec.structs.replace(s, events=s.events + 1, updated_at=event.at)
                 s = _apply_op(s, ops, event)
+                if children is not None and s.children:  # the child ``_apply_op`` just added
+                    children.extend(s.children)
+                    s = msgspec.structs.replace(s, children=())
                 synced = False
                 continue
             # An anomaly: ``evolve`` describes it from the operation index, so sync that first.
@@ -245,7 +278,41 @@ def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
         s = evolve(s, event)
     if not synced:
         s = msgspec.structs.replace(s, ops=tuple(ops))
+    if signals is not None:
+        s = msgspec.structs.replace(s, signals=signals.records())
+    if children is not None:
+        s = msgspec.structs.replace(s, children=tuple(children))
     return s
+
+
+class _Buffered:
+    """Buffered signals while folding: arrival order kept, a signal consumed by id in O(1).
+
+    Like ``evolve``: a signal is buffered however often its id arrives (the intake deduplicates
+    by id; the fold takes the history as written), and a consumption removes every buffered
+    signal with its id.
+    """
+
+    __slots__ = ("_by_id", "_next", "_records")
+
+    def __init__(self, records: Iterable[SignalRecord]) -> None:
+        self._records: dict[int, SignalRecord] = {}  # by arrival number: insertion ordered
+        self._by_id: dict[str, list[int]] = {}
+        self._next = 0
+        for rec in records:
+            self.add(rec)
+
+    def add(self, rec: SignalRecord) -> None:
+        self._records[self._next] = rec
+        self._by_id.setdefault(rec.signal_id, []).append(self._next)
+        self._next += 1
+
+    def consume(self, signal_id: str) -> None:
+        for k in self._by_id.pop(signal_id, ()):
+            del self._records[k]
+
+    def records(self) -> tuple[SignalRecord, ...]:
+        return tuple(self._records.values())
 
 
 def _misplaced(ops: Sequence[OpRecord], event: _OpEvent) -> str | None:

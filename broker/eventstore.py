@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from nats.errors import ConnectionClosedError, NoRespondersError
@@ -27,7 +27,12 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from sojourn.schemas.codec import decode_events, encode_events
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import BrokerUnavailable, ConcurrencyConflict, HistoryError
+from sojourn.schemas.errors import (
+    BrokerUnavailable,
+    ConcurrencyConflict,
+    HistoryError,
+    PayloadTooLarge,
+)
 from sojourn.schemas.events import RunEvent
 
 from .connection import Broker, JetStreamError, Msg, header
@@ -37,6 +42,8 @@ __all__ = ["WRONG_LAST_SEQUENCE", "Decision", "EventStore"]
 
 WRONG_LAST_SEQUENCE = 10071
 WRITER_HEADER = "Sojourn-Writer"
+HEADER_ROOM = 4096
+"""Bytes of a server's ``max_payload`` left for an append's headers (the server counts them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,16 +54,38 @@ class Decision:
     events: tuple[RunEvent, ...]
     writer: str
     msg_id: str
+    size: int = field(default=0, compare=False)
+    """Bytes of the stored message's body (the encoded events), 0 if not known: what the
+    history cache's byte bound counts. Not compared: the same message either way."""
+
+
+DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
+"""The history cache's default byte bound (``EventStore(cache_bytes=...)``): 64 MiB."""
+
+
+class _Cached:
+    """One cached history and the sum of its decisions' sizes."""
+
+    __slots__ = ("decisions", "size")
+
+    def __init__(self, decisions: list[Decision]) -> None:
+        self.decisions = decisions
+        self.size = sum(d.size for d in decisions)
 
 
 class EventStore:
     """Append to and read from run histories.
 
     With ``cache_decisions`` > 0 it keeps the most recently used histories of at least
-    ``cache_min`` decisions, up to ``cache_decisions`` decisions in all, and ``history()`` then
-    reads only what was appended after the cached part. Short histories are not worth keeping
-    (re-reading a few messages costs well under a millisecond), and leaving them out keeps a
-    burst of many small parked runs from occupying memory.
+    ``cache_min`` decisions, and ``history()`` then reads only what was appended after the
+    cached part. The cache holds at most ``cache_decisions`` decisions and ``cache_bytes`` bytes
+    (default 64 MiB) in all, counting each decision as the size of its stored message body (the
+    encoded events, which the decoded ones keep alive; add a few hundred bytes of Python objects
+    per decision on top). The least recently used histories go first until both bounds hold, and a
+    history that alone exceeds either bound is never kept (nor kept growing by appends). A
+    bound of 0 turns the cache off. Short histories are not worth keeping (re-reading a few
+    messages costs well under a millisecond), and leaving them out keeps a burst of many small
+    parked runs from occupying memory.
 
     Caching is safe because a history is never rewritten: the events stream denies delete and
     purge, and every append is fenced on the run's last sequence, so a cached prefix stays true
@@ -71,57 +100,100 @@ class EventStore:
         *,
         cache_decisions: int = 0,
         cache_min: int = 0,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         self.broker = broker
         self.names = names
         self.settings = settings
         self.cache_decisions = cache_decisions
         self.cache_min = cache_min
-        self._cache: OrderedDict[str, list[Decision]] = OrderedDict()
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
         self._cached = 0
+        self._cached_bytes = 0
         self.cache_hits = 0
 
     # --- the history cache ------------------------------------------------------------------
 
     async def history(self, run_id: str) -> list[Decision]:
         """The run's whole history (a new list), from the cache plus what came after it."""
-        if self.cache_decisions <= 0:
+        if self.cache_decisions <= 0 or self.cache_bytes <= 0:
             return await self.load(run_id)
-        cached = self._cache.pop(run_id, None)
-        if cached is None:
-            history = await self.load(run_id)
+        entry = self._take(run_id)
+        if entry is None:
+            entry = _Cached(await self.load(run_id))
         else:
-            self._cached -= len(cached)
             self.cache_hits += 1
-            cached.extend(await self.load(run_id, after_seq=cached[-1].seq))
-            history = cached
-        self._remember(run_id, history)
-        return list(history)
+            tail = await self.load(run_id, after_seq=entry.decisions[-1].seq)
+            entry.decisions.extend(tail)
+            entry.size += sum(d.size for d in tail)
+        self._remember(run_id, entry)
+        return list(entry.decisions)
+
+    @property
+    def cached_decisions(self) -> int:
+        """Decisions held by the history cache now (at most ``cache_decisions``)."""
+        return self._cached
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of stored messages held by the history cache now (at most ``cache_bytes``)."""
+        return self._cached_bytes
 
     def forget(self, run_id: str) -> None:
         """Drop a run from the cache (it ended: nobody will read it again soon)."""
-        old = self._cache.pop(run_id, None)
-        if old is not None:
-            self._cached -= len(old)
+        self._take(run_id)
 
-    def _remember(self, run_id: str, history: list[Decision]) -> None:
-        if not history or not self.cache_min <= len(history) <= self.cache_decisions:
-            return
-        self._cache[run_id] = history
-        self._cached += len(history)
-        while self._cached > self.cache_decisions:
+    def _take(self, run_id: str) -> _Cached | None:
+        entry = self._cache.pop(run_id, None)
+        if entry is not None:
+            self._cached -= len(entry.decisions)
+            self._cached_bytes -= entry.size
+        return entry
+
+    def _fits(self, entry: _Cached) -> bool:
+        """Whether a history may be cached at all: alone within both bounds."""
+        return len(entry.decisions) <= self.cache_decisions and entry.size <= self.cache_bytes
+
+    def _evict(self) -> None:
+        """Drop the least recently used histories until both bounds hold."""
+        while self._cache and (
+            self._cached > self.cache_decisions or self._cached_bytes > self.cache_bytes
+        ):
             _, old = self._cache.popitem(last=False)
-            self._cached -= len(old)
+            self._cached -= len(old.decisions)
+            self._cached_bytes -= old.size
+
+    def _remember(self, run_id: str, entry: _Cached) -> None:
+        # A concurrent ``history()`` of the same run may have put it back meanwhile: replace it
+        # (counting both would overstate what the cache holds).
+        self._take(run_id)
+        n = len(entry.decisions)
+        if n == 0 or n < self.cache_min or not self._fits(entry):
+            return
+        self._cache[run_id] = entry
+        self._cached += n
+        self._cached_bytes += entry.size
+        self._evict()  # stops before ``entry``, the most recent: alone it fits
 
     def _appended(self, run_id: str, expected_seq: int, decision: Decision) -> None:
-        cached = self._cache.get(run_id)
-        if cached is not None and cached[-1].seq == expected_seq:
-            cached.append(decision)
-            self._cached += 1
-            self._cache.move_to_end(run_id)
-            while self._cached > self.cache_decisions and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._cached -= len(old)
+        entry = self._cache.get(run_id)
+        if entry is None or entry.decisions[-1].seq != expected_seq:
+            return
+        entry.decisions.append(decision)
+        entry.size += decision.size
+        self._cached += 1
+        self._cached_bytes += decision.size
+        self._cache.move_to_end(run_id)
+        if not self._fits(entry):
+            self._take(run_id)  # grown past a bound on its own: read it again when needed
+        self._evict()
+
+    @property
+    def max_decision(self) -> int:
+        """Largest body of one event message, in bytes: what the server accepts (its
+        ``max_payload``, known from the connection) less ``HEADER_ROOM``."""
+        return int(self.broker.nc.max_payload) - HEADER_ROOM
 
     async def append(
         self,
@@ -164,9 +236,17 @@ class EventStore:
         Raises:
             ConcurrencyConflict: another writer appended since ``expected_seq``.
             BrokerUnavailable: the broker stayed unreachable for ``timeout`` seconds.
+            PayloadTooLarge: the decision is larger than ``max_decision``; nothing was sent.
         """
         subject = self.names.events(run_id)
         data = encode_events(events)
+        if len(data) > self.max_decision:
+            raise PayloadTooLarge(
+                f"decision of {len(events)} event(s) is {len(data)} bytes; the server accepts "
+                f"{self.max_decision} (its max_payload less {HEADER_ROOM} for headers)",
+                run_id=run_id,
+                seq=expected_seq,
+            )
         mid = msg_id or f"{run_id}:{expected_seq}:{writer}"
         headers = {
             "Nats-Expected-Last-Subject-Sequence": str(expected_seq),
@@ -194,13 +274,14 @@ class EventStore:
             if not err:
                 seq = int(ack["seq"])
                 if self._cache:
-                    self._appended(run_id, expected_seq, Decision(seq, tuple(events), writer, mid))
+                    decision = Decision(seq, tuple(events), writer, mid, len(data))
+                    self._appended(run_id, expected_seq, decision)
                 return seq, bool(ack.get("duplicate"))
             if int(err.get("err_code", 0)) == WRONG_LAST_SEQUENCE:
                 landed = await self._landed_seq(run_id, expected_seq, mid)
                 if landed is not None:
                     if self._cache:
-                        decision = Decision(landed, tuple(events), writer, mid)
+                        decision = Decision(landed, tuple(events), writer, mid, len(data))
                         self._appended(run_id, expected_seq, decision)
                     return landed, True
                 raise ConcurrencyConflict(
@@ -255,5 +336,9 @@ class EventStore:
                 f"run {run_id}: event message {seq} cannot be decoded: {e}", run_id=run_id, seq=seq
             ) from e
         return Decision(
-            seq=seq, events=events, writer=header(m, WRITER_HEADER), msg_id=header(m, "Nats-Msg-Id")
+            seq=seq,
+            events=events,
+            writer=header(m, WRITER_HEADER),
+            msg_id=header(m, "Nats-Msg-Id"),
+            size=len(m.data),
         )

@@ -170,7 +170,7 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 signals = tuple(x for x in signals if x.signal_id != event.signal_id)
             elif event.outcome == "child":
                 # The child's notification may have been buffered: it is consumed with the wait.
-                done = {f"{CHILD_SIGNAL}.{on[4:]}" for on in s.waiting_on if on.startswith("run:")}
+                done = _child_signals(s.waiting_on)
                 signals = tuple(x for x in signals if x.name not in done)
             return rep(
                 s,
@@ -214,6 +214,11 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
     return rep(s, anomalies=s.anomalies + 1)  # pragma: no cover
 
 
+def _child_signals(waiting_on: tuple[str, ...]) -> set[str]:
+    """The end notices of the child runs a wait waits for."""
+    return {f"{CHILD_SIGNAL}.{on[4:]}" for on in waiting_on if on.startswith("run:")}
+
+
 def _ended(s: RunSummary, status: str, at: float) -> RunSummary:
     return msgspec.structs.replace(
         s,
@@ -250,10 +255,74 @@ def close_decision(s: RunSummary, seq: int, size: int) -> RunSummary:
 def summarize_all(
     decisions: Iterable[tuple[int, int, Iterable[RunEvent]]], s: RunSummary | None = None
 ) -> RunSummary:
-    """Fold decisions given as ``(seq, size_in_bytes, events)``."""
+    """Fold decisions given as ``(seq, size_in_bytes, events)``: equal to applying
+    ``summarize`` to each event and ``close_decision`` to each decision, in time linear in the
+    events and the signals buffered in ``s``.
+
+    ``summarize`` copies the tuple of buffered signals for each signal that arrives or is
+    consumed (and scans it for the id), so a run that buffers thousands would fold in quadratic
+    time. Here, from the first signal event on, they are kept aside (``_Pending``) while
+    ``s.signals`` stays empty (``summarize`` only adds to it or filters it, never decides from
+    it), and put back once at the end.
+    """
     s = s or RunSummary()
+    pending: _Pending | None = None
+    aside = True  # False: ``s`` holds an id twice (not built by ``summarize``): no shortcut
     for seq, size, events in decisions:
         for e in events:
+            ended = s.terminal
+            if not ended and isinstance(e, (SignalReceived, WaitCompleted)):
+                if pending is None and aside:
+                    if len({x.signal_id for x in s.signals}) == len(s.signals):
+                        pending = _Pending(s.signals)
+                        s = msgspec.structs.replace(s, signals=())
+                    else:
+                        aside = False
+                if pending is not None and isinstance(e, WaitCompleted):
+                    pending.complete(e, s.waiting_on)
             s = summarize(s, e)
+            if pending is not None:
+                if s.signals:  # the signal ``summarize`` just buffered
+                    pending.add(s.signals[0])
+                    s = msgspec.structs.replace(s, signals=())
+                elif s.terminal and not ended:
+                    pending.clear()  # an ended run buffers nothing
         s = close_decision(s, seq, size)
-    return s
+    return s if pending is None else msgspec.structs.replace(s, signals=pending.records())
+
+
+class _Pending:
+    """The buffered signals while ``summarize_all`` folds: by id, in arrival order (an id is
+    buffered once, as ``summarize`` does), with the ids by name for the child end notices a
+    child wait consumes."""
+
+    __slots__ = ("_by_id", "_by_name")
+
+    def __init__(self, signals: tuple[PendingSignal, ...]) -> None:
+        self._by_id: dict[str, PendingSignal] = {}
+        self._by_name: dict[str, list[str]] = {}  # may name ids consumed since: checked
+        for x in signals:
+            self.add(x)
+
+    def add(self, x: PendingSignal) -> None:
+        if x.signal_id not in self._by_id:
+            self._by_id[x.signal_id] = x
+            self._by_name.setdefault(x.name, []).append(x.signal_id)
+
+    def complete(self, e: WaitCompleted, waiting_on: tuple[str, ...]) -> None:
+        """What ``summarize`` does to the buffered signals on ``e`` in a run not ended."""
+        if e.signal_id is not None:
+            self._by_id.pop(e.signal_id, None)
+        elif e.outcome == "child":
+            for name in _child_signals(waiting_on):
+                for sid in self._by_name.pop(name, ()):
+                    x = self._by_id.get(sid)
+                    if x is not None and x.name == name:
+                        del self._by_id[sid]
+
+    def clear(self) -> None:
+        self._by_id.clear()
+        self._by_name.clear()
+
+    def records(self) -> tuple[PendingSignal, ...]:
+        return tuple(self._by_id.values())

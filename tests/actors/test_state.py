@@ -19,7 +19,7 @@ from typing import Any, TypeVar, get_args, get_type_hints
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sojourn.actors.context import CHILD_SIGNAL
@@ -1414,3 +1414,136 @@ def test_fold_of_a_20k_event_history(every: RunEvent | None) -> None:
         f"fold of {len(events)} events ({'ops only' if every is None else 'interleaved'}): "
         f"{elapsed * 1000:.0f} ms"
     )
+
+
+# --- many buffered signals --------------------------------------------------------------------
+
+
+@st.composite
+def signal_histories(draw: st.DrawFn) -> list[RunEvent]:
+    """Signal-heavy sequences: many signals (ids and names reused, so some arrive twice),
+    waits that take them by id (or name an id never buffered), child waits that the children's
+    end notices may end, child starts, a cancel, sometimes an end with events after it."""
+    events: list[RunEvent] = []
+
+    def emit(event: E) -> None:
+        events.append(msgspec.structs.replace(event, at=float(len(events))))
+
+    emit(START)
+    ids = st.sampled_from([f"s{i}" for i in range(6)])
+    names = st.sampled_from((*SIGNAL_NAMES, child_signal("c0"), child_signal("c1")))
+    p = 0
+    open_wait: WaitStarted | None = None
+    for _ in range(draw(st.integers(0, 60))):
+        what = draw(
+            st.sampled_from(["signal"] * 5 + ["take"] * 3 + ["park", "child", "cancel", "end"])
+        )
+        if what == "signal":
+            emit(SignalReceived(name=draw(names), payload=draw(raws), signal_id=draw(ids)))
+        elif what == "take":
+            key = open_wait.key if open_wait is not None else "signal:approve"
+            emit(
+                WaitCompleted(
+                    position=open_wait.position if open_wait is not None else p,
+                    key=key,
+                    outcome=draw(st.sampled_from(["signal", "signal", "child", "timeout"])),
+                    payload=draw(raws),
+                    signal=draw(st.none() | names),
+                    signal_id=draw(st.none() | ids),
+                )
+            )
+            if open_wait is None:
+                p += 1
+            open_wait = None
+        elif what == "park" and open_wait is None:
+            child = draw(child_ids)
+            open_wait = WaitStarted(
+                position=p,
+                key=f"child:{child}",
+                signals=(child_signal(child),),
+                children=(child,),
+                deadline=draw(st.none() | st.just(5.0)),
+            )
+            emit(open_wait)
+            p += 1
+        elif what == "child" and open_wait is None:
+            emit(ChildStarted(position=p, child_run_id=draw(child_ids), agent="mailer"))
+            p += 1
+        elif what == "cancel":
+            emit(CancelRequested(reason="x"))
+        elif what == "end" and draw(st.booleans()):
+            emit(draw(st.sampled_from(ARBITRARY_TERMINAL)))
+    return events
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(signal_histories(), st.data())
+def test_fold_equals_reduce_of_evolve_with_many_signals(
+    events: list[RunEvent], data: st.DataObject
+) -> None:
+    once = fold(events)
+    assert once == reduce_evolve(events)
+    assert once.buffered_signals == len(once.signals)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(events)), max_size=3), label="cuts"))
+    state = RunState()
+    for a, b in zip([0, *cuts], [*cuts, len(events)], strict=True):
+        state = fold(events[a:b], state)
+    assert state == once
+
+
+def _signals(n: int, *, offset: int = 0) -> list[SignalReceived]:
+    names = ("approve", "docs.signed")
+    return [
+        signal(names[i % 2], f"sig-{i}", b"%d" % i, at=float(i)) for i in range(offset, offset + n)
+    ]
+
+
+def test_twenty_thousand_buffered_signals_fold_in_order_and_are_taken_by_id() -> None:
+    """No time assertion (that belongs to ``python -m bench.folds``): this checks what the
+    linear fold computes when a run has buffered 20,000 signals and waits take half of them."""
+    n = 20_000
+    received = _signals(n)
+    state = fold([START, *received])
+    assert state.buffered_signals == n
+    assert state.signals == tuple(map(signal_record, received))
+    assert state.events == n + 1 and state.updated_at == received[-1].at
+    assert state.anomalies == ()
+
+    # Waits take every other signal, newest first, by id; a second copy of signal 1 arrives
+    # (the fold keeps what was written: the intake is what deduplicates) and is taken with it.
+    taken = [
+        WaitCompleted(
+            position=k,
+            key=f"signal:{r.name}",
+            outcome="signal",
+            payload=r.payload,
+            signal=r.name,
+            signal_id=r.signal_id,
+        )
+        for k, r in enumerate(reversed(received[1::2]))
+    ]
+    again = signal("docs.signed", "sig-1", b"1", at=float(n))
+    history: list[RunEvent] = [START, *received, again, *taken]
+    done = fold(history)
+    assert done.buffered_signals == n // 2
+    assert done.signals == tuple(map(signal_record, received[0::2]))
+    assert len(done.ops) == n // 2 and done.status == "running"
+    assert [op.detail for op in done.ops[:2]] == ["docs.signed", "docs.signed"]
+    # in chunks (as a worker folds a cached history plus its tail) and from a folded state
+    third = len(history) // 3
+    assert fold(history[2 * third :], fold(history[third : 2 * third], fold(history[:third]))) == (
+        done
+    )
+    # one event at a time, from a state holding all 20,000 (evolve is linear per event)
+    assert evolve(state, again).signals == (*state.signals, signal_record(again))
+    assert evolve(state, taken[0]).signals == state.signals[:-1]  # the newest, at position 0
+
+
+def test_many_children_fold_in_order() -> None:
+    starts = [
+        ChildStarted(position=p, child_run_id=f"r1-c{p}", agent="mailer") for p in range(5_000)
+    ]
+    state = fold([START, *starts, signal("approve", "s1")])
+    assert state.children == tuple(f"r1-c{p}" for p in range(5_000))
+    assert state.buffered_signals == 1
+    assert fold(starts[2_500:], fold([START, *starts[:2_500]])).children == state.children

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 
 import pytest
@@ -10,9 +11,10 @@ import pytest_asyncio
 
 from sojourn.broker import Broker, EmbeddedServer, EventStore, LeaseStore, Names
 from sojourn.broker.connection import JetStreamError
+from sojourn.broker.eventstore import Decision
 from sojourn.broker.leases import Lease, LeaseHolder
 from sojourn.broker.topology import ensure_topology
-from sojourn.schemas import ConcurrencyConflict, RunStarted, StepStarted, to_raw
+from sojourn.schemas import ConcurrencyConflict, RunStarted, StepCompleted, StepStarted, to_raw
 from sojourn.schemas.config import Settings
 
 
@@ -175,3 +177,131 @@ async def test_short_histories_are_not_cached(store: EventStore) -> None:
         )
     await cached.history("m1")  # three now: kept
     assert await cached.history("m1") == await store.load("m1") and cached.cache_hits == 1
+
+
+# --- the history cache's byte bound -----------------------------------------------------------
+
+KIB = 1024
+
+
+def output(p: int, kib: int) -> StepCompleted:
+    """A step's completion carrying about ``kib`` KiB (an LLM's answer, say)."""
+    return StepCompleted(position=p, name="llm", result=to_raw("x" * (kib * KIB)))
+
+
+async def grow(store: EventStore, run_id: str, steps: int, kib: int) -> int:
+    """A new run: ``RunStarted`` plus ``steps`` decisions of about ``kib`` KiB; its last seq."""
+    last = await store.append(run_id, [started(run_id)], expected_seq=0, writer="o")
+    for p in range(steps):
+        last = await store.append(run_id, [output(p, kib)], expected_seq=last, writer="o")
+    return last
+
+
+def same(a: list[Decision], b: list[Decision]) -> bool:
+    """The same messages, sizes included (``Decision`` equality leaves the size out)."""
+    return a == b and [d.size for d in a] == [d.size for d in b]
+
+
+async def test_the_history_cache_is_bounded_by_bytes(store: EventStore) -> None:
+    bound = 320 * KIB
+    cached = EventStore(
+        store.broker, store.names, store.settings, cache_decisions=10_000, cache_bytes=bound
+    )
+    for r in ("b1", "b2", "b3", "b4"):
+        await grow(store, r, 2, 50)  # ~100 KiB each
+    for r in ("b1", "b2", "b3"):
+        assert same(await cached.history(r), await store.load(r))
+    sizes = {r: sum(d.size for d in await store.load(r)) for r in ("b1", "b2", "b3", "b4")}
+    assert all(100 * KIB < n < 101 * KIB for n in sizes.values())
+    assert (cached.cached_decisions, cached.cached_bytes) == (
+        9,
+        sizes["b1"] + sizes["b2"] + sizes["b3"],
+    )
+
+    await cached.history("b4")  # 4 x ~100 KiB > 320 KiB: b1, the least recently used, goes
+    assert cached.cached_bytes == sizes["b2"] + sizes["b3"] + sizes["b4"] <= bound
+    hits = cached.cache_hits
+    assert same(await cached.history("b2"), await store.load("b2"))
+    assert cached.cache_hits == hits + 1  # still cached
+    assert same(await cached.history("b1"), await store.load("b1"))
+    assert cached.cache_hits == hits + 1  # read again (and b3 made room for it)
+    assert cached.cached_bytes <= bound
+
+    # A history larger than the bound on its own is never cached, and evicts nothing.
+    await grow(store, "huge", 8, 50)  # ~400 KiB
+    before = (cached.cached_decisions, cached.cached_bytes)
+    for _ in range(2):
+        hits = cached.cache_hits
+        assert same(await cached.history("huge"), await store.load("huge"))
+        assert cached.cache_hits == hits
+        assert (cached.cached_decisions, cached.cached_bytes) == before
+
+    # Appends through the store grow a cached history and count its bytes; once it alone
+    # exceeds the bound it is dropped rather than kept growing.
+    seq = (await cached.history("b2"))[-1].seq
+    for p in range(2, 8):  # ~100 KiB + 6 x 50 KiB
+        seq = await cached.append("b2", [output(p, 50)], expected_seq=seq, writer="me")
+        assert cached.cached_bytes <= bound
+        want = await store.load("b2")
+        hits = cached.cache_hits
+        assert same(await cached.history("b2"), want)
+        assert (cached.cache_hits == hits + 1) == (sum(d.size for d in want) <= bound)
+    assert cached.cache_hits == hits  # the last read: ~400 KiB, not cached any more
+    assert cached.cached_bytes <= bound
+
+
+async def test_decision_sizes_are_the_stored_message_bodies(store: EventStore) -> None:
+    cached = EventStore(store.broker, store.names, store.settings, cache_decisions=100)
+    seq = await grow(store, "z1", 1, 3)
+    await cached.history("z1")
+    seq = await cached.append("z1", [output(1, 7)], expected_seq=seq, writer="me")
+    # the decision appended through the cache counts what was sent; a read, what was stored
+    assert same(await cached.history("z1"), await store.load("z1"))
+    raw = await store.broker.direct_get_range(
+        store.names.events_stream, store.names.events("z1"), 1
+    )
+    assert [d.size for d in await store.load("z1")] == [len(m.data) for m in raw]
+    assert cached.cached_bytes == sum(len(m.data) for m in raw)
+
+
+async def test_the_history_cache_stays_within_both_bounds_and_exact(store: EventStore) -> None:
+    """A seeded walk of appends (by another writer and through the cache), reads, concurrent
+    reads of one run and forgets, with decisions of 0-60 KiB: after every step both bounds hold,
+    the cache's counts add up, and every read is exactly what the stream holds."""
+    rng = random.Random(20261130)
+    cached = EventStore(
+        store.broker,
+        store.names,
+        store.settings,
+        cache_decisions=12,
+        cache_min=2,
+        cache_bytes=200 * KIB,
+    )
+    runs = [f"w{i}" for i in range(6)]
+    last = {r: await store.append(r, [started(r)], expected_seq=0, writer="o") for r in runs}
+    steps = dict.fromkeys(runs, 0)
+    for _ in range(150):
+        r = rng.choice(runs)
+        what = rng.choice(["other", "mine", "read", "read", "both", "forget"])
+        if what in ("other", "mine"):
+            writer = store if what == "other" else cached
+            kib = rng.choice([0, 1, 5, 20, 60])
+            last[r] = await writer.append(
+                r, [output(steps[r], kib)], expected_seq=last[r], writer=what
+            )
+            steps[r] += 1
+        elif what == "read":
+            assert same(await cached.history(r), await store.load(r))
+        elif what == "both":
+            a, b = await asyncio.gather(cached.history(r), cached.history(r))
+            want = await store.load(r)
+            assert same(a, want) and same(b, want)
+        else:
+            cached.forget(r)
+        assert cached.cached_decisions <= 12
+        assert cached.cached_bytes <= 200 * KIB
+        entries = list(cached._cache.values())  # the accounting, checked from the inside
+        assert cached.cached_decisions == sum(len(e.decisions) for e in entries)
+        assert cached.cached_bytes == sum(e.size for e in entries)
+        assert all(e.size == sum(d.size for d in e.decisions) for e in entries)
+    assert cached.cache_hits > 0

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import msgspec
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sojourn.actors.state import fold
-from sojourn.projections.summary import RunSummary, summarize, summarize_all
+from sojourn.projections.summary import (
+    PendingSignal,
+    RunSummary,
+    close_decision,
+    summarize,
+    summarize_all,
+)
 from sojourn.schemas.codec import to_raw
 from sojourn.schemas.events import (
+    RunCompleted,
     RunEvent,
     RunStarted,
     SignalReceived,
@@ -19,7 +28,8 @@ from sojourn.schemas.events import (
     WaitCompleted,
     WaitStarted,
 )
-from tests.actors.test_state import Expected, any_histories, valid_histories
+from sojourn.schemas.wire import CHILD_SIGNAL
+from tests.actors.test_state import Expected, any_histories, signal_histories, valid_histories
 
 
 def _summary(events: list[RunEvent]) -> RunSummary:
@@ -73,3 +83,100 @@ def test_idle_polls_retries_in_doubt_and_spend_are_counted() -> None:
     folded = summarize_all([(7, 100, events[:3]), (9, 50, events[3:])])
     assert (folded.last_seq, folded.decisions, folded.bytes) == (9, 2, 150)
     assert msgspec.structs.replace(folded, last_seq=0, decisions=0, bytes=0) == s
+
+
+def _one_by_one(decisions: list[tuple[int, int, list[RunEvent]]], s: RunSummary) -> RunSummary:
+    """What ``summarize_all`` must equal: each event applied, each decision closed."""
+    for seq, size, events in decisions:
+        for e in events:
+            s = summarize(s, e)
+        s = close_decision(s, seq, size)
+    return s
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.one_of(any_histories, signal_histories()), st.data())
+def test_summarize_all_equals_summarizing_event_by_event(
+    events: list[RunEvent], data: st.DataObject
+) -> None:
+    # cut into decisions (a few events each), and into two calls at a decision boundary
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(events))), max_size=8))))
+    bounds = [0, *[c for c in cuts if c < len(events)], len(events)]
+    pairs = enumerate(itertools.pairwise(bounds))
+    decisions = [(i + 1, 10 * i, events[a:b]) for i, (a, b) in pairs]
+    want = _one_by_one(decisions, RunSummary())
+    assert summarize_all(decisions) == want
+    k = data.draw(st.integers(0, len(decisions)), label="split")
+    assert summarize_all(decisions[k:], summarize_all(decisions[:k])) == want
+    assert summarize_all(decisions[k:], _one_by_one(decisions[:k], RunSummary())) == want
+
+
+def test_summarize_all_with_a_start_holding_an_id_twice_is_still_exact() -> None:
+    # Not something ``summarize`` builds (it buffers an id once), but a caller may pass it.
+    twice = RunSummary(
+        status="waiting",
+        signals=(PendingSignal("s1", "go", 1.0), PendingSignal("s1", "go", 2.0)),
+    )
+    decisions: list[tuple[int, int, list[RunEvent]]] = [
+        (1, 5, [SignalReceived(name="go", payload=to_raw(1), signal_id="s2", at=3.0)]),
+        (2, 5, [SignalReceived(name="go", payload=to_raw(1), signal_id="s1", at=4.0)]),
+    ]
+    assert summarize_all(decisions, twice) == _one_by_one(decisions, twice)
+
+
+def test_a_child_wait_takes_only_the_child_s_end_notice() -> None:
+    notice = f"{CHILD_SIGNAL}.c0"
+    events: list[RunEvent] = [
+        RunStarted(run_id="r", agent="a", input=to_raw(None)),
+        SignalReceived(name=notice, payload=to_raw(1), signal_id="x"),
+        WaitCompleted(
+            position=0, key="k", outcome="signal", payload=to_raw(1), signal=notice, signal_id="x"
+        ),
+        SignalReceived(name="approve", payload=to_raw(2), signal_id="x"),  # the id, reused
+        SignalReceived(name=notice, payload=to_raw(3), signal_id="child-end:c0"),
+        WaitStarted(position=1, key="child:c0", signals=(notice,), children=("c0",)),
+        WaitCompleted(position=1, key="child:c0", outcome="child", payload=to_raw(3)),
+    ]
+    decisions = [(i + 1, 1, [e]) for i, e in enumerate(events)]
+    s = summarize_all(decisions)
+    assert s == _one_by_one(decisions, RunSummary())
+    assert [(x.signal_id, x.name) for x in s.signals] == [("x", "approve")]
+
+
+def test_twenty_thousand_buffered_signals_are_summarized_in_order() -> None:
+    """No time assertion (see ``python -m bench.folds``): the result, for a run that buffered
+    20,000 signals (one decision each, as the intake writes them), some of them twice."""
+    n = 20_000
+    start = RunStarted(run_id="r", agent="a", input=to_raw(None), at=0.0)
+    received = [
+        SignalReceived(name="go", payload=to_raw(i), signal_id=f"s{i}", at=float(i + 1))
+        for i in range(n)
+    ]
+    again = received[:100]  # redelivered: a pending id counts once
+    decisions = [(i + 1, 80, [e]) for i, e in enumerate([start, *received, *again])]
+    s = summarize_all(decisions)
+    assert [x.signal_id for x in s.signals] == [e.signal_id for e in received]
+    assert (s.events, s.decisions, s.bytes) == (n + 101, n + 101, 80 * (n + 101))
+    # waits take the even ones by id
+    taken = [
+        WaitCompleted(
+            position=k,
+            key="signal:go",
+            outcome="signal",
+            payload=e.payload,
+            signal="go",
+            signal_id=e.signal_id,
+        )
+        for k, e in enumerate(received[0::2])
+    ]
+    s = summarize_all([(n + 102, 80, taken)], s)
+    assert [x.signal_id for x in s.signals] == [e.signal_id for e in received[1::2]]
+    assert s.due_signal() is None  # not waiting
+    # one event at a time (the watchdog's path) agrees, from a state holding 10,000
+    one = summarize(s, taken[0])
+    assert one.signals == s.signals
+    more = SignalReceived(name="go", payload=to_raw(0), signal_id="s0", at=1e9)
+    assert [x.signal_id for x in summarize(s, more).signals][-1] == "s0"
+    assert summarize(s, received[1]).signals == s.signals  # pending already: once
+    ended = summarize_all([(n + 103, 80, [RunCompleted(output=to_raw(1))])], s)
+    assert ended.signals == () and ended.terminal
