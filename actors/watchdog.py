@@ -26,7 +26,7 @@ from collections.abc import Callable
 import msgspec
 from prometheus_client.core import Metric
 
-from sojourn.broker.connection import Broker, header
+from sojourn.broker.connection import Broker, ConnectOptions, header
 from sojourn.broker.names import Names
 from sojourn.broker.topology import ensure_topology
 from sojourn.broker.wake import publish_wake
@@ -49,7 +49,8 @@ class Watchdog:
     """Judges every live run of a deployment and re-wakes the ones that are stuck.
 
     Args:
-        nats: server URL (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``).
+        nats: server URL (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``), or
+            ``ConnectOptions`` (credentials, TLS).
         settings: the deployment's settings (thresholds come from them).
         interval: seconds between two judgements (default: half a heartbeat).
         rewake_every: seconds before the same problem of the same run is acted on again.
@@ -59,7 +60,7 @@ class Watchdog:
     def __init__(
         self,
         *,
-        nats: str | None = None,
+        nats: str | ConnectOptions | None = None,
         broker: Broker | None = None,
         settings: Settings | None = None,
         interval: float | None = None,

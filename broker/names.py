@@ -12,21 +12,50 @@ import re
 from dataclasses import dataclass
 
 from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.wire import InboxKind
 
-__all__ = ["TOKEN_PATTERN", "Names", "validate_signal_name", "validate_token"]
+__all__ = [
+    "CHILD_RUN_ID",
+    "RESERVED_SIGNAL_PREFIX",
+    "TOKEN_PATTERN",
+    "InboxSubject",
+    "Names",
+    "valid_reply_subject",
+    "validate_signal_name",
+    "validate_token",
+]
 
 TOKEN_PATTERN = r"[A-Za-z0-9_-]{1,128}"
-_TOKEN = re.compile(rf"^{TOKEN_PATTERN}$")
+_TOKEN = re.compile(TOKEN_PATTERN)
 
+CHILD_RUN_ID = re.compile(r".*-c(0|[1-9][0-9]*)")
+"""Run ids of this form are child runs' (``<parent>-c<position>``): only a spawn makes them,
+so no client can take a child's id before its parent starts it."""
+
+RESERVED_SIGNAL_PREFIX = "sojourn-"
+"""Signal names sojourn records itself (resume, decisions, child notices) start with this.
+They arrive only on control subjects; a signal subject naming one is refused."""
+
+REPLY_PREFIX = "_INBOX"
+"""The only subjects the intake answers on: core NATS request/reply inboxes, which can never
+name a sojourn subject (every sojourn subject starts with a lower-case prefix)."""
 
 _WORKER_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-_PREFIX = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_SIGNAL = re.compile(rf"^{TOKEN_PATTERN}(\.{TOKEN_PATTERN})*$")
+_PREFIX = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_SIGNAL = re.compile(rf"{TOKEN_PATTERN}(\.{TOKEN_PATTERN})*")
+_REPLY = re.compile(rf"{REPLY_PREFIX}(\.{TOKEN_PATTERN})+")
+_REPLY_MAX = 256
+_POSITION = re.compile(r"0|[1-9][0-9]{0,8}")
+
+
+def valid_reply_subject(value: str) -> bool:
+    """Whether ``value`` may be answered on: ``_INBOX.<tokens>``, at most 256 characters."""
+    return len(value) <= _REPLY_MAX and _REPLY.fullmatch(value) is not None
 
 
 def validate_signal_name(value: object) -> str:
     """Signal names are dot-separated tokens (``docs.signed``), at most 256 characters."""
-    if not isinstance(value, str) or len(value) > 256 or not _SIGNAL.match(value):
+    if not isinstance(value, str) or len(value) > 256 or not _SIGNAL.fullmatch(value):
         raise InvalidName(
             f"invalid signal name {value!r}: use dot-separated parts of A-Z a-z 0-9 _ - "
             "(for example 'docs.signed'), at most 256 characters"
@@ -36,12 +65,28 @@ def validate_signal_name(value: object) -> str:
 
 def validate_token(value: object, what: str) -> str:
     """Return ``value`` if it is a valid name token, else raise ``InvalidName`` saying why."""
-    if not isinstance(value, str) or not _TOKEN.match(value):
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
         raise InvalidName(
             f"invalid {what} {value!r}: use 1-128 characters from A-Z a-z 0-9 _ - "
             "(it becomes one NATS subject token)"
         )
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class InboxSubject:
+    """What an inbox subject says, parsed and validated (``Names.parse_inbox``).
+
+    ``target`` is the agent of a start, else the run id; ``name`` the signal name of a signal,
+    ``<position>.<attempt>`` of a decision, the child run id of a child notice, else "".
+    ``sender`` is the ``as.<sender>`` token: under authentication the broker lets a user
+    publish only on its own, so it is who sent the message; ``None`` on the anonymous forms.
+    """
+
+    kind: InboxKind
+    target: str
+    name: str = ""
+    sender: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +98,7 @@ class Names:
     def __post_init__(self) -> None:
         # Stream names are derived by upper-casing the prefix, so allow only one spelling of
         # each: "my-app" and "My_App" must not share streams by accident.
-        if not _PREFIX.match(self.prefix):
+        if not _PREFIX.fullmatch(self.prefix):
             raise InvalidName(
                 f"invalid prefix {self.prefix!r}: use 1-32 characters from a-z 0-9 _, "
                 "starting with a letter"
@@ -108,19 +153,92 @@ class Names:
     def events_all(self) -> str:
         return f"{self.prefix}.ev.*"
 
-    def start(self, agent: str) -> str:
-        return f"{self.prefix}.start.{agent}"
+    def _inbox(self, sender: str | None) -> str:
+        return self.prefix if sender is None else f"{self.prefix}.as.{sender}"
 
-    def signal(self, run_id: str, name: str) -> str:
-        return f"{self.prefix}.signal.{run_id}.{name}"
+    def start(self, agent: str, sender: str | None = None) -> str:
+        return f"{self._inbox(sender)}.start.{agent}"
 
-    def cancel(self, run_id: str) -> str:
-        return f"{self.prefix}.cancel.{run_id}"
+    def signal(self, run_id: str, name: str, sender: str | None = None) -> str:
+        return f"{self._inbox(sender)}.signal.{run_id}.{name}"
+
+    def cancel(self, run_id: str, sender: str | None = None) -> str:
+        return f"{self._inbox(sender)}.cancel.{run_id}"
+
+    def resume(self, run_id: str, sender: str) -> str:
+        """Control subject: lift a suspension (only the admin role may publish it)."""
+        return f"{self.prefix}.as.{sender}.resume.{run_id}"
+
+    def decide(self, run_id: str, position: int, attempt: int, sender: str) -> str:
+        """Control subject: an operator's decision on an in-doubt step (admin role only)."""
+        return f"{self.prefix}.as.{sender}.decide.{run_id}.{position}.{attempt}"
+
+    def spawn(self, agent: str, sender: str) -> str:
+        """Control subject: a run starts a child run (worker role only). Only here may a
+        trigger name a parent, and only here may a run id have the child form."""
+        return f"{self.prefix}.as.{sender}.spawn.{agent}"
+
+    def child_end(self, parent_run_id: str, child_run_id: str, sender: str) -> str:
+        """Control subject: a child run tells its parent it ended (worker role only)."""
+        return f"{self.prefix}.as.{sender}.child.{parent_run_id}.{child_run_id}"
 
     @property
     def inbox_subjects(self) -> list[str]:
+        """What the inbox stream captures: the anonymous client forms, the same with an
+        ``as.<sender>`` token, and the control subjects, which exist only in that form."""
         p = self.prefix
-        return [f"{p}.start.*", f"{p}.signal.*.>", f"{p}.cancel.*"]
+        return [
+            f"{p}.start.*",
+            f"{p}.signal.*.>",
+            f"{p}.cancel.*",
+            f"{p}.as.*.start.*",
+            f"{p}.as.*.signal.*.>",
+            f"{p}.as.*.cancel.*",
+            f"{p}.as.*.spawn.*",
+            f"{p}.as.*.resume.*",
+            f"{p}.as.*.decide.*.*.*",
+            f"{p}.as.*.child.*.*",
+        ]
+
+    def parse_inbox(self, subject: str) -> InboxSubject:
+        """Parse an inbox subject, validating every token with ``fullmatch``.
+
+        Raises:
+            InvalidName: the subject is not one of ``inbox_subjects`` with valid tokens (a
+                signal name that is not dot-separated tokens, a position that is not a
+                number, a sender, agent or run id that is not a token).
+        """
+        head = self.prefix + "."
+        if not subject.startswith(head):
+            raise InvalidName(f"subject {subject!r} is not under prefix {self.prefix!r}")
+        parts = subject[len(head) :].split(".")
+        sender: str | None = None
+        if parts[0] == "as" and len(parts) >= 2:
+            sender = validate_token(parts[1], "sender")
+            parts = parts[2:]
+        kind, rest = (parts[0], parts[1:]) if parts else ("", [])
+        if kind == "start" and len(rest) == 1:
+            return InboxSubject("start", validate_token(rest[0], "agent name"), "", sender)
+        if kind == "cancel" and len(rest) == 1:
+            return InboxSubject("cancel", validate_token(rest[0], "run_id"), "", sender)
+        if kind == "signal" and len(rest) >= 2:
+            run_id = validate_token(rest[0], "run_id")
+            name = validate_signal_name(".".join(rest[1:]))
+            return InboxSubject("signal", run_id, name, sender)
+        if sender is not None:
+            if kind == "spawn" and len(rest) == 1:
+                return InboxSubject("spawn", validate_token(rest[0], "agent name"), "", sender)
+            if kind == "resume" and len(rest) == 1:
+                return InboxSubject("resume", validate_token(rest[0], "run_id"), "", sender)
+            if kind == "decide" and len(rest) == 3:
+                run_id = validate_token(rest[0], "run_id")
+                if not (_POSITION.fullmatch(rest[1]) and _POSITION.fullmatch(rest[2])):
+                    raise InvalidName(f"decision subject {subject!r}: position.attempt")
+                return InboxSubject("decide", run_id, f"{rest[1]}.{rest[2]}", sender)
+            if kind == "child" and len(rest) == 2:
+                parent = validate_token(rest[0], "run_id")
+                return InboxSubject("child", parent, validate_token(rest[1], "run_id"), sender)
+        raise InvalidName(f"subject {subject!r} is not a sojourn inbox subject")
 
     def wake(self, run_id: str) -> str:
         return f"{self.prefix}.wake.{run_id}"
@@ -164,10 +282,6 @@ class Names:
     @property
     def dlq_all(self) -> str:
         return f"{self.prefix}.dlq.*"
-
-    def signal_name(self, subject: str) -> str:
-        """The signal name of ``<prefix>.signal.<run_id>.<name...>``."""
-        return ".".join(subject[len(self.prefix) + 1 :].split(".")[2:])
 
     def subject_token(self, subject: str, index: int) -> str:
         """The ``index``-th token after the prefix (``sojourn.start.greeter`` -> 1 -> greeter)."""

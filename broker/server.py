@@ -35,14 +35,20 @@ import signal
 import socket
 import sys
 import sysconfig
+import tempfile
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Final, Self
+from typing import IO, TYPE_CHECKING, Final, Self
+from urllib.parse import quote
 
 from sojourn.schemas.errors import BrokerVersionError, ServerStartError
 
-__all__ = ["MIN_SERVER_VERSION", "EmbeddedServer", "find_nats_server"]
+if TYPE_CHECKING:
+    from .auth import AuthUser
+
+__all__ = ["MIN_SERVER_VERSION", "EmbeddedServer", "find_nats_server", "write_private"]
 
 _log = logging.getLogger(__name__)
 
@@ -161,6 +167,22 @@ def _quote(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (mode 0600), never wider even for
+    an instant: a new file is created with that mode next to it, then renamed over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _kill_leftovers() -> None:
     """At interpreter exit, SIGKILL servers that were started here and never stopped.
 
@@ -209,7 +231,8 @@ class EmbeddedServer:
         store_dir: directory for the config file, the log and the JetStream data.
         port: client port; ``0`` picks a free loopback port when first started and keeps it
             for later restarts, so clients holding the URL reconnect after a crash.
-        host: listen address. The default keeps the server off the network: it has no auth.
+        host: listen address. The default keeps the server off the network: without ``auth``
+            anyone who reaches it may do anything.
         sync_interval: how often JetStream fsyncs. ``"always"`` (default) fsyncs every write
             before acknowledging it: nothing acknowledged is lost on power loss or an OS
             crash, at roughly a third of the publish throughput. A Go duration such as
@@ -221,6 +244,14 @@ class EmbeddedServer:
         ready_timeout: seconds to wait for "Server is ready"; JetStream recovery of a large
             store happens before it, so allow for that.
         name: the server name (JetStream uses it to identify the node).
+        auth: users with roles (``sojourn.broker.auth``): the server then refuses anonymous
+            connections and gives each user its role's permissions under ``auth_prefix``.
+            The config file holds their passwords, so it is written with mode 0600.
+        auth_prefix: the deployment prefix the users' permissions are for.
+        tls_cert, tls_key: the server's certificate and key: every client must then use TLS
+            (``url`` becomes ``tls://...``).
+        tls_ca: CA that signed the clients' certificates; when given, the server requires
+            and verifies a client certificate from every client (``verify: true``).
 
     Example:
         >>> async with EmbeddedServer(store_dir=".sojourn", port=0) as server:  # doctest: +SKIP
@@ -239,11 +270,30 @@ class EmbeddedServer:
         log_file: str | os.PathLike[str] | None = None,
         ready_timeout: float = 20.0,
         name: str = "sojourn",
+        auth: Sequence[AuthUser] | None = None,
+        auth_prefix: str = "sojourn",
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
         if ready_timeout <= 0:
             raise ValueError(f"ready_timeout must be positive, got {ready_timeout}")
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("TLS needs both tls_cert and tls_key")
+        if tls_ca is not None and tls_cert is None:
+            raise ValueError("tls_ca (verify clients) needs the server's tls_cert and tls_key")
+        self.auth: tuple[AuthUser, ...] = tuple(auth or ())
+        self._auth_block = ""
+        if self.auth:
+            # Imported here: ``python -m sojourn.broker.auth`` must not find it loaded already.
+            from .auth import render_accounts
+
+            self._auth_block = render_accounts(auth_prefix, self.auth)
+        self._tls = tuple(
+            str(Path(f).absolute()) if f is not None else None for f in (tls_cert, tls_key, tls_ca)
+        )
         self.store_dir: Path = Path(store_dir).absolute()
         self._port = port
         self._host = host
@@ -269,9 +319,29 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
-        """The client URL, e.g. ``nats://127.0.0.1:4222``."""
+        """The client URL, e.g. ``nats://127.0.0.1:4222`` (``tls://`` with TLS)."""
         host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"nats://{host}:{self._port}"
+        scheme = "tls" if self._tls[0] is not None else "nats"
+        return f"{scheme}://{host}:{self._port}"
+
+    def url_for(self, user: str) -> str:
+        """The client URL with ``user``'s name and password in it (``nats://user:pw@...``).
+
+        Raises:
+            KeyError: no such user.
+            ValueError: its password is a bcrypt hash or a variable reference, not the password,
+                or has characters a URL cannot carry as they are (nats-py does not decode
+                ``%xx``): use ``A-Z a-z 0-9 - . _ ~``.
+        """
+        found = next((u for u in self.auth if u.name == user), None)
+        if found is None:
+            raise KeyError(f"no user {user!r} on this server")
+        if found.password.startswith("$"):
+            raise ValueError(f"user {user!r} has no plain-text password here")
+        if quote(found.password, safe="") != found.password:
+            raise ValueError(f"the password of user {user!r} cannot go into a URL as it is")
+        scheme, _, rest = self.url.partition("://")
+        return f"{scheme}://{user}:{found.password}@{rest}"
 
     @property
     def pid(self) -> int | None:
@@ -306,21 +376,28 @@ class EmbeddedServer:
 
     def _render_config(self, port: int) -> str:
         """The config file text for a server listening on ``port``."""
-        return "\n".join(
-            [
-                "# Written by sojourn's EmbeddedServer on every start; edits are overwritten.",
-                f"server_name: {_quote(self._name)}",
-                f"host: {_quote(self._host)}",
-                f"port: {port}",
-                f"max_payload: {self._max_payload}",
-                "jetstream {",
-                # nats-server stores data in <store_dir>/jetstream: it appends that itself.
-                f"  store_dir: {_quote(str(self.store_dir))}",
-                f"  sync_interval: {_quote(self._sync_interval)}",
-                "}",
-                "",
-            ]
-        )
+        lines = [
+            "# Written by sojourn's EmbeddedServer on every start; edits are overwritten.",
+            f"server_name: {_quote(self._name)}",
+            f"host: {_quote(self._host)}",
+            f"port: {port}",
+            f"max_payload: {self._max_payload}",
+            "jetstream {",
+            # nats-server stores data in <store_dir>/jetstream: it appends that itself.
+            f"  store_dir: {_quote(str(self.store_dir))}",
+            f"  sync_interval: {_quote(self._sync_interval)}",
+            "}",
+        ]
+        cert, key, ca = self._tls
+        if cert is not None and key is not None:
+            lines += ["tls {", f"  cert_file: {_quote(cert)}", f"  key_file: {_quote(key)}"]
+            if ca is not None:
+                lines += [f"  ca_file: {_quote(ca)}", "  verify: true"]
+            lines += ["  timeout: 2", "}"]
+        if self._auth_block:
+            lines.append(self._auth_block)
+        lines.append("")
+        return "\n".join(lines)
 
     async def start(self) -> Self:
         """Start the server and return once it reports ``Server is ready``.
@@ -445,7 +522,8 @@ class EmbeddedServer:
         self._version = version
 
     async def _launch(self, binary: str, port: int) -> None:
-        self.config_file.write_text(self._render_config(port), encoding="utf-8")
+        # Private: with auth the file holds the users' passwords.
+        write_private(self.config_file, self._render_config(port))
         log = self._log_path.open("ab")
         try:
             proc = await asyncio.create_subprocess_exec(

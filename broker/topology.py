@@ -2,18 +2,26 @@
 
 Called by every worker at start-up and by the client before its first publish, so a fresh
 server needs no manual setup. See DESIGN.md "Streams and subjects" and docs/wire.md.
+
+Streams are looked at before anything is written: one that exists with sojourn's config is left
+alone, so users with least privilege (docs/operations.md, "Security") start against streams an
+admin or the first worker created.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import PermissionDenied
 
 from .connection import Broker
 from .names import Names
 
 __all__ = ["ensure_topology", "stream_configs"]
+
+log = logging.getLogger("sojourn.broker")
 
 _NS = 1_000_000_000
 _DAY = 86_400
@@ -141,11 +149,49 @@ def consumer_configs(names: Names, settings: Settings) -> list[tuple[str, dict[s
 
 
 async def ensure_topology(
-    broker: Broker, names: Names, settings: Settings, *, consumers: bool = True
+    broker: Broker,
+    names: Names,
+    settings: Settings,
+    *,
+    consumers: bool = True,
+    update: bool = True,
 ) -> None:
-    """Create or update every stream (and the workers' durable consumers)."""
+    """Create the streams that are missing (and the workers' durable consumers); with
+    ``update``, bring streams that differ from sojourn's config to it.
+
+    A stream that differs and that this user may not update (no worker may update the events
+    stream) is left as it is, with a warning: it works, and an admin can update it.
+
+    Raises:
+        PermissionDenied: a stream is missing and this user may not create it, or may not even
+            read it (credentials made for another prefix); the message says which and what to do.
+    """
+    who = f"user '{broker.user}'" if broker.user else "this connection"
     for cfg in stream_configs(names, settings):
-        await broker.ensure_stream(cfg)
+        name = cfg["name"]
+        try:
+            await broker.ensure_stream(cfg, update=update)
+        except PermissionDenied as e:
+            if ".STREAM.INFO." in e.subject:
+                raise PermissionDenied(
+                    f"{who} may not read stream {name}: are its credentials for prefix "
+                    f"'{names.prefix}'? (check --prefix)",
+                    subject=e.subject,
+                ) from None
+            if ".STREAM.CREATE." in e.subject:
+                raise PermissionDenied(
+                    f"stream {name} does not exist and {who} may not create it: start a "
+                    f"worker for prefix '{names.prefix}' first (workers and admins create the "
+                    "streams)",
+                    subject=e.subject,
+                ) from None
+            log.warning(
+                "stream %s differs from this sojourn's config, and %s may not update it; "
+                "it is left as it is (an admin can update it, e.g. by starting a worker with "
+                "admin credentials)",
+                name,
+                who,
+            )
     if consumers:
         for stream, ccfg in consumer_configs(names, settings):
             await broker.ensure_consumer(stream, ccfg)

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidName",
     "NondeterminismError",
     "PayloadTooLarge",
+    "PermissionDenied",
     "RetryableError",
     "RunNotFound",
     "ServerStartError",
@@ -55,6 +56,22 @@ class BrokerUnavailable(SojournError):
 
 class BrokerVersionError(SojournError):
     """The NATS server is too old: sojourn needs message schedules (nats-server >= 2.12)."""
+
+
+class PermissionDenied(SojournError):
+    """The NATS server refused a publish: this connection's user may not use the subject
+    (docs/operations.md, "Security", lists what each role may do).
+
+    The server does not answer a refused request; it reports the violation on the side, and
+    the request that would otherwise time out raises this instead.
+
+    Attributes:
+        subject: the subject that was refused.
+    """
+
+    def __init__(self, message: str, *, subject: str, run_id: str | None = None) -> None:
+        super().__init__(message, run_id=run_id)
+        self.subject = subject
 
 
 class ConcurrencyConflict(SojournError):

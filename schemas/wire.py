@@ -8,19 +8,26 @@ The contract is written down in docs/wire.md; JSON Schemas are exported with
 
 from __future__ import annotations
 
+import typing
 from typing import Literal
 
 import msgspec
 
 __all__ = [
     "CHILD_SIGNAL",
+    "DECIDE_SIGNAL",
     "REJECT_CODES",
+    "CancelBody",
     "ChildOutcome",
     "DeadLetter",
+    "DeadLetterCode",
     "ErrorBody",
+    "InDoubtDecision",
+    "InboxKind",
     "IntakeError",
     "IntakeOk",
     "RejectCode",
+    "ResumeBody",
     "StartTrigger",
 ]
 
@@ -28,6 +35,10 @@ __all__ = [
 CHILD_SIGNAL = "sojourn-child"
 """Prefix of the reserved signal a child run sends its parent when it ends
 (``sojourn-child.<child_run_id>``)."""
+
+
+InboxKind = Literal["start", "signal", "cancel", "spawn", "resume", "decide", "child"]
+"""What an inbox message asks for, from its subject (docs/wire.md "Subjects")."""
 
 
 class StartTrigger(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -47,23 +58,21 @@ RejectCode = Literal[
     "invalid_trigger",
     "invalid_input",
     "invalid_run_id",
+    "invalid_reply_to",
     "unknown_agent",
     "payload_too_large",
     "unknown_run",
     "run_ended",
+    "forbidden",
+    "too_many_signals",
+    "max_deliveries",
     "internal",
 ]
-REJECT_CODES: tuple[str, ...] = (
-    "invalid_json",
-    "invalid_trigger",
-    "invalid_input",
-    "invalid_run_id",
-    "unknown_agent",
-    "payload_too_large",
-    "unknown_run",
-    "run_ended",
-    "internal",
-)
+REJECT_CODES: tuple[RejectCode, ...] = typing.get_args(RejectCode)
+"""Every code the intake answers with (and keeps in a dead-letter record)."""
+
+DeadLetterCode = RejectCode | Literal["poison"]
+"""``poison`` (a history a worker cannot decode) is written by workers and answers nobody."""
 
 
 class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,7 +110,8 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     """What the intake keeps on ``sojourn.dlq.<kind>`` for every inbound message it rejected.
 
     The original bytes are kept verbatim (base64 in JSON) so nothing is lost: an operator can
-    fix and republish.
+    fix and republish. A body too large to fit in a record is cut (``truncated``) and
+    identified by ``size`` and ``sha256`` of the whole original.
     """
 
     code: str
@@ -112,3 +122,38 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     inbox_seq: int = 0
     rejected_at: float = 0.0
     kind: Literal["start", "signal", "cancel", "other"] = "other"
+    size: int = 0
+    sha256: str = ""
+    truncated: bool = False
+
+
+class CancelBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Body of a cancel (``<prefix>[.as.<sender>].cancel.<run_id>``); closed. Who cancelled is
+    the subject's sender: ``by`` is accepted from older clients and ignored."""
+
+    reason: str = ""
+    by: str | None = None
+
+
+class InDoubtDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """An operator's decision on an in-doubt step (``<prefix>.as.<sender>.decide...``), as
+    recorded in the run's history: ``by`` is filled in by the intake from the subject's
+    sender, never taken from the body."""
+
+    action: Literal["retry", "skip", "fail"]
+    result: msgspec.Raw = msgspec.Raw(b"null")
+    by: str | None = None
+
+
+DECIDE_SIGNAL = "sojourn-decide"
+"""Prefix of the reserved signal an operator's decision is recorded as
+(``sojourn-decide.<position>.<attempt>``)."""
+
+
+class ResumeBody(msgspec.Struct, frozen=True, kw_only=True):
+    """Body of a resume (``<prefix>.as.<sender>.resume.<run_id>``): optional, open-world.
+
+    Who resumed is the subject's sender, never a field of the body.
+    """
+
+    note: str = ""

@@ -1,16 +1,30 @@
-"""Connecting: a clear error for a dead port and for a server too old for sojourn."""
+"""Connecting: a clear error for a dead port, a server too old for sojourn, and connection
+options (credentials, TLS files) that cannot be used."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from sojourn.broker import Broker
-from sojourn.broker.connection import _parse_version, resolve_url
+from sojourn.broker.connection import (
+    ENV_CREDS,
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
+    ENV_URL,
+    ConnectOptions,
+    CredentialsError,
+    _parse_version,
+    redact_url,
+    resolve_url,
+    url_user,
+)
 from sojourn.schemas import BrokerUnavailable, BrokerVersionError
 
 
@@ -81,3 +95,85 @@ def test_version_parsing_and_url_resolution(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("SOJOURN_NATS_URL", "nats://127.0.0.1:5555")
     assert resolve_url(None) == "nats://127.0.0.1:5555"
     assert resolve_url("nats://127.0.0.1:6666") == "nats://127.0.0.1:6666"
+
+
+# --- connection options ------------------------------------------------------------------------
+
+
+def test_connect_options_take_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in (ENV_URL, ENV_CREDS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY):
+        monkeypatch.delenv(var, raising=False)
+    assert ConnectOptions().resolved() == ConnectOptions(url="nats://127.0.0.1:4222")
+    monkeypatch.setenv(ENV_URL, "tls://u:secret@nats.internal:4222")
+    monkeypatch.setenv(ENV_CREDS, "/etc/sojourn/worker.creds")
+    monkeypatch.setenv(ENV_TLS_CA, "/etc/sojourn/ca.pem")
+    opts = ConnectOptions(tls_cert="/flag/cert.pem").resolved()
+    assert opts.url == "tls://u:secret@nats.internal:4222"
+    assert opts.creds == "/etc/sojourn/worker.creds" and opts.tls_ca == "/etc/sojourn/ca.pem"
+    assert opts.tls_cert == "/flag/cert.pem" and opts.tls_key is None  # a flag wins
+    assert opts.user == "u" and opts.wants_tls
+    assert opts.display_url == "tls://u:***@nats.internal:4222"
+
+
+def test_user_and_redaction() -> None:
+    assert url_user("nats://client:pw@127.0.0.1:4222") == "client"
+    assert url_user("nats://127.0.0.1:4222") is None
+    assert url_user("nats://sometoken@127.0.0.1:4222") is None  # a token, not a user
+    assert redact_url("nats://client:pw@127.0.0.1:4222") == "nats://client:***@127.0.0.1:4222"
+    assert redact_url("nats://sometoken@127.0.0.1:4222") == "nats://***@127.0.0.1:4222"
+    assert redact_url("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"
+
+
+async def test_unusable_files_fail_before_connecting(tmp_path: Path) -> None:
+    dead = "nats://127.0.0.1:1"
+    with pytest.raises(CredentialsError, match=r"creds file .*nope\.creds.*cannot read"):
+        await Broker.connect(ConnectOptions(url=dead, creds=str(tmp_path / "nope.creds")))
+    junk = tmp_path / "junk.creds"
+    junk.write_text("not a creds file")
+    with pytest.raises(CredentialsError, match="not a NATS credentials file"):
+        await Broker.connect(ConnectOptions(url=dead, creds=str(junk)))
+    with pytest.raises(CredentialsError, match=r"TLS CA file .*ca\.pem.*cannot use it"):
+        await Broker.connect(ConnectOptions(url=dead, tls_ca=str(tmp_path / "ca.pem")))
+    with pytest.raises(CredentialsError, match=r"TLS certificate .*cannot use it"):
+        await Broker.connect(ConnectOptions(url=dead, tls_cert=str(junk)))
+    with pytest.raises(CredentialsError, match="needs its certificate"):
+        await Broker.connect(ConnectOptions(url=dead, tls_key=str(junk)))
+
+
+async def test_a_password_never_reaches_the_unavailable_message() -> None:
+    with pytest.raises(BrokerUnavailable) as info:
+        await Broker.connect("nats://client:hunter2@127.0.0.1:1")
+    assert "hunter2" not in info.value.message and "client:***@" in info.value.message
+
+
+def _creds(tmp_path: Path, claims: object) -> str:
+    import base64
+    import json
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+    jwt = ".".join(
+        [b64(b'{"typ":"JWT","alg":"ed25519-nkey"}'), b64(json.dumps(claims).encode()), "sig"]
+    )
+    path = tmp_path / "user.creds"
+    path.write_text(
+        "-----BEGIN NATS USER JWT-----\n"
+        f"{jwt}\n"
+        "------END NATS USER JWT------\n\n"
+        "-----BEGIN USER NKEY SEED-----\nSUAEXAMPLE\n------END USER NKEY SEED------\n"
+    )
+    return str(path)
+
+
+def test_a_creds_files_jwt_name_is_the_sender(tmp_path: Path) -> None:
+    from sojourn.broker.connection import ConnectOptions, creds_user
+
+    path = _creds(tmp_path, {"name": "alice", "sub": "UABC"})
+    assert creds_user(path) == "alice"
+    assert ConnectOptions(url="nats://127.0.0.1:4222", creds=path).user == "alice"
+    # A URL user wins; a name that is not a token, or no name, gives no sender.
+    assert ConnectOptions(url="nats://bob:pw@127.0.0.1:4222", creds=path).user == "bob"
+    assert creds_user(_creds(tmp_path, {"name": "a.b"})) is None
+    assert creds_user(_creds(tmp_path, {"sub": "U"})) is None
+    assert creds_user(str(tmp_path / "missing.creds")) is None

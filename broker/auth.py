@@ -1,0 +1,308 @@
+"""Least-privilege NATS users for a sojourn deployment, as nats-server configuration.
+
+``render_accounts`` turns a prefix and a list of users, each with a role (``client``,
+``worker``, ``watchdog``, ``admin``: ``sojourn.schemas.auth.Role``), into an ``accounts`` block
+for nats-server: one account with JetStream enabled, and per user exactly the subjects its role
+needs (docs/operations.md, "Security", says what each may do and why). Pure: no I/O.
+
+Two rules carry the trust boundary:
+
+- a user may publish inbox messages only in the authenticated form naming itself,
+  ``<prefix>.as.<user>.<kind>...``: the intake records that token as who sent the message, so
+  no user can speak for another, and the anonymous forms are closed to everyone but admins;
+- run histories (``<prefix>.ev.*``) are written by workers only, and no role but ``admin`` may
+  delete a stream, purge the events stream, delete a message or update the events stream's
+  configuration (which could shorten its retention).
+
+Print the block for a prefix (users ``client``, ``worker``, ``watchdog``, ``admin`` with
+passwords from ``$SOJOURN_<USER>_PASSWORD``)::
+
+    python -m sojourn.broker.auth --prefix sojourn
+    python -m sojourn.broker.auth --user client:client --user client2:client   # rotation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sojourn.schemas.auth import ROLES, Role
+
+from .names import Names, validate_token
+
+__all__ = [
+    "ACCOUNT",
+    "AuthUser",
+    "Permissions",
+    "default_users",
+    "password_env_var",
+    "permissions_for",
+    "render_accounts",
+]
+
+ACCOUNT = "SOJOURN"
+"""The name of the account the rendered users live in."""
+
+_ENV_REF = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class AuthUser:
+    """One NATS user of a deployment.
+
+    Attributes:
+        name: the user name; a subject token, because it is the ``<sender>`` of the
+            authenticated inbox subjects (``<prefix>.as.<name>...``).
+        password: the password as nats-server should see it: plain text, a bcrypt hash
+            (``$2a$...``, from ``nats server passwd``), or an environment variable reference
+            (``$SOJOURN_CLIENT_PASSWORD``) that the server resolves when it reads its config.
+        role: what the user may do.
+        prefix: the deployment whose subjects the role applies to; ``None`` (the default):
+            the prefix ``render_accounts`` is given. Several deployments can share a server.
+    """
+
+    name: str
+    password: str
+    role: Role
+    prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_token(self.name, "user name")
+        if self.prefix is not None:
+            Names(self.prefix)  # validates it
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}: use one of {', '.join(ROLES)}")
+        if not self.password:
+            raise ValueError(f"user {self.name!r} needs a password")
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    """What a user may publish and subscribe to (nats-server ``permissions``)."""
+
+    publish_allow: tuple[str, ...]
+    publish_deny: tuple[str, ...]
+    subscribe_allow: tuple[str, ...]
+
+
+def _streams(names: Names) -> list[str]:
+    return [
+        names.events_stream,
+        names.inbox_stream,
+        names.wake_stream,
+        names.dlq_stream,
+        names.leases_stream,
+        names.agents_stream,
+        names.health_stream,
+    ]
+
+
+def _direct_get(stream: str) -> list[str]:
+    # Both forms: a JSON request on the stream's subject (batches, next by subject), and the
+    # last message of a subject named in the request subject itself.
+    return [f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>"]
+
+
+def _reading(names: Names) -> list[str]:
+    """Read a deployment: its runs, leases, health and agents, and stream info."""
+    out = ["$JS.API.INFO"]
+    out += [f"$JS.API.STREAM.INFO.{s}" for s in _streams(names)]
+    for stream in (
+        names.events_stream,
+        names.leases_stream,
+        names.health_stream,
+        names.agents_stream,
+    ):
+        out += _direct_get(stream)
+    return out
+
+
+def _never(names: Names) -> list[str]:
+    """Denied to every restricted role, whatever its allow list says: what could destroy or
+    shorten history, or remove a message behind the runtime's back."""
+    return [
+        "$JS.API.STREAM.DELETE.>",
+        "$JS.API.STREAM.MSG.DELETE.>",
+        f"$JS.API.STREAM.PURGE.{names.events_stream}",
+        f"$JS.API.STREAM.UPDATE.{names.events_stream}",
+        f"$JS.API.STREAM.RESTORE.{names.events_stream}",
+    ]
+
+
+def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
+    """The permissions of ``user`` with ``role`` in the deployment ``names``; ``None`` for
+    ``admin`` (unrestricted within the account)."""
+    validate_token(user, "user name")
+    p = names.prefix
+    inbox = "_INBOX.>"
+    if role == "admin":
+        return None
+    if role == "client":
+        publish = [
+            names.start("*", user),
+            names.signal("*", ">", user),
+            names.cancel("*", user),
+            *_reading(names),
+        ]
+        # Clients watch a run with a core subscription on its event subject.
+        return Permissions(tuple(publish), tuple(_never(names)), (inbox, names.events_all))
+    if role == "watchdog":
+        publish = [f"{p}.wake.*", names.watch("*"), *_reading(names)]
+        return Permissions(tuple(publish), tuple(_never(names)), (inbox,))
+    if role == "worker":
+        streams = _streams(names)
+        publish = [
+            names.events_all,
+            *names.wake_subjects,
+            names.leases_all,
+            names.workers_all,
+            names.wedge("*"),
+            names.dlq_all,
+            names.agent("*"),
+            # child runs, the cancel cascade and child runs' end notices, in its own name
+            names.start("*", user),
+            names.spawn("*", user),
+            names.cancel("*", user),
+            names.child_end("*", "*", user),
+            inbox,  # the intake's answers
+            "$JS.API.INFO",
+            *(f"$JS.API.STREAM.INFO.{s}" for s in streams),
+            # A fresh deployment: the first worker creates the streams and may reconfigure
+            # all but the events stream (whose retention no worker may ever shorten).
+            *(f"$JS.API.STREAM.CREATE.{s}" for s in streams),
+            *(f"$JS.API.STREAM.UPDATE.{s}" for s in streams if s != names.events_stream),
+            # Timers are purged by subject filter; no other stream is ever purged.
+            f"$JS.API.STREAM.PURGE.{names.wake_stream}",
+            *(d for s in streams for d in _direct_get(s)),
+        ]
+        for stream, consumer in (
+            (names.inbox_stream, names.intake_consumer),
+            (names.wake_stream, names.wake_consumer),
+        ):
+            publish += [
+                f"$JS.API.CONSUMER.CREATE.{stream}.{consumer}",
+                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+                f"$JS.ACK.{stream}.{consumer}.>",
+            ]
+        return Permissions(tuple(publish), tuple(_never(names)), (inbox,))
+    raise ValueError(f"unknown role {role!r}")
+
+
+def _q(value: str) -> str:
+    # JSON strings are nats-server config strings; quoting keeps `$JS...` from being read as a
+    # variable reference and wildcards from being read as anything but text.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _password(value: str) -> str:
+    if _ENV_REF.fullmatch(value):
+        return value  # unquoted: the server resolves the variable when it reads the config
+    return _q(value)
+
+
+def _subjects(key: str, subjects: Sequence[str], indent: str) -> list[str]:
+    lines = [f"{indent}{key}: ["]
+    lines += [f"{indent}  {_q(s)}" for s in subjects]
+    lines.append(f"{indent}]")
+    return lines
+
+
+def render_accounts(
+    prefix: str, users: Sequence[AuthUser], *, account: str = ACCOUNT, indent: str = ""
+) -> str:
+    """An ``accounts { <account> { jetstream: enabled, users: [...] } }`` block for nats-server,
+    each user with its role's permissions (``permissions_for``) under ``prefix`` (or the user's
+    own ``prefix``).
+
+    With accounts configured, a connection without valid credentials is refused
+    ('Authorization Violation').
+
+    Raises:
+        InvalidName: the prefix or a user name is not valid.
+        ValueError: no users, or two users share a name.
+    """
+    names = Names(prefix)
+    validate_token(account, "account name")
+    if not users:
+        raise ValueError("render_accounts needs at least one user")
+    seen: set[str] = set()
+    for u in users:
+        if u.name in seen:
+            raise ValueError(f"two users are named {u.name!r}")
+        seen.add(u.name)
+    i1, i2, i3, i4, i5, i6 = (indent + "  " * n for n in range(1, 7))
+    out = [
+        f"{indent}# Users of the sojourn deployment with prefix {prefix!r}, generated by",
+        f"{indent}# sojourn.broker.auth; the roles: docs/operations.md, Security.",
+        f"{indent}accounts {{",
+        f"{i1}{account} {{",
+        f"{i2}jetstream: enabled",
+        f"{i2}users: [",
+    ]
+    for u in users:
+        perms = permissions_for(Names(u.prefix) if u.prefix else names, u.name, u.role)
+        out += [
+            f"{i3}{{",
+            f"{i4}# role: {u.role}" + (f", prefix {u.prefix!r}" if u.prefix else ""),
+            f"{i4}user: {_q(u.name)}",
+            f"{i4}password: {_password(u.password)}",
+        ]
+        if perms is not None:
+            out += [f"{i4}permissions: {{", f"{i5}publish: {{"]
+            out += _subjects("allow", perms.publish_allow, i6)
+            out += _subjects("deny", perms.publish_deny, i6)
+            out += [f"{i5}}}", f"{i5}subscribe: {{"]
+            out += _subjects("allow", perms.subscribe_allow, i6)
+            out += [f"{i5}}}", f"{i4}}}"]
+        out.append(f"{i3}}}")
+    out += [f"{i2}]", f"{i1}}}", f"{indent}}}", ""]
+    return "\n".join(out)
+
+
+def password_env_var(user: str) -> str:
+    """The environment variable the deploy config reads ``user``'s password from:
+    ``SOJOURN_<USER>_PASSWORD`` (upper-cased, ``-`` as ``_``)."""
+    return f"SOJOURN_{validate_token(user, 'user name').upper().replace('-', '_')}_PASSWORD"
+
+
+def default_users(specs: Sequence[tuple[str, Role]] | None = None) -> list[AuthUser]:
+    """Users whose passwords are environment variable references (``password_env_var``);
+    by default one per role, named after it."""
+    pairs = list(specs) if specs is not None else [(r, r) for r in ROLES]
+    return [AuthUser(name, "$" + password_env_var(name), role) for name, role in pairs]
+
+
+def _user_spec(text: str) -> tuple[str, Role]:
+    name, _, role = text.partition(":")
+    for r in ROLES:
+        if role == r:
+            return validate_token(name, "user name"), r
+    raise argparse.ArgumentTypeError(f"{text!r}: use NAME:ROLE, ROLE one of {', '.join(ROLES)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the accounts block for a prefix (``python -m sojourn.broker.auth --help``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sojourn.broker.auth",
+        description="Print a nats-server accounts block with least-privilege sojourn users "
+        "whose passwords come from $SOJOURN_<USER>_PASSWORD.",
+    )
+    parser.add_argument("--prefix", default="sojourn", help="deployment prefix (default: sojourn)")
+    parser.add_argument(
+        "--user",
+        action="append",
+        type=_user_spec,
+        metavar="NAME:ROLE",
+        help="a user (repeat; default: client, worker, watchdog and admin, one per role)",
+    )
+    args = parser.parse_args(argv)
+    sys.stdout.write(render_accounts(args.prefix, default_users(args.user)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
