@@ -21,6 +21,8 @@ import getpass
 import json
 import logging
 import os
+import re
+import secrets
 import signal
 import sys
 import time
@@ -34,9 +36,19 @@ from typing import Any, TypeVar
 import msgspec
 import nats.errors
 
-from sojourn.broker.connection import Broker, JetStreamError, resolve_url
+from sojourn.broker.auth import AuthUser
+from sojourn.broker.connection import (
+    ENV_CREDS,
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
+    Broker,
+    ConnectOptions,
+    JetStreamError,
+)
 from sojourn.broker.names import validate_token
-from sojourn.broker.server import EmbeddedServer
+from sojourn.broker.server import EmbeddedServer, write_private
+from sojourn.schemas.auth import ROLES
 from sojourn.schemas.codec import encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import BrokerUnavailable, RunNotFound, SojournError, UnknownAgent
@@ -180,27 +192,41 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
     return Settings(prefix=prefix, **extra)
 
 
-async def bounded(connect: Awaitable[T], url: str | None) -> T:
+async def bounded(connect: Awaitable[T], target: str | ConnectOptions | None) -> T:
     """``connect``, or ``BrokerUnavailable`` after ``CONNECT_TIMEOUT``: a backstop for an
     address that accepts TCP but never completes the NATS handshake."""
+    opts = target if isinstance(target, ConnectOptions) else ConnectOptions(url=target)
     try:
         async with asyncio.timeout(CONNECT_TIMEOUT):
             return await connect
     except TimeoutError:
         raise BrokerUnavailable(
-            f"no NATS server answered at {resolve_url(url)} within {CONNECT_TIMEOUT:g}s; start "
-            "one with `sojourn dev`, or point --nats / SOJOURN_NATS_URL at yours"
+            f"no NATS server answered at {opts.display_url} within {CONNECT_TIMEOUT:g}s; "
+            "start one with `sojourn dev`, or point --nats / SOJOURN_NATS_URL at yours"
         ) from None
+
+
+def _options(args: argparse.Namespace) -> ConnectOptions:
+    """The connection options of the command line (flags; the environment fills the rest when
+    connecting)."""
+    return ConnectOptions(
+        url=args.nats,
+        creds=args.creds,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
 
 
 async def _connect(args: argparse.Namespace) -> Client:
     settings = _settings(args)
-    return await bounded(Client.connect(args.nats, settings=settings), args.nats)
+    opts = _options(args)
+    return await bounded(Client.connect(opts, settings=settings), opts)
 
 
-async def _probe(url: str) -> None:
+async def _probe(opts: ConnectOptions) -> None:
     """Fail fast when nothing answers: a worker's own connect would retry forever."""
-    broker = await bounded(Broker.connect(url, name="sojourn-cli probe", reconnect=False), url)
+    broker = await bounded(Broker.connect(opts, name="sojourn-cli probe", reconnect=False), opts)
     await broker.close()
 
 
@@ -218,12 +244,28 @@ async def _require_deployment(client: Client, run_id: str) -> None:
         ) from None
 
 
+def _cli_sender(client: Client) -> str | None:
+    """Who the CLI acts as: the connection's user where it authenticates (``None``: the
+    client fills it in), else ``cli-<login name>`` as a sender token."""
+    if client.identity is not None:
+        return None
+    try:
+        login = getpass.getuser()
+    except Exception:
+        login = ""
+    return ("cli-" + re.sub(r"[^A-Za-z0-9_-]", "_", login))[:128] if login else "cli"
+
+
 def _parse_input(text: str, flag: str = "--input") -> Any:
     if text.startswith("@"):
         try:
             text = Path(text[1:]).read_text(encoding="utf-8")
         except OSError as e:
             raise UsageError(f"{flag} {text}: cannot read: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(
+                f"{flag} {text}: not UTF-8 text (byte {e.start}: {e.reason}); JSON must be UTF-8"
+            ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -286,30 +328,83 @@ def _start_metrics(args: argparse.Namespace) -> Any:
     return server
 
 
+DEV_AUTH_DIR = "auth"
+DEV_PASSWORDS = "passwords.json"
+
+
+def _dev_users(data_dir: str) -> tuple[Path, list[AuthUser]]:
+    """One user per role, named after it, with a random password made once per data dir and
+    kept in ``<data_dir>/auth/passwords.json`` (mode 0600), so a restart keeps them."""
+    auth_dir = Path(data_dir).absolute() / DEV_AUTH_DIR
+    auth_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    auth_dir.chmod(0o700)
+    path = auth_dir / DEV_PASSWORDS
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        saved = {}
+    except (OSError, ValueError) as e:
+        raise SojournError(f"cannot read {path}: {e}; remove it to make new passwords") from None
+    if not isinstance(saved, dict):
+        saved = {}
+    passwords = {r: saved[r] for r in ROLES if isinstance(saved.get(r), str) and saved[r]}
+    if len(passwords) < len(ROLES):
+        for role in ROLES:
+            passwords.setdefault(role, secrets.token_urlsafe(24))
+        write_private(path, json.dumps(passwords, indent=2) + "\n")
+    return auth_dir, [AuthUser(role, passwords[role], role) for role in ROLES]
+
+
+def _write_dev_urls(server: EmbeddedServer, auth_dir: Path) -> None:
+    """``<auth_dir>/<role>.url``: the URL with that user's password, as ``--nats`` takes it,
+    readable by its owner only."""
+    for user in server.auth:
+        write_private(auth_dir / f"{user.name}.url", server.url_for(user.name))
+
+
 async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
     _configure_logging(args.log_level)
     app = load_app(args.app)
     settings = _settings(args, lease_ttl=args.lease_ttl)
+    auth = dev and args.auth
+    if auth and args.nats is not None:
+        raise UsageError("--auth configures the local server: it cannot be used with --nats")
     stopper = _StopSignal()
     server: EmbeddedServer | None = None
     metrics_server = None
     try:
         metrics_server = _start_metrics(args)
         if dev and args.nats is None:
-            server = EmbeddedServer(store_dir=args.data_dir, port=args.port)
+            auth_dir, users = _dev_users(args.data_dir) if auth else (Path(), [])
+            server = EmbeddedServer(
+                store_dir=args.data_dir,
+                port=args.port,
+                auth=users or None,
+                auth_prefix=settings.prefix,
+            )
             await server.start()
-            url = server.url
             version = ".".join(map(str, server.version or ()))
-            out(f"nats: {url}")
+            out(f"nats: {server.url}")
             out(f"nats-server {version}, data in {server.store_dir} (log: {server.log_file})")
+            if auth:
+                _write_dev_urls(server, auth_dir)
+                out(
+                    f"auth: users {', '.join(ROLES)}; each one's URL, password included, is in "
+                    f"{auth_dir}/<user>.url (mode 0600)"
+                )
+                out(f'  e.g. sojourn status RUN --nats "$(cat {auth_dir}/client.url)"')
+                opts = ConnectOptions(url=server.url_for("worker"))
+                watch_opts = ConnectOptions(url=server.url_for("watchdog"))
+            else:
+                opts = watch_opts = ConnectOptions(url=server.url)
         else:
-            url = resolve_url(args.nats)
-            await _probe(url)
+            opts = watch_opts = _options(args)
+            await _probe(opts)
             if dev:
-                out(f"nats: {url}")
+                out(f"nats: {opts.display_url}")
         worker = Worker(
             app.agents,
-            nats=url,
+            nats=opts,
             settings=settings,
             concurrency=args.concurrency,
             worker_id=args.worker_id,
@@ -318,7 +413,7 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
         watchdog = None
         try:
             if dev and not args.no_watchdog:
-                watchdog = await Watchdog(nats=url, settings=settings).start()
+                watchdog = await Watchdog(nats=watch_opts, settings=settings).start()
             out(
                 f"serving: {', '.join(app.agent_names)} (app {app.name}, prefix "
                 f"{settings.prefix}, worker {worker.worker_id}"
@@ -380,10 +475,10 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
         settings = _settings(args, **extra)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    url = resolve_url(args.nats)
-    await _probe(url)
+    opts = _options(args)
+    await _probe(opts)
     if args.once:
-        judged = await Watchdog(nats=url, settings=settings).survey()
+        judged = await Watchdog(nats=opts, settings=settings).survey()
         order = {"wedged": 0, "stalled": 1, "orphaned": 2, "overdue": 3}
         rows = sorted(judged.values(), key=lambda v: (order.get(v.state, 9), v.run_id))
         if args.json:
@@ -404,10 +499,10 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
     try:
         metrics_server = _start_metrics(args)
         watchdog = await Watchdog(
-            nats=url, settings=settings, interval=args.interval, on_change=report
+            nats=opts, settings=settings, interval=args.interval, on_change=report
         ).start()
         out(
-            f"watching prefix {settings.prefix} on {url} (stalled after "
+            f"watching prefix {settings.prefix} on {opts.display_url} (stalled after "
             f"{settings.stall_threshold:g}s of silence, overdue {settings.overdue_after:g}s "
             "past due); press Ctrl-C to stop"
         )
@@ -593,10 +688,7 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
         if state.terminal:
             out(f"run {args.run_id} already ended ({state.status}): nothing to cancel")
             return EXIT_OK
-        try:
-            by = f"cli:{getpass.getuser()}"
-        except Exception:
-            by = "cli"
+        by = _cli_sender(client)
         await client.cancel(args.run_id, args.reason, by=by)
     out(
         f"cancel requested for run {args.run_id}: it stops before its next step "
@@ -630,10 +722,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         state = await client.state(args.run_id)
         if state.status != "suspended":
             raise UsageError(f"run {args.run_id} is {_public_status(state)}, not suspended")
-        try:
-            by = f"cli:{getpass.getuser()}"
-        except Exception:
-            by = "cli"
+        by = _cli_sender(client)
         await client.resume(args.run_id, args.note, by=by)
     out(f"resume requested for run {args.run_id} (it was suspended: {state.suspended_reason})")
     return EXIT_OK
@@ -647,10 +736,14 @@ async def cmd_decide(args: argparse.Namespace) -> int:
         state = await client.state(args.run_id)
         if state.status != "suspended" or state.suspended_reason not in ("in_doubt", "crash_loop"):
             raise UsageError(f"run {args.run_id} is not suspended on an in-doubt step")
-        try:
-            by = f"cli:{getpass.getuser()}"
-        except Exception:
-            by = "cli"
+        by = _cli_sender(client)
+        op = state.op(args.position)
+        if op is None or op.kind != "step" or op.status != "started":
+            raise UsageError(
+                f"position {args.position} of run {args.run_id} is not an in-doubt step"
+                + (f" (it holds a {op.kind} that is {op.status})" if op is not None else "")
+                + "; `sojourn status` names the step that waits for a decision"
+            )
         await client.decide(args.run_id, args.position, args.action, result, by=by)
     out(f"decided {args.action} for step {args.position} of run {args.run_id}; it resumes")
     return EXIT_OK
@@ -731,6 +824,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         default=None,
         help=f"deployment prefix of subjects and streams (default: {DEFAULT_PREFIX})",
+    )
+    c = common.add_argument_group(
+        "credentials and TLS",
+        "A user and password go in the URL (nats://user:password@host:4222).",
+    )
+    c.add_argument(
+        "--creds",
+        metavar="FILE",
+        default=None,
+        help=f"NATS credentials file (JWT + seed) to authenticate with (default: ${ENV_CREDS})",
+    )
+    c.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        default=None,
+        help=f"CA certificate to verify the server's certificate with (default: ${ENV_TLS_CA})",
+    )
+    c.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        default=None,
+        help=f"client certificate, for servers that verify clients (default: ${ENV_TLS_CERT})",
+    )
+    c.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        default=None,
+        help=f"the client certificate's private key (default: ${ENV_TLS_KEY})",
     )
 
     observe = argparse.ArgumentParser(add_help=False)
@@ -836,6 +957,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         default=".sojourn",
         help="where the local server keeps its data (default: .sojourn)",
+    )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="the local server refuses anonymous connections: one user per role (client, "
+        "worker, watchdog, admin) with a password made once per data dir; each one's URL is "
+        "written to DATA_DIR/auth/<user>.url (mode 0600), for --nats",
     )
 
     command(
@@ -1062,6 +1190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except nats.errors.Error as e:
         _error(f"NATS: {type(e).__name__}: {e}")
         return EXIT_ERROR
+    except ValueError as e:  # a value given on the command line that the library refused
+        _error(str(e))
+        return EXIT_USAGE
     except BrokenPipeError:
         # The reader went away (`sojourn ... | head -1`): like any Unix tool, stop quietly.
         with contextlib.suppress(OSError):

@@ -16,10 +16,15 @@ from typing import Any, TypeVar
 import msgspec
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from sojourn.broker.connection import Broker
+from sojourn.broker.connection import Broker, ConnectOptions
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.leases import LeaseStore
-from sojourn.broker.names import Names, validate_signal_name, validate_token
+from sojourn.broker.names import (
+    RESERVED_SIGNAL_PREFIX,
+    Names,
+    validate_signal_name,
+    validate_token,
+)
 from sojourn.broker.topology import ensure_topology
 from sojourn.projections.liveness import Thresholds, classify
 from sojourn.projections.summary import summarize_all
@@ -33,6 +38,7 @@ from sojourn.schemas.codec import (
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import (
     BrokerUnavailable,
+    InvalidName,
     PayloadTooLarge,
     RunNotFound,
     SojournError,
@@ -40,7 +46,7 @@ from sojourn.schemas.errors import (
 )
 from sojourn.schemas.events import ErrorInfo, RunCancelled, RunCompleted, RunEvent, RunFailed
 from sojourn.schemas.health import Liveness
-from sojourn.schemas.wire import IntakeError, IntakeOk
+from sojourn.schemas.wire import IntakeError, IntakeOk, ResumeBody
 
 from .intake import REPLY_HEADER
 from .state import RunState, fold
@@ -101,11 +107,17 @@ class Client:
         self._ready = False
 
     @classmethod
-    async def connect(cls, nats: str | None = None, *, settings: Settings | None = None) -> Client:
-        """Connect to ``nats`` (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``).
+    async def connect(
+        cls, nats: str | ConnectOptions | None = None, *, settings: Settings | None = None
+    ) -> Client:
+        """Connect to ``nats`` (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``): a
+        URL, with ``user:password@`` if the server wants them, or ``ConnectOptions`` (a creds
+        file, TLS files).
 
         Raises:
             BrokerUnavailable: no server answered.
+            CredentialsError: the server refused the credentials, or a creds or TLS file
+                cannot be used.
         """
         broker = await Broker.connect(nats, name="sojourn-client")
         return cls(broker, settings, owns_broker=True)
@@ -121,8 +133,17 @@ class Client:
         await self.close()
 
     async def _ensure(self) -> None:
+        """Make sure the streams exist before the first publish: create the missing ones
+        where this user may (never reconfigure existing ones: workers own their config).
+
+        Raises:
+            PermissionDenied: a stream is missing and this user may not create it (a client
+                role: start a worker first), or the credentials are for another prefix.
+        """
         if not self._ready:
-            await ensure_topology(self.broker, self.names, self.settings, consumers=False)
+            await ensure_topology(
+                self.broker, self.names, self.settings, consumers=False, update=False
+            )
             self._ready = True
 
     # --- starting runs -----------------------------------------------------------------------
@@ -172,14 +193,15 @@ class Client:
             )
         await self._ensure()
         headers = {"Nats-Msg-Id": f"start:{agent}:{run_id}"}
+        subject = self.names.start(agent, self.identity)
         if not wait:
-            await self._publish(self.names.start(agent), body, headers)
+            await self._publish(subject, body, headers)
             return StartReceipt(run_id=run_id, created=None, queued=True)
         inbox = self.broker.nc.new_inbox()
         sub = await self.broker.nc.subscribe(inbox, max_msgs=1)
         try:
             headers[REPLY_HEADER] = inbox
-            if await self._publish(self.names.start(agent), body, headers):
+            if await self._publish(subject, body, headers):
                 # The inbox already holds this exact trigger (a retry inside the dedup window):
                 # the intake answers only once, so answer from the run's history instead.
                 exists = await self.store.last_seq(run_id) > 0
@@ -199,6 +221,25 @@ class Client:
             raise TriggerRejected(reply.error.code, reply.error.message, run_id=run_id)
         assert isinstance(reply, IntakeOk)
         return StartReceipt(run_id=reply.run_id, created=reply.created, queued=False)
+
+    @property
+    def identity(self) -> str | None:
+        """Who this client is to sojourn: the authenticated NATS user of its connection, if
+        any. Messages then travel on ``<prefix>.as.<user>...`` subjects, the only ones the
+        broker lets that user publish on, so the history records who sent them."""
+        return self.broker.user
+
+    def _sender(self, claimed: str | None) -> str | None:
+        """The sender token to publish as: the authenticated user, else what the caller
+        claims (trusted only where the deployment has no authentication)."""
+        if self.identity is not None:
+            if claimed is not None and claimed != self.identity:
+                raise ValueError(
+                    f"this connection is authenticated as {self.identity!r}: it cannot send "
+                    f"as {claimed!r}"
+                )
+            return self.identity
+        return None if claimed is None else validate_token(claimed, "sender")
 
     async def _publish(self, subject: str, body: bytes, headers: dict[str, str]) -> bool:
         """Publish to the inbox; ``True`` when the broker says it is a duplicate."""
@@ -225,14 +266,19 @@ class Client:
         """Send the signal ``name`` to a run (durable: buffered until the run waits for it).
 
         ``signal_id`` makes a retried send count once, forever (default: a fresh id per call,
-        returned). The JetStream ack is the receipt, even while no worker is up.
+        returned). The JetStream ack is the receipt, even while no worker is up. ``sender``
+        (a name token) is recorded as who sent it; on an authenticated connection the sender
+        is always the connection's user.
 
         Raises:
-            InvalidName: bad run id or signal name.
+            InvalidName: bad run id, signal name or sender, or a reserved (``sojourn-``) name.
             PayloadTooLarge: the encoded payload exceeds ``settings.max_payload``.
         """
         validate_token(run_id, "run_id")
         validate_signal_name(name)
+        if name.startswith(RESERVED_SIGNAL_PREFIX):
+            raise InvalidName(f"signal names starting with {RESERVED_SIGNAL_PREFIX!r} are reserved")
+        who = self._sender(sender)
         body = encode(payload)
         if len(body) > self.settings.max_payload:
             raise PayloadTooLarge(
@@ -244,15 +290,24 @@ class Client:
         # The broker's Msg-Id dedup spans the whole inbox: scope it to the run, so the same
         # signal id used for two runs is two signals. The intake dedups by Sojourn-Signal-Id.
         headers = {"Nats-Msg-Id": f"signal:{run_id}:{sid}", "Sojourn-Signal-Id": sid}
-        if sender:
-            headers["Sojourn-Sender"] = sender
-        await self._publish(self.names.signal(run_id, name), body, headers)
+        await self._publish(self.names.signal(run_id, name, who), body, headers)
         return sid
+
+    def _operator(self, by: str | None) -> str:
+        return self._sender(by) or "anonymous"
 
     async def resume(self, run_id: str, note: str = "", *, by: str | None = None) -> None:
         """Lift a suspension (a poll cap reached, non-determinism after a code fix): the run
-        replays again. Durable, like a signal."""
-        await self.signal(run_id, "sojourn-resume", {"note": note, "by": by})
+        replays again. Durable, like a signal. Needs the admin role where the deployment
+        authenticates; ``by`` (a name token, default the connection's user) is recorded."""
+        validate_token(run_id, "run_id")
+        await self._ensure()
+        body = encode(ResumeBody(note=note))
+        await self._publish(
+            self.names.resume(run_id, self._operator(by)),
+            body,
+            {"Nats-Msg-Id": f"resume:{run_id}:{uuid.uuid4().hex}"},
+        )
 
     async def decide(
         self, run_id: str, position: int, action: str, result: Any = None, *, by: str | None = None
@@ -266,20 +321,24 @@ class Client:
         op = (await self.state(run_id)).op(int(position))
         if op is None or op.kind != "step" or op.status != "started":
             raise ValueError(f"position {position} of run {run_id} is not an in-doubt step")
-        await self.signal(
-            run_id,
-            f"sojourn-decide.{int(position)}.{op.attempts}",
-            {"action": action, "result": result, "by": by},
+        # One message: the intake records the decision and resumes the run in one append.
+        await self._publish(
+            self.names.decide(run_id, int(position), op.attempts, self._operator(by)),
+            encode({"action": action, "result": result}),
+            {"Nats-Msg-Id": f"decide:{run_id}:{uuid.uuid4().hex}"},
         )
-        await self.resume(run_id, f"decided {action} for position {position}", by=by)
 
     async def cancel(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
-        """Ask for a run to be cancelled (durable: takes effect even if no worker is up)."""
+        """Ask for a run to be cancelled (durable: takes effect even if no worker is up).
+        ``by`` (a name token, default the connection's user) is recorded as who asked."""
         validate_token(run_id, "run_id")
+        who = self._sender(by)
         await self._ensure()
-        body = encode({"reason": reason, "by": by})
+        body = encode({"reason": reason})
         await self._publish(
-            self.names.cancel(run_id), body, {"Nats-Msg-Id": f"cancel:{run_id}:{uuid.uuid4().hex}"}
+            self.names.cancel(run_id, who),
+            body,
+            {"Nats-Msg-Id": f"cancel:{run_id}:{uuid.uuid4().hex}"},
         )
 
     # --- reading runs ------------------------------------------------------------------------

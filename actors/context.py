@@ -101,6 +101,27 @@ def _seconds(d: Duration) -> float:
 _RUN_AGAIN: Any = object()
 
 
+ERROR_TEXT_MAX = 4000
+"""Characters of an error message (and of a traceback's tail) kept in history: a failure
+recorded as data stays small, and so does the end notice of a failed child."""
+
+
+def clip_text(text: str, limit: int = ERROR_TEXT_MAX) -> str:
+    """``text``, cut to ``limit`` characters with a note saying so."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters cut]"
+
+
+def error_info(e: BaseException) -> ErrorInfo:
+    """An exception as recorded data: its type name, message (clipped) and traceback tail."""
+    return ErrorInfo(
+        type=clip_text(type(e).__name__, 200),
+        message=clip_text(str(e)),
+        traceback="".join(traceback.format_exception(e))[-ERROR_TEXT_MAX:],
+    )
+
+
 def _failure_text(name: str, attempts: int, err: ErrorInfo) -> str:
     """The ``StepError`` message: built from recorded data only, so replay says the same."""
     return f"step '{name}' failed after {attempts} attempt(s): {err.type}: {err.message}"
@@ -390,45 +411,16 @@ class Context:
             raw = to_raw(result)
             fault("after_step")
         except Exception as e:
-            err = ErrorInfo(
-                type=type(e).__name__,
-                message=str(e),
-                traceback="".join(traceback.format_exception(e))[-4000:],
-            )
             delay = _retry_delay(e, policy, plan.attempt)
-            retry_at = None if delay is None else time.time() + delay
-            spent = time.perf_counter() - t0
-            _metrics.STEP_DURATION.labels(*labels).observe(spent)
-            outcome = "failed" if retry_at is None else "retry_scheduled"
-            _metrics.STEPS.labels(*labels, outcome).inc()
-            self._act.buffer(
-                StepFailed(
-                    position=plan.position,
-                    name=name,
-                    attempt=plan.attempt,
-                    error=err,
-                    duration=spent,
-                    retry_at=retry_at,
-                    at=time.time(),
-                )
-            )
-            if retry_at is not None:
-                return Execute(
-                    position=plan.position,
-                    attempt=plan.attempt + 1,
-                    in_doubt=False,
-                    retry_at=retry_at,
-                )
-            raise StepError(
-                f"step '{name}' failed after {plan.attempt} attempt(s): {err.type}: {err.message}",
-                error_type=err.type,
-                run_id=self.run_id,
-                step=name,
-            ) from e
+            return self._failed(name, plan, e, delay, time.perf_counter() - t0, labels)
         finally:
             _current.reset(token)
             progress.step = progress.step_started_at = progress.details = None
         spent = time.perf_counter() - t0
+        too_big = self._act.oversized(raw, f"the result of step '{name}'")
+        if too_big is not None:
+            # Not retried: another attempt would most likely return the same data.
+            return self._failed(name, plan, too_big, None, spent, labels)
         _metrics.STEP_DURATION.labels(*labels).observe(spent)
         _metrics.STEPS.labels(*labels, "completed").inc()
         self._act.buffer(
@@ -442,6 +434,46 @@ class Context:
             )
         )
         return raw
+
+    def _failed(
+        self,
+        name: str,
+        plan: Execute,
+        e: Exception,
+        delay: float | None,
+        spent: float,
+        labels: tuple[str, str],
+    ) -> Execute:
+        """Record a failed attempt; return the next attempt's plan, or raise ``StepError``."""
+        err = error_info(e)
+        retry_at = None if delay is None else time.time() + delay
+        _metrics.STEP_DURATION.labels(*labels).observe(spent)
+        outcome = "failed" if retry_at is None else "retry_scheduled"
+        _metrics.STEPS.labels(*labels, outcome).inc()
+        self._act.buffer(
+            StepFailed(
+                position=plan.position,
+                name=name,
+                attempt=plan.attempt,
+                error=err,
+                duration=spent,
+                retry_at=retry_at,
+                at=time.time(),
+            )
+        )
+        if retry_at is not None:
+            return Execute(
+                position=plan.position,
+                attempt=plan.attempt + 1,
+                in_doubt=False,
+                retry_at=retry_at,
+            )
+        raise StepError(
+            _failure_text(name, plan.attempt, err),
+            error_type=err.type,
+            run_id=self.run_id,
+            step=name,
+        ) from e
 
     def _labels(self, step: str) -> tuple[str, str]:
         agent = self._act.metric_agent
@@ -501,21 +533,7 @@ class Context:
                 type="InDoubtFailed",
                 message=f"failed by decision of {decision.by or 'an operator'}",
             )
-            self._act.buffer(
-                StepFailed(
-                    position=plan.position,
-                    name=name,
-                    attempt=plan.attempt - 1,
-                    error=err,
-                    at=time.time(),
-                )
-            )
-            raise StepError(
-                _failure_text(name, plan.attempt - 1, err),
-                error_type=err.type,
-                run_id=self.run_id,
-                step=name,
-            )
+            raise self._fail_in_doubt(name, plan, err)
         # A reconcile function: ask the external system, by idempotency key.
         token = _current.set(self._info(name, plan))
         try:
@@ -532,10 +550,32 @@ class Context:
             return _RUN_AGAIN
         return self._record_without_running(name, plan, to_raw(found), rtype)
 
+    def _fail_in_doubt(self, name: str, plan: Execute, err: ErrorInfo) -> StepError:
+        """Record the earlier, in-doubt attempt of a step as failed with ``err``; return the
+        ``StepError`` the agent's code gets (the same on replay)."""
+        self._act.buffer(
+            StepFailed(
+                position=plan.position,
+                name=name,
+                attempt=plan.attempt - 1,
+                error=err,
+                at=time.time(),
+            )
+        )
+        return StepError(
+            _failure_text(name, plan.attempt - 1, err),
+            error_type=err.type,
+            run_id=self.run_id,
+            step=name,
+        )
+
     def _record_without_running(
         self, name: str, plan: Execute, raw: msgspec.Raw, rtype: Any
     ) -> Any:
         """Settle an in-doubt step with a known result: its earlier attempt did the work."""
+        too_big = self._act.oversized(raw, f"the result of step '{name}'")
+        if too_big is not None:
+            raise self._fail_in_doubt(name, plan, error_info(too_big)) from too_big
         self._act.buffer(
             StepCompleted(
                 position=plan.position,
@@ -771,6 +811,10 @@ class Context:
         if isinstance(plan, Recorded):
             return from_raw(plan.result, tp)
         raw = to_raw(make())
+        too_big = self._act.oversized(raw, f"the value of ctx.{kind}()")
+        if too_big is not None:
+            self._act.note_fatal(too_big)
+            raise too_big
         self._act.buffer(
             ValueRecorded(
                 position=plan.position,

@@ -10,6 +10,15 @@ This is the only module of the run core that awaits the broker. Its rules:
   (cancel requests today; signals later) commute with our decision: fold them in and append
   again on top. Anything else means another worker owns the run: raise ``Fenced`` into the
   agent code and stop, writing nothing more.
+- A failed append is never swallowed. A broker outage keeps the events buffered (``BrokerLost``
+  unwinds the code if it happened in the foreground); any other failure (a JetStream error, a
+  decision the server would refuse) is kept, and the next journaled call or the end of the
+  activation raises it (``AppendRefused``): nothing more is written, and the worker retries
+  the run later from its last recorded event.
+- A stored value (a step's result, a journaled value, the run's output) is at most
+  ``max_value`` bytes, checked before it is appended: a larger step result fails the step with
+  ``PayloadTooLarge``, a larger output fails the run. A decision larger than the server takes
+  is split into several messages, in order.
 """
 
 from __future__ import annotations
@@ -17,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
@@ -27,7 +35,8 @@ from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.leases import Progress
 from sojourn.broker.timers import cancel_timers, schedule_timer
-from sojourn.schemas.codec import decode_events, encode, to_raw
+from sojourn.schemas.codec import decode_decision, decode_events, encode, encode_events, to_raw
+from sojourn.schemas.config import VALUE_ENVELOPE
 from sojourn.schemas.errors import (
     BrokerUnavailable,
     ConcurrencyConflict,
@@ -38,7 +47,6 @@ from sojourn.schemas.errors import (
 from sojourn.schemas.events import (
     CancelRequested,
     ChildStarted,
-    ErrorInfo,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -52,15 +60,15 @@ from sojourn.schemas.events import (
     WaitCompleted,
     WaitStarted,
 )
-from sojourn.schemas.wire import ChildOutcome, ErrorBody
+from sojourn.schemas.wire import DECIDE_SIGNAL, ChildOutcome, ErrorBody, InDoubtDecision
 
 from .agent import Agent
-from .context import CHILD_SIGNAL, Context, Parked
+from .context import Context, Parked, clip_text, error_info
 from .journal import Journal, RecordedWait
 from .metrics import APPENDS, EVENTS_APPENDED, agent_label
 from .state import RunState, SignalRecord, fold
 
-__all__ = ["Activation", "Outcome", "RunCancelledInterrupt"]
+__all__ = ["Activation", "AppendRefused", "Outcome", "RunCancelledInterrupt", "fit_prefix"]
 
 Outcome = Literal["completed", "failed", "cancelled", "suspended", "waiting", "fenced", "noop"]
 
@@ -81,23 +89,6 @@ T = TypeVar("T")
 _NULL = to_raw(None)
 IN_PROCESS_BACKOFF = 5.0
 """Backoffs up to this many seconds also sleep in the worker (the timer is set regardless)."""
-DECIDE_SIGNAL = "sojourn-decide"
-"""Prefix of the signal carrying an operator's decision about an in-doubt step."""
-
-
-class InDoubtDecision(msgspec.Struct, frozen=True, kw_only=True):
-    """``sojourn decide``: what to do with an in-doubt step."""
-
-    action: Literal["retry", "skip", "fail"]
-    result: msgspec.Raw = msgspec.Raw(b"null")
-    by: str | None = None
-
-
-_decision_decoder = msgspec.json.Decoder(InDoubtDecision)
-
-
-def decode_decision(data: bytes) -> InDoubtDecision:
-    return _decision_decoder.decode(data)
 
 
 class BrokerLost(BaseException):
@@ -106,6 +97,36 @@ class BrokerLost(BaseException):
     A ``BaseException`` so that an agent's ``except Exception`` cannot turn a broker outage
     into a recorded failure of the run.
     """
+
+
+class AppendRefused(BaseException):
+    """Unwinds agent code when a decision could not be stored for a reason other than a broker
+    outage (a JetStream error, a decision the server would refuse).
+
+    The activation keeps the original error (``Activation.refused``): every later journaled
+    call and the end of the activation raise this again, and ``Activation.run`` ends with the
+    original error, so the worker retries the run later from its last recorded event (and
+    gives up after ``max_activation_failures``). A ``BaseException`` so that agent code cannot
+    go on to record an outcome the history does not support.
+    """
+
+
+def is_outage(e: BaseException) -> bool:
+    """Whether an append failed because the broker is away (keep the events, try later)."""
+    if isinstance(e, BrokerUnavailable):
+        return True
+    return isinstance(e, JetStreamError) and e.code == 503
+
+
+def fit_prefix(sizes: list[int], limit: int) -> int:
+    """How many of the leading events fit in one message of at most ``limit`` bytes, given each
+    event's encoded size (a decision is the JSON array ``[e1,e2,...]``); 0 if not even one."""
+    used = 1  # "["
+    for n, size in enumerate(sizes):
+        used += size + 1  # the event, then "," or "]"
+        if used > limit:
+            return n
+    return len(sizes)
 
 
 class RunCancelledInterrupt(BaseException):
@@ -147,6 +168,12 @@ class Activation:
         self._lock = asyncio.Lock()
         self._flush_handle: asyncio.TimerHandle | None = None
         self._nondeterminism: NondeterminismError | None = None
+        self.refused: Exception | None = None
+        """Why an append failed for good, once one did (see ``AppendRefused``)."""
+        self._unacked: list[RunEvent] = []
+        """A decision whose append may have landed (its ack was lost in an outage): the next
+        decision sends it first, unchanged, so the store can tell whether it landed."""
+        self._fatal: PayloadTooLarge | None = None
         self.consumed: set[str] = set()
         self.children: list[str] = list(self.state.children)
         self._background: set[asyncio.Task[None]] = set()
@@ -162,7 +189,7 @@ class Activation:
 
     def _flush_soon(self) -> None:
         self._flush_handle = None
-        if not self.pending or self.fenced:
+        if not self.pending or self.fenced or self.refused is not None:
             return
         if self._lock.locked():
             # An append is in flight and did not take these events: look again shortly.
@@ -174,10 +201,43 @@ class Activation:
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     async def _flush_quietly(self) -> None:
+        """The flush timer's append. Nothing it meets is dropped: an outage keeps the events
+        buffered for the next decision, and any other failure is kept in ``refused`` for the
+        agent's next journaled call (or the end of the activation) to raise."""
         try:
             await self.commit([])
-        except (Fenced, RunCancelledInterrupt, BrokerLost):
-            pass  # BrokerLost keeps the events buffered: the next decision retries them
+        except (Fenced, RunCancelledInterrupt, BrokerLost, AppendRefused):
+            pass
+        except Exception as e:  # pragma: no cover - commit turns failures into AppendRefused
+            if self.refused is None:
+                self.refused = e
+
+    @property
+    def max_value(self) -> int:
+        """The largest value (in bytes of JSON) this run may store: ``Settings.max_value``,
+        and at most what one message can carry with ``VALUE_ENVELOPE`` to spare."""
+        return min(self.store.settings.max_value, self.store.max_decision - VALUE_ENVELOPE)
+
+    def oversized(self, raw: bytes, what: str) -> PayloadTooLarge | None:
+        """The error to record if ``raw`` is too large to store, else ``None``."""
+        limit = self.max_value
+        if len(raw) <= limit:
+            return None
+        if limit < self.store.settings.max_value:
+            why = f"the server's max_payload less {VALUE_ENVELOPE} bytes"
+        else:
+            why = "Settings.max_value"
+        return PayloadTooLarge(
+            f"{what} is {len(raw)} bytes; the limit for one stored value is {limit} bytes "
+            f"({why}): store large data elsewhere and pass a reference",
+            run_id=self.run_id,
+        )
+
+    def note_fatal(self, e: PayloadTooLarge) -> None:
+        """A journaled value could not be stored: the run fails with ``e``, even if the agent's
+        code catches it (its position is taken but nothing was recorded there)."""
+        if self._fatal is None:
+            self._fatal = e
 
     def note_nondeterminism(self, e: NondeterminismError) -> None:
         """Remember a divergence even if the agent's code catches the exception."""
@@ -185,8 +245,13 @@ class Activation:
             self._nondeterminism = e
 
     def check_cancelled(self) -> None:
+        """Called before every journaled operation: stop if the run cannot go on."""
         if self.fenced:
             raise Fenced(self.run_id)
+        if self.refused is not None:
+            raise AppendRefused()
+        if self._fatal is not None:
+            raise self._fatal
         if self.state.cancel_requested is not None:
             raise RunCancelledInterrupt()
 
@@ -194,48 +259,91 @@ class Activation:
         """Append the buffered events plus ``events`` as one decision, fenced.
 
         Buffered events are taken when the append starts; events buffered while it is in flight
-        wait for the next decision (or the flush timer).
+        wait for the next decision (or the flush timer). A decision larger than the server
+        accepts is appended as several messages, in order; a single event that does not fit is
+        refused (it cannot happen with values within ``max_value``).
+
+        Raises:
+            Fenced: another worker owns the run.
+            RunCancelledInterrupt: a cancel came in while this decision was starting a step.
+            BrokerLost: the broker stayed away; the events not stored stay buffered.
+            AppendRefused: this or an earlier append failed for another reason.
         """
         async with self._lock:
+            if self.refused is not None:
+                raise AppendRefused()
             if self.fenced:
                 raise Fenced(self.run_id)
             taken, self.pending = self.pending, []
             if self._flush_handle is not None:
                 self._flush_handle.cancel()
                 self._flush_handle = None
-            batch = [*taken, *events]
+            unacked, self._unacked = self._unacked, []
+            batch = [*unacked, *taken, *events]
             if not batch:
                 return
+            ours = len(batch) - len(events)  # batch[ours:] are ``events``
+            starts = any(isinstance(e, StepStarted) for e in events)
+            fixed = len(unacked)  # the first message must be exactly ``unacked``
+            done = 0  # batch[:done] is stored
+            stop = 0  # batch[done:stop] is the message being appended
+            cap: int | None = None  # at most this many events in the next message
             interrupted = False
-            while True:
-                try:
-                    seq = await self._append(batch)
-                except ConcurrencyConflict:
-                    await self._rebase()
-                    if self.state.cancel_requested is not None and any(
-                        isinstance(e, StepStarted) for e in events
-                    ):
-                        # Cancelled while we were about to start a step: record what already
-                        # happened, but start nothing new.
-                        events, batch, interrupted = [], list(taken), True
-                        if not batch:
-                            raise RunCancelledInterrupt() from None
-                    continue
-                except BrokerLost:
-                    self.pending[:0] = taken  # keep them for the next attempt
-                    raise
-                break
-            self.appends += 1
-            self.last_seq = seq
-            self._appends_metric.inc()
-            self._events_metric.inc(len(batch))
-            # Live operations need no folding (the journal only consults what was recorded
-            # before this activation); folding them would copy the op index on every step.
-            others = [e for e in batch if not isinstance(e, _OP_EVENTS)]
-            if others:
-                self.state = fold(others, self.state)
+            try:
+                while done < len(batch):
+                    if fixed:
+                        stop = done + fixed
+                    else:
+                        stop = len(batch) if cap is None else done + cap
+                    chunk = batch[done:stop]
+                    try:
+                        seq = await self._append(chunk)
+                    except PayloadTooLarge:
+                        if fixed or len(chunk) == 1:
+                            raise
+                        sizes = [len(encode_events([e])) - 2 for e in batch[done:]]
+                        cap = fit_prefix(sizes, self.store.max_decision)
+                        if cap == 0:
+                            raise
+                        continue
+                    except ConcurrencyConflict:
+                        await self._rebase()
+                        if (
+                            starts
+                            and done <= ours < len(batch)
+                            and self.state.cancel_requested is not None
+                        ):
+                            # Cancelled while we were about to start a step: record what
+                            # already happened, but start nothing new.
+                            batch, interrupted = batch[:ours], True
+                        continue
+                    self._stored(chunk, seq)
+                    done, fixed, cap = stop, 0, None
+            except BrokerLost:
+                # Keep what was not stored for the next decision. The message in flight may
+                # have landed: it is sent first next time, unchanged (same fence, same
+                # Msg-Id), so the store's landed check can tell.
+                self._unacked = batch[done:stop]
+                self.pending[:0] = batch[max(stop, done) : max(ours, stop, done)]
+                raise
+            except (Fenced, RunCancelledInterrupt):
+                raise
+            except Exception as e:
+                self.refused = e
+                raise AppendRefused() from e
             if interrupted:
                 raise RunCancelledInterrupt()
+
+    def _stored(self, batch: list[RunEvent], seq: int) -> None:
+        self.appends += 1
+        self.last_seq = seq
+        self._appends_metric.inc()
+        self._events_metric.inc(len(batch))
+        # Live operations need no folding (the journal only consults what was recorded
+        # before this activation); folding them would copy the op index on every step.
+        others = [e for e in batch if not isinstance(e, _OP_EVENTS)]
+        if others:
+            self.state = fold(others, self.state)
 
     async def _io(self, op: Awaitable[T]) -> T:
         """Broker I/O done on behalf of agent code: an outage unwinds it as ``BrokerLost``."""
@@ -250,10 +358,12 @@ class Activation:
                 self.run_id, batch, expected_seq=self.last_seq, writer=self.writer
             )
         except (BrokerUnavailable, JetStreamError) as e:
-            raise BrokerLost() from e
+            if is_outage(e):
+                raise BrokerLost() from e
+            raise
 
     async def _rebase(self) -> None:
-        newer = await self.store.load(self.run_id, after_seq=self.last_seq)
+        newer = await self._io(self.store.load(self.run_id, after_seq=self.last_seq))
         foreign = [e for d in newer for e in d.events if not isinstance(e, EXTERNAL_EVENTS)]
         if foreign or not newer:
             self.fenced = True
@@ -387,10 +497,18 @@ class Activation:
             )
         await self._io(
             self.store.broker.publish(
-                names.start(agent), body, {"Nats-Msg-Id": f"start:{agent}:{child_id}"}
+                names.spawn(agent, self.sender),
+                body,
+                {"Nats-Msg-Id": f"start:{agent}:{child_id}"},
             )
         )
         self.children.append(child_id)
+
+    @property
+    def sender(self) -> str:
+        """The sender token of what this activation publishes on the inbox (child starts and
+        notices, cancel cascades): the worker's authenticated NATS user, if any."""
+        return self.store.broker.user or "worker"
 
     # --- the activation -----------------------------------------------------------------------
 
@@ -419,7 +537,13 @@ class Activation:
                 self.journal.finish()
             else:
                 raise self._nondeterminism
-            await self.commit([RunCompleted(output=to_raw(output), at=time.time())])
+            if self._fatal is not None:
+                raise self._fatal
+            raw = to_raw(output)
+            too_big = self.oversized(raw, "the run's output")
+            if too_big is not None:
+                raise too_big
+            await self.commit([RunCompleted(output=raw, at=time.time())])
         except Fenced:
             self.fenced = True
             return "fenced"
@@ -429,6 +553,10 @@ class Activation:
             # Not the agent's failure: the broker is gone. Nothing more is written; the worker
             # hands the run back and it resumes from its last recorded event later.
             raise BrokerUnavailable(str(e.__cause__ or e), run_id=self.run_id) from e
+        except AppendRefused:
+            # Not the agent's failure either, and not one to record: the history could not
+            # take what happened. The worker retries the run from its last recorded event.
+            raise self._refusal() from None
         except asyncio.CancelledError:
             # The worker is shutting down (a deploy). Record the steps that did finish, so the
             # next worker does not run them again; a step cut off mid-way stays in doubt.
@@ -446,11 +574,7 @@ class Activation:
         except Exception as e:
             if self._nondeterminism is not None:
                 return await self._suspend_nondeterminism(self._nondeterminism)
-            err = ErrorInfo(
-                type=type(e).__name__,
-                message=str(e),
-                traceback="".join(traceback.format_exception(e))[-4000:],
-            )
+            err = error_info(self._fatal if self._fatal is not None else e)
             return await self._end([RunFailed(error=err, at=time.time())], "failed")
         finally:
             if self._flush_handle is not None:
@@ -471,8 +595,18 @@ class Activation:
             return "fenced"
         except RunCancelledInterrupt:  # pragma: no cover - commit never raises it
             return "cancelled"
+        except BrokerLost as e:
+            raise BrokerUnavailable(str(e.__cause__ or e), run_id=self.run_id) from e
+        except AppendRefused:
+            raise self._refusal() from None
         await self._after_end()
         return outcome
+
+    def _refusal(self) -> Exception:
+        """The error an activation ends with when an append was refused."""
+        e = self.refused
+        assert e is not None
+        return e
 
     async def _after_end(self) -> None:
         """After the terminal event: cancel live children, tell the parent, drop timers.
@@ -486,8 +620,8 @@ class Activation:
             for child in dict.fromkeys([*s.children, *self.children]):
                 if await child_outcome(self.store, child) is None:
                     await broker.publish(
-                        names.cancel(child),
-                        encode({"reason": f"parent {self.run_id} cancelled", "by": self.run_id}),
+                        names.cancel(child, self.sender),
+                        encode({"reason": f"parent {self.run_id} cancelled"}),
                         {"Nats-Msg-Id": f"cascade:{child}"},
                     )
         if not s.terminal:
@@ -495,7 +629,7 @@ class Activation:
         if s.parent_run_id:
             outcome = outcome_of(self.run_id, s)
             await broker.publish(
-                names.signal(s.parent_run_id, f"{CHILD_SIGNAL}.{self.run_id}"),
+                names.child_end(s.parent_run_id, self.run_id, self.sender),
                 encode(outcome),
                 {"Nats-Msg-Id": f"child-end:{self.run_id}"},
             )
@@ -505,21 +639,27 @@ class Activation:
             await cancel_timers(broker, names, self.run_id)
 
 
+def _error_body(code: str, message: str) -> ErrorBody:
+    """An error as a parent sees it, clipped: a child's end notice stays bounded."""
+    return ErrorBody(code=clip_text(code, 200), message=clip_text(message))
+
+
 def outcome_of(run_id: str, s: RunState) -> ChildOutcome:
-    """How an ended run looks to its parent."""
+    """How an ended run looks to its parent. Its size is at most ``Settings.max_child_notice``
+    for a run whose output was checked against ``max_value``."""
     if not s.terminal:
         raise ValueError(f"run {run_id} has not ended ({s.status})")
     if s.status == "completed":
         return ChildOutcome(child_run_id=run_id, status="completed", output=s.output or _NULL)
     if s.status == "failed":
         err = s.error
-        body = ErrorBody(code=err.type if err else "error", message=err.message if err else "")
+        body = _error_body(err.type if err else "error", err.message if err else "")
         return ChildOutcome(child_run_id=run_id, status="failed", output=_NULL, error=body)
     return ChildOutcome(
         child_run_id=run_id,
         status="cancelled",
         output=_NULL,
-        error=ErrorBody(code="cancelled", message=s.cancel_requested or ""),
+        error=_error_body("cancelled", s.cancel_requested or ""),
     )
 
 
@@ -539,13 +679,13 @@ async def child_outcome(store: EventStore, child_id: str) -> ChildOutcome | None
                 child_run_id=child_id,
                 status="failed",
                 output=_NULL,
-                error=ErrorBody(code=e.error.type, message=e.error.message),
+                error=_error_body(e.error.type, e.error.message),
             )
         if isinstance(e, RunCancelled):
             return ChildOutcome(
                 child_run_id=child_id,
                 status="cancelled",
                 output=_NULL,
-                error=ErrorBody(code="cancelled", message=e.reason),
+                error=_error_body("cancelled", e.reason),
             )
     return None

@@ -8,7 +8,9 @@ each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RA
   recorded yet;
 - ``before_ack``: the activation's last append landed but its wake is not acknowledged;
 - ``replay``: while replaying recorded history, before reaching new work;
-- ``timer_wake``: a fired timer's wake was delivered but not yet handled.
+- ``timer_wake``: a fired timer's wake was delivered but not yet handled;
+- ``intake_recorded``: the intake appended a signal, resume, decision or cancel to a run but
+  has not yet published its wake (nor acknowledged the inbox message).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import signal
 
 __all__ = ["SEAMS", "fault"]
 
-SEAMS = ("after_step", "before_ack", "replay", "timer_wake")
+SEAMS = ("after_step", "before_ack", "replay", "timer_wake", "intake_recorded")
 
 _ARMED = frozenset(s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s)
 _RATE = float(os.environ.get("SOJOURN_FAULT_RATE", "").strip() or "0.05")  # "0" means never

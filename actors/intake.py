@@ -1,12 +1,17 @@
-"""The intake: turns inbound messages (starts, cancels, signals) into run events, or rejects them.
+"""The intake: turns inbound messages (starts, cancels, signals, control) into run events, or
+rejects them.
 
 Every inbound message ends in exactly one of two places: an event in a run's history (plus a
 wake), or a dead-letter record on ``<prefix>.dlq.<kind>`` with the reason and the original
 bytes. It is acknowledged only after that write, so a crash in between redelivers it, and the
 writes are idempotent (deterministic Msg-Ids, sequence fences), so a redelivery lands once.
 
-A ``Sojourn-Reply-To`` header names a subject to answer on: ``{"run_id", "created"}`` or
-``{"error": {"code", "message"}}`` (docs/wire.md).
+Everything in a message is data, never an address: the subject is parsed and every token
+validated (``Names.parse_inbox``) before it names anything, ids in bodies are validated the
+same way, and a ``Sojourn-Reply-To`` header is answered only when it is a request/reply inbox
+(``_INBOX.<tokens>``), which can never name a sojourn subject. Who sent a message is the
+``as.<sender>`` token of its subject (the broker lets an authenticated user publish only on
+its own), never a header or a field the sender chose.
 """
 
 from __future__ import annotations
@@ -21,10 +26,27 @@ import msgspec
 
 from sojourn.broker.connection import Broker, Msg, header
 from sojourn.broker.eventstore import Decision, EventStore
-from sojourn.broker.names import Names, validate_signal_name, validate_token
+from sojourn.broker.names import (
+    CHILD_RUN_ID,
+    RESERVED_SIGNAL_PREFIX,
+    InboxSubject,
+    Names,
+    valid_reply_subject,
+    validate_token,
+)
 from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.wake import publish_wake
-from sojourn.schemas.codec import decode_events, decode_json, decode_start, encode, to_raw
+from sojourn.schemas.codec import (
+    decode_cancel,
+    decode_child_outcome,
+    decode_decision,
+    decode_events,
+    decode_json,
+    decode_resume,
+    decode_start,
+    encode,
+    to_raw,
+)
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import ConcurrencyConflict, HistoryError, InvalidName
 from sojourn.schemas.events import (
@@ -39,29 +61,42 @@ from sojourn.schemas.events import (
     TriggerInfo,
 )
 from sojourn.schemas.wire import (
+    CHILD_SIGNAL,
+    DECIDE_SIGNAL,
+    CancelBody,
     ChildOutcome,
     DeadLetter,
     ErrorBody,
+    InDoubtDecision,
     IntakeError,
     IntakeOk,
+    RejectCode,
     StartTrigger,
 )
 
+from . import metrics
 from .agent import Agent
-from .context import CHILD_SIGNAL
-from .state import fold
+from .faults import fault
+from .state import RunState, fold
 
-__all__ = ["REPLY_HEADER", "Intake", "Rejected"]
+__all__ = ["REPLY_HEADER", "Intake", "Rejected", "dead_letter"]
 
 log = logging.getLogger("sojourn.intake")
 
 REPLY_HEADER = "Sojourn-Reply-To"
 
-RESUME_SIGNAL = "sojourn-resume"
-"""The signal that lifts a suspension (a poll cap, non-determinism after a fix, ...)."""
-
 UNKNOWN_RUN_RETRIES = 5
 """Deliveries of a cancel for a run that does not exist yet before it is dead-lettered."""
+
+HANDBACK_MAX_DELAY = 30.0
+"""Longest pause before a handed-back trigger (its agent is served elsewhere) is looked at
+again: the pause grows by a second per delivery up to this."""
+
+DEAD_LETTER_HEADERS_MAX = 16 * 1024
+"""Header bytes a dead-letter record keeps; beyond it the headers are summarised."""
+
+_RECORD_OVERHEAD = 64 * 1024
+"""Room left in a dead-letter message for everything but the body."""
 
 OnCreated = Callable[[str, Decision, Msg], Awaitable[bool]]
 """Called with a freshly created run: return True to run it at once (then the callee settles
@@ -69,22 +104,20 @@ the inbox message), False to have the intake wake it through the wake stream."""
 
 
 class Rejected(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: RejectCode, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code: RejectCode = code
         self.message = message
 
 
-class _CancelBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    reason: str = ""
-    by: str | None = None
-
-
-_cancel_decoder = msgspec.json.Decoder(_CancelBody)
-
-_DLQ_KINDS: dict[str, Literal["start", "signal", "cancel", "other"]] = {
+DlqKind = Literal["start", "signal", "cancel", "other"]
+_DLQ_KINDS: dict[str, DlqKind] = {
     "start": "start",
+    "spawn": "start",
     "signal": "signal",
+    "resume": "signal",
+    "decide": "signal",
+    "child": "signal",
     "cancel": "cancel",
 }
 
@@ -115,16 +148,47 @@ class Intake:
 
     async def handle(self, msg: Msg) -> None:
         """Process one inbox message and settle it (ack, or nak to retry later)."""
-        kind = self.names.subject_token(msg.subject, 0)
+        kind = "other"
+        reply_to = header(msg, REPLY_HEADER)
+        reply_ok = not reply_to or valid_reply_subject(reply_to)
         try:
-            if len(msg.data) > self.settings.max_payload:
+            try:
+                inbox = self.names.parse_inbox(msg.subject)
+            except InvalidName as e:
+                raise Rejected("invalid_trigger", e.message) from e
+            kind = inbox.kind
+            if not reply_ok:
+                raise Rejected(
+                    "invalid_reply_to",
+                    f"{REPLY_HEADER} must be a request/reply inbox (_INBOX.<tokens>, at most "
+                    "256 characters); nothing is answered elsewhere",
+                )
+            if msg.metadata.num_delivered >= self.settings.max_deliveries:
+                raise Rejected(
+                    "max_deliveries",
+                    f"delivered {msg.metadata.num_delivered} times without being settled "
+                    f"(Settings.max_deliveries = {self.settings.max_deliveries}); given up",
+                )
+            # A child's end notice carries the child's output, bounded by the largest value a
+            # run may store: the user-facing limit must never refuse it.
+            limit, what = (
+                (self.settings.max_child_notice, "Settings.max_child_notice")
+                if inbox.kind == "child"
+                else (self.settings.max_payload, "Settings.max_payload")
+            )
+            if len(msg.data) > limit:
                 raise Rejected(
                     "payload_too_large",
-                    f"payload is {len(msg.data)} bytes; the limit is "
-                    f"{self.settings.max_payload} bytes (Settings.max_payload)",
+                    f"payload is {len(msg.data)} bytes; the limit is {limit} bytes ({what})",
                 )
-            if kind == "start":
-                started = await self._start(msg)
+            if inbox.kind == "signal" and inbox.name.startswith(RESERVED_SIGNAL_PREFIX):
+                raise Rejected(
+                    "forbidden",
+                    f"signal names starting with {RESERVED_SIGNAL_PREFIX!r} are reserved: "
+                    "resume, decide and child notices travel on control subjects",
+                )
+            if inbox.kind in ("start", "spawn"):
+                started = await self._start(msg, inbox)
                 if started is None:
                     return
                 answer, created, wake = started
@@ -139,32 +203,29 @@ class Intake:
                     await publish_wake(self.broker, self.names, answer.run_id, "start")
                 await msg.ack()
                 return
-            if kind == "cancel":
-                handled = await self._cancel(msg)
-            elif kind == "signal":
-                handled = await self._signal(msg)
+            if inbox.kind == "cancel":
+                handled = await self._cancel(msg, inbox)
             else:
-                raise Rejected(
-                    "invalid_trigger", f"{kind} messages are not supported by this worker version"
-                )
+                handled = await self._record(msg, inbox)
             if handled is None:
                 return
             await self._reply(msg, encode(handled))
             await msg.ack()
         except Rejected as r:
-            await self._reject(msg, kind, r.code, r.message)
+            await self._reject(msg, _DLQ_KINDS.get(kind, "other"), r.code, r.message, reply_ok)
         except HistoryError as e:  # the run's history cannot be read: retrying cannot help
-            await self._reject(msg, kind, "internal", e.message)
+            await self._reject(msg, _DLQ_KINDS.get(kind, "other"), "internal", e.message)
 
     # --- start -------------------------------------------------------------------------------
 
-    async def _start(self, msg: Msg) -> tuple[IntakeOk, Decision | None, bool] | None:
+    async def _start(
+        self, msg: Msg, inbox: InboxSubject
+    ) -> tuple[IntakeOk, Decision | None, bool] | None:
         """Create the run. Returns the answer, the run's whole history when this call created
         it (so it can run at once), and whether the run needs a wake.
 
         ``None`` means the message was handed back (nak) for another worker.
         """
-        agent_name = self.names.subject_token(msg.subject, 1)
         try:
             trigger = decode_start(msg.data)
         except msgspec.ValidationError as e:
@@ -173,10 +234,29 @@ class Intake:
             ) from e
         except msgspec.DecodeError as e:
             raise Rejected("invalid_json", f"trigger is not valid JSON: {e}") from e
+        parent = trigger.parent_run_id
+        if inbox.kind == "spawn":
+            if parent is None or trigger.run_id is None:
+                raise Rejected("invalid_trigger", "a spawn names its parent and the child's id")
+            for value, what in ((parent, "parent_run_id"), (trigger.run_id, "run_id")):
+                try:
+                    validate_token(value, what)
+                except InvalidName as e:
+                    raise Rejected("invalid_run_id", e.message) from e
+        elif parent is not None:
+            raise Rejected(
+                "forbidden", "parent_run_id is set by sojourn when a run starts a child run"
+            )
+        elif trigger.run_id is not None and CHILD_RUN_ID.fullmatch(trigger.run_id):
+            raise Rejected(
+                "invalid_run_id",
+                f"run id {trigger.run_id!r} has the form of a child run's id "
+                "(<parent>-c<number>), which only a run starting its child may use",
+            )
         try:
-            return await self._create(msg, agent_name, trigger)
+            return await self._create(msg, inbox.target, trigger)
         except Rejected as r:
-            if trigger.parent_run_id and trigger.run_id:
+            if parent is not None and trigger.run_id is not None:
                 # A parent awaits this child: tell it the child will never run.
                 outcome = ChildOutcome(
                     child_run_id=trigger.run_id,
@@ -185,11 +265,15 @@ class Intake:
                     error=ErrorBody(code=r.code, message=r.message),
                 )
                 await self.broker.publish(
-                    self.names.signal(trigger.parent_run_id, f"{CHILD_SIGNAL}.{trigger.run_id}"),
+                    self.names.child_end(parent, trigger.run_id, self._sender()),
                     encode(outcome),
                     {"Nats-Msg-Id": f"child-end:{trigger.run_id}"},
                 )
             raise
+
+    def _sender(self) -> str:
+        """This worker's sender token for the control messages it sends itself."""
+        return self.broker.user or "worker"
 
     async def _create(
         self, msg: Msg, agent_name: str, trigger: StartTrigger
@@ -199,7 +283,10 @@ class Intake:
         agent = self.agents.get(agent_name)
         if agent is None:
             if await self.registry.is_known(agent_name):
-                await msg.nak(delay=1.0)  # another worker serves it
+                # Another worker serves it. Pauses grow, so a trigger waiting hours for its
+                # agent's worker costs little, and is dead-lettered at max_deliveries.
+                n = msg.metadata.num_delivered
+                await msg.nak(delay=min(HANDBACK_MAX_DELAY, float(n)))
                 return None
             raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
         meta = msg.metadata
@@ -255,6 +342,8 @@ class Intake:
         """A child whose parent was cancelled (or ended) while its start was queued must not
         run: the parent's cancel cascade could not reach a run that did not exist yet."""
         history = await self.store.history(parent_run_id)
+        if not history:
+            raise Rejected("unknown_run", f"parent run '{parent_run_id}' does not exist")
         parent = fold(e for d in history for e in d.events)
         if parent.terminal or parent.cancel_requested is not None:
             raise Rejected(
@@ -263,64 +352,129 @@ class Intake:
                 + (" (cancel requested)" if parent.cancel_requested else ""),
             )
 
-    # --- signals -----------------------------------------------------------------------------
+    # --- signals, resumes, decisions, child notices ------------------------------------------
 
-    async def _signal(self, msg: Msg) -> IntakeOk | None:
-        """Append ``SignalReceived`` to the run (once per signal id, ever) and wake it."""
-        run_id = self.names.subject_token(msg.subject, 1)
-        name = self.names.signal_name(msg.subject)
-        try:
-            validate_signal_name(name)
-        except InvalidName as e:
-            raise Rejected("invalid_trigger", e.message) from e
-        try:
-            payload = to_raw(decode_json(msg.data)) if msg.data.strip() else to_raw(None)
-        except msgspec.DecodeError as e:
-            raise Rejected("invalid_json", f"signal payload is not valid JSON: {e}") from e
-        inbox_seq = msg.metadata.sequence.stream
-        signal_id = (
-            header(msg, "Sojourn-Signal-Id") or header(msg, "Nats-Msg-Id") or f"inbox-{inbox_seq}"
+    def _events_for(self, msg: Msg, inbox: InboxSubject, state: RunState) -> list[RunEvent]:
+        """The events a signal-like message records (none when it changes nothing).
+
+        A decision on a suspended run also resumes it, in the same append: sent as two
+        messages, the resume could be handled first (by another worker's intake), and the run
+        would replay, find no decision and suspend again with the decision left unread.
+        """
+        events: list[RunEvent] = []
+        event = self._event_for(msg, inbox, state)
+        if event is not None:
+            events.append(event)
+            if inbox.kind == "decide" and state.status == "suspended":
+                position = inbox.name.split(".")[0]
+                note = f"decided for the step at position {position}"
+                events.append(RunResumed(by=inbox.sender, note=note, at=time.time()))
+        return events
+
+    def _event_for(self, msg: Msg, inbox: InboxSubject, state: RunState) -> RunEvent | None:
+        """The event a signal-like message records, or ``None`` when it changes nothing."""
+        sender = inbox.sender
+        if inbox.kind == "resume":
+            if state.status != "suspended":
+                return None  # resumed already: a no-op
+            note = ""
+            if msg.data.strip():
+                try:
+                    note = decode_resume(msg.data).note
+                except msgspec.MsgspecError as e:
+                    raise Rejected(
+                        "invalid_trigger", f'resume body must be {{"note": ...}}: {e}'
+                    ) from e
+            return RunResumed(by=sender, note=note, at=time.time())
+        name = inbox.name
+        if inbox.kind == "decide":
+            try:
+                decision = decode_decision(msg.data)
+            except msgspec.MsgspecError as e:
+                raise Rejected(
+                    "invalid_trigger",
+                    f'decision must be {{"action": "retry"|"skip"|"fail", "result": ...}}: {e}',
+                ) from e
+            name = f"{DECIDE_SIGNAL}.{inbox.name}"
+            payload = to_raw(
+                InDoubtDecision(action=decision.action, result=decision.result, by=sender)
+            )
+        elif inbox.kind == "child":
+            try:
+                outcome = decode_child_outcome(msg.data)
+            except msgspec.MsgspecError as e:
+                raise Rejected("invalid_trigger", f"child notice is not a ChildOutcome: {e}") from e
+            if outcome.child_run_id != inbox.name:
+                raise Rejected("invalid_trigger", "child notice names another child run")
+            name = f"{CHILD_SIGNAL}.{inbox.name}"
+            payload = to_raw(outcome)
+        else:
+            try:
+                payload = to_raw(decode_json(msg.data)) if msg.data.strip() else to_raw(None)
+            except msgspec.DecodeError as e:
+                raise Rejected("invalid_json", f"signal payload is not valid JSON: {e}") from e
+        if len(state.signals) >= self.settings.max_buffered_signals:
+            raise Rejected(
+                "too_many_signals",
+                f"run holds {len(state.signals)} unconsumed signals (the limit is "
+                f"{self.settings.max_buffered_signals}, Settings.max_buffered_signals)",
+            )
+        return SignalReceived(
+            name=name,
+            payload=payload,
+            signal_id=self._signal_id(msg, inbox),
+            sent_by=sender,
+            at=time.time(),
         )
+
+    def _signal_id(self, msg: Msg, inbox: InboxSubject) -> str:
+        if inbox.kind == "child":
+            return f"child-end:{inbox.name}"
+        if inbox.kind == "decide":
+            return f"decide:{inbox.name}:{msg.metadata.sequence.stream}"
+        sid = header(msg, "Sojourn-Signal-Id") or header(msg, "Nats-Msg-Id")
+        if sid and len(sid) <= 256:
+            return sid
+        return f"inbox-{msg.metadata.sequence.stream}"
+
+    async def _record(self, msg: Msg, inbox: InboxSubject) -> IntakeOk | None:
+        """Append a signal (once per signal id, ever), a resume or a decision, and wake the
+        run. A message already recorded (a redelivery after a crash) wakes the run again:
+        the crash may have come before the wake."""
+        run_id = inbox.target
+        inbox_seq = msg.metadata.sequence.stream
         for _ in range(20):
             history = await self.store.history(run_id)
             if not history:
+                if inbox.kind == "child":
+                    return IntakeOk(run_id=run_id, created=False)  # no such parent: drop
                 if msg.metadata.num_delivered < UNKNOWN_RUN_RETRIES:
                     await msg.nak(delay=1.0)  # its start may still be on its way
                     return None
                 raise Rejected("unknown_run", f"no run with id '{run_id}'")
-            events = [e for d in history for e in d.events]
-            if any(isinstance(e, SignalReceived) and e.signal_id == signal_id for e in events):
-                return IntakeOk(run_id=run_id, created=False)  # delivered before: count once
-            if any(isinstance(e, (RunCompleted, RunFailed, RunCancelled)) for e in events):
-                if name.startswith(CHILD_SIGNAL + "."):
+            msg_id = f"{run_id}:signal:{inbox_seq}"
+            if any(d.msg_id == msg_id for d in history):
+                break  # recorded by an earlier delivery of this very message
+            past = [e for d in history for e in d.events]
+            state = fold(past)
+            if inbox.kind in ("signal", "child"):
+                sid = self._signal_id(msg, inbox)
+                if any(isinstance(e, SignalReceived) and e.signal_id == sid for e in past):
+                    break  # delivered before under this id: count once, wake again
+            if state.terminal:
+                if inbox.kind == "child":
                     return IntakeOk(run_id=run_id, created=False)  # parent already over
-                raise Rejected("run_ended", f"run '{run_id}' has ended; signal '{name}' unused")
-            event: RunEvent = SignalReceived(
-                name=name,
-                payload=payload,
-                signal_id=signal_id,
-                sent_by=header(msg, "Sojourn-Sender") or None,
-                at=time.time(),
-            )
-            if name == RESUME_SIGNAL:
-                state = fold(events)
-                if state.status != "suspended":
-                    return IntakeOk(run_id=run_id, created=False)  # resumed already: no-op
-                body = decode_json(msg.data) if msg.data.strip() else {}
-                by = body.get("by") if isinstance(body, dict) else None
-                note = body.get("note", "") if isinstance(body, dict) else ""
-                event = RunResumed(
-                    by=by if isinstance(by, str) else None,
-                    note=note if isinstance(note, str) else "",
-                    at=time.time(),
-                )
+                raise Rejected("run_ended", f"run '{run_id}' has ended ({state.status})")
+            events = self._events_for(msg, inbox, state)
+            if not events:
+                return IntakeOk(run_id=run_id, created=False)
             try:
                 await self.store.append(
                     run_id,
-                    [event],
+                    events,
                     expected_seq=history[-1].seq,
                     writer=self.writer,
-                    msg_id=f"{run_id}:signal:{inbox_seq}",
+                    msg_id=msg_id,
                 )
                 break
             except ConcurrencyConflict:
@@ -328,17 +482,18 @@ class Intake:
         else:
             await msg.nak(delay=0.2)
             return None
+        fault("intake_recorded")
         await publish_wake(self.broker, self.names, run_id, "signal")
         return IntakeOk(run_id=run_id, created=False)
 
     # --- cancel ------------------------------------------------------------------------------
 
-    async def _cancel(self, msg: Msg) -> IntakeOk | None:
-        run_id = self.names.subject_token(msg.subject, 1)
-        body = _CancelBody()
+    async def _cancel(self, msg: Msg, inbox: InboxSubject) -> IntakeOk | None:
+        run_id = inbox.target
+        body = CancelBody()
         if msg.data.strip():
             try:
-                body = _cancel_decoder.decode(msg.data)
+                body = decode_cancel(msg.data)
             except msgspec.ValidationError as e:
                 raise Rejected(
                     "invalid_trigger", f'cancel body must be {{"reason": ...}}: {e}'
@@ -346,6 +501,7 @@ class Intake:
             except msgspec.DecodeError as e:
                 raise Rejected("invalid_json", f"cancel body is not valid JSON: {e}") from e
         inbox_seq = msg.metadata.sequence.stream
+        msg_id = f"{run_id}:cancel:{inbox_seq}"
         for _ in range(20):
             last = await self.broker.direct_get_last(
                 self.names.events_stream, self.names.events(run_id)
@@ -357,6 +513,8 @@ class Intake:
                     await msg.nak(delay=1.0)
                     return None
                 raise Rejected("unknown_run", f"no run with id '{run_id}'")
+            if header(last, "Nats-Msg-Id") == msg_id:
+                break  # recorded by an earlier delivery: wake again
             if any(
                 isinstance(e, (RunCompleted, RunFailed, RunCancelled))
                 for e in decode_events(last.data)
@@ -365,10 +523,10 @@ class Intake:
             try:
                 await self.store.append(
                     run_id,
-                    [CancelRequested(reason=body.reason, by=body.by, at=time.time())],
+                    [CancelRequested(reason=body.reason, by=inbox.sender, at=time.time())],
                     expected_seq=int(header(last, "Nats-Sequence")),
                     writer=self.writer,
-                    msg_id=f"{run_id}:cancel:{inbox_seq}",
+                    msg_id=msg_id,
                 )
                 break
             except ConcurrencyConflict:
@@ -376,6 +534,7 @@ class Intake:
         else:
             await msg.nak(delay=0.5)
             return None
+        fault("intake_recorded")
         await publish_wake(self.broker, self.names, run_id, "cancel")
         return IntakeOk(run_id=run_id, created=False)
 
@@ -383,28 +542,53 @@ class Intake:
 
     async def _reply(self, msg: Msg, body: bytes) -> None:
         reply_to = header(msg, REPLY_HEADER)
-        if not reply_to:
+        if not reply_to or not valid_reply_subject(reply_to):
             return
         try:
             await self.broker.nc.publish(reply_to, body)
-        except Exception as e:  # a bad reply subject must not block the trigger
+        except Exception as e:  # an answer is a courtesy: it must not block the trigger
             log.warning("cannot answer on %r: %s", reply_to, e)
 
-    async def _reject(self, msg: Msg, kind: str, code: str, message: str) -> None:
-        dl = DeadLetter(
-            code=code,
-            message=message,
-            subject=msg.subject,
-            data=msg.data,
-            headers={k: v for k, v in (msg.headers or {}).items()},
-            inbox_seq=msg.metadata.sequence.stream,
-            rejected_at=time.time(),
-            kind=_DLQ_KINDS.get(kind, "other"),
+    async def _reject(
+        self, msg: Msg, kind: DlqKind, code: RejectCode, message: str, answer: bool = True
+    ) -> None:
+        record = dead_letter(
+            msg, kind, code, message, limit=self.broker.nc.max_payload or (1024 * 1024)
         )
-        await self.broker.publish(self.names.dlq(dl.kind), encode(dl))
-        log.info("rejected %s: %s: %s", msg.subject, code, message)
-        await self._reply(msg, encode(IntakeError(error=ErrorBody(code=code, message=message))))
+        await self.broker.publish(self.names.dlq(kind), encode(record))
+        metrics.DEAD_LETTERS.labels(code).inc()
+        log.info("rejected %r: %s: %s", msg.subject[:200], code, message)
+        if answer:
+            error = IntakeError(error=ErrorBody(code=code, message=message))
+            await self._reply(msg, encode(error))
         await msg.ack()
+
+
+def dead_letter(msg: Msg, kind: DlqKind, code: str, message: str, *, limit: int) -> DeadLetter:
+    """A dead-letter record of ``msg`` that fits in a message of ``limit`` bytes.
+
+    The body is kept whole when its base64 fits; otherwise its head is kept, marked
+    ``truncated``, with the size and SHA-256 of the whole. Oversized headers are summarised.
+    """
+    data = bytes(msg.data)
+    room = max(0, (limit - _RECORD_OVERHEAD) * 3 // 4)  # base64 grows 4/3
+    headers = {k: v for k, v in (msg.headers or {}).items()}
+    if sum(len(k) + len(v) for k, v in headers.items()) > DEAD_LETTER_HEADERS_MAX:
+        headers = {k[:256]: v[:256] for k, v in list(headers.items())[:32] if isinstance(v, str)}
+        headers["Sojourn-Dlq-Note"] = "headers truncated"
+    return DeadLetter(
+        code=code,
+        message=message,
+        subject=msg.subject[:1024],
+        data=data[:room],
+        headers=headers,
+        inbox_seq=msg.metadata.sequence.stream,
+        rejected_at=time.time(),
+        kind=kind,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        truncated=len(data) > room,
+    )
 
 
 def _derived_run_id(agent: str, inbox_seq: int, stored_at: str) -> str:

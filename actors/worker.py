@@ -18,18 +18,20 @@ import os
 import socket
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from sojourn.broker.connection import Broker, Msg, PullConsumer
-from sojourn.broker.eventstore import Decision, EventStore
+from sojourn.broker.connection import Broker, ConnectOptions, Msg, PullConsumer
+from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
 from sojourn.broker.leases import Lease, LeaseStore, Progress
 from sojourn.broker.names import Names
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import ensure_topology
+from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import encode, peek_run_id
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import HistoryError, SojournError
+from sojourn.schemas.errors import HistoryError, InvalidName, SojournError
 from sojourn.schemas.health import WedgeRecord, WorkerBeat
 from sojourn.schemas.wire import DeadLetter
 
@@ -37,11 +39,15 @@ from . import metrics
 from .agent import Agent
 from .executor import Activation
 from .faults import fault
-from .intake import Intake
+from .intake import HANDBACK_MAX_DELAY, Intake
 
 __all__ = ["Worker"]
 
 log = logging.getLogger("sojourn.worker")
+
+FAILURES_KEPT = 10_000
+"""Runs whose recent activation failures a worker remembers (the oldest are forgotten: a run
+another worker finished, or that never came back here, must not stay in memory forever)."""
 
 HISTORY_CACHE_MIN = 16
 """Histories shorter than this are read again on every wake (a few messages: < 1 ms)."""
@@ -55,13 +61,16 @@ class Worker:
 
     Args:
         agents: the agents this worker executes (explicit registration; no globals).
-        nats: server URL (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``).
+        nats: server URL (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``), or
+            ``ConnectOptions`` (credentials, TLS).
         settings: deployment settings; every worker and client of a deployment uses the same.
         concurrency: how many runs this worker executes at once.
         worker_id: stable name for logs and leases (default ``host-pid-random``).
         history_cache: decisions of recently used run histories kept in memory (all runs
             together, histories of at least ``HISTORY_CACHE_MIN`` decisions only), so that
             waking a long-lived run reads only what was appended since; 0 disables.
+        history_cache_bytes: the same cache's bound in stored bytes (default 64 MiB), so a
+            few runs with large outputs cannot make it hold gigabytes.
 
     Example:
         >>> async def main():                                   # doctest: +SKIP
@@ -73,13 +82,14 @@ class Worker:
         self,
         agents: Iterable[Agent[Any, Any]],
         *,
-        nats: str | None = None,
+        nats: str | ConnectOptions | None = None,
         broker: Broker | None = None,
         settings: Settings | None = None,
         concurrency: int = 256,
         worker_id: str | None = None,
         flush_delay: float = 0.02,
         history_cache: int = 10_000,
+        history_cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         self.agents: dict[str, Agent[Any, Any]] = {}
         for a in agents:
@@ -93,6 +103,7 @@ class Worker:
         self.concurrency = concurrency
         self.flush_delay = flush_delay
         self.history_cache = history_cache
+        self.history_cache_bytes = history_cache_bytes
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._url = nats
         self._broker = broker
@@ -105,7 +116,9 @@ class Worker:
         self._activation_ids = itertools.count(1)
         self.activations_completed = 0
         self.started_at = time.time()
-        self._failures: dict[str, int] = {}
+        self._failures = FailureCounts(FAILURES_KEPT)
+        self._rewake: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
         self._beat_wake = asyncio.Event()
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -120,6 +133,7 @@ class Worker:
             self.names,
             self.settings,
             cache_decisions=self.history_cache,
+            cache_bytes=self.history_cache_bytes,
             cache_min=HISTORY_CACHE_MIN,
         )
         self.leases = LeaseStore(b, self.names)
@@ -240,11 +254,14 @@ class Worker:
 
     def _order_key(self, m: Msg) -> str:
         """Messages about one run are handled in order (a start before its cancel)."""
-        kind = self.names.subject_token(m.subject, 0)
-        if kind == "start":
+        try:
+            inbox = self.names.parse_inbox(m.subject)
+        except InvalidName:
+            return m.subject  # rejected on its own
+        if inbox.kind in ("start", "spawn"):
             run_id = peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
             return f"run:{run_id}" if run_id else m.subject
-        return f"run:{self.names.subject_token(m.subject, 1)}"
+        return f"run:{inbox.target}"
 
     async def _intake_one(
         self, m: Msg, after: asyncio.Task[None] | None, inflight: asyncio.Semaphore
@@ -255,11 +272,19 @@ class Worker:
                     await asyncio.shield(after)
             await self.intake.handle(m)
         except SojournError as e:  # broker trouble: retry the message later
-            log.warning("intake: %s; will retry %s", e, m.subject)
+            log.warning("intake: %s; will retry %r", e, m.subject[:200])
             with contextlib.suppress(Exception):
                 await m.nak(delay=1.0)
-        except Exception:
-            log.exception("intake: unexpected error on %s; will retry", m.subject)
+        except Exception as e:
+            # A bug, not the message's fault: retried (up to Settings.max_deliveries, then
+            # dead-lettered), with its traceback logged once, not on every delivery.
+            if _delivered(m) <= 1:
+                log.exception("intake: unexpected error on %r; will retry", m.subject[:200])
+            else:
+                log.warning(
+                    "intake: %r failed again (delivery %d): %s: %s",
+                    m.subject[:200], _delivered(m), type(e).__name__, e,
+                )  # fmt: skip
             with contextlib.suppress(Exception):
                 await m.nak(delay=1.0)
         finally:
@@ -293,8 +318,14 @@ class Worker:
                 for msg in msgs:
                     _count_redelivery(msg, "workers")
                     run_id = self.names.subject_token(msg.subject, 1)
+                    if _delivered(msg) >= self.settings.max_deliveries:
+                        await self._drop_wake(msg, run_id)
+                        continue
                     if run_id in self._active:
-                        await msg.nak(delay=0.25)  # busy here; look again once this one rests
+                        # Busy here. Handed back (kept for a crash), with growing pauses so
+                        # a long activation does not spin it; and woken afresh as it rests.
+                        self._rewake.add(run_id)
+                        await msg.nak(delay=min(5.0, 0.25 * _delivered(msg)))
                         continue
                     await self._slots.acquire()
                     self._spawn(run_id, msg, None)
@@ -310,6 +341,40 @@ class Worker:
     def _done(self, run_id: str, _task: object = None) -> None:
         self._active.pop(run_id, None)
         self._slots.release()
+        if run_id in self._rewake and not self._stopping.is_set():
+            self._rewake.discard(run_id)
+            task = asyncio.create_task(self._wake_again(run_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _wake_again(self, run_id: str) -> None:
+        """A wake arrived while the run was executing here: publish a fresh one now that it
+        rests (a wake is a hint; a spare one changes nothing)."""
+        try:
+            await publish_wake(self._broker_or_fail(), self.names, run_id, "rewake")
+        except Exception as e:  # the watchdog re-wakes a run whose wake was lost
+            log.warning("run %s: could not wake it again: %s", run_id, e)
+
+    async def _drop_wake(self, msg: Msg, run_id: str) -> None:
+        """A wake delivered ``max_deliveries`` times is given up (dead-lettered, not retried
+        forever); a run left waiting for it is flagged and re-woken by the watchdog."""
+        reason = (
+            f"wake for run {run_id} delivered {_delivered(msg)} times without being settled "
+            f"(Settings.max_deliveries = {self.settings.max_deliveries})"
+        )
+        log.error("%s; dead-lettered", reason)
+        record = DeadLetter(
+            code="max_deliveries",
+            message=reason,
+            subject=msg.subject[:1024],
+            data=b"",
+            headers={k: v for k, v in (msg.headers or {}).items()},
+            inbox_seq=msg.metadata.sequence.stream,
+            rejected_at=time.time(),
+        )
+        await self._broker_or_fail().publish(self.names.dlq("other"), encode(record))
+        metrics.DEAD_LETTERS.labels("max_deliveries").inc()
+        await msg.ack()
 
     # --- one activation ----------------------------------------------------------------------
 
@@ -334,8 +399,10 @@ class Worker:
                 got = await self.leases.acquire(run_id, writer, ttl)
                 if not isinstance(got, Lease):
                     # Look again soon: the holder may be about to rest without seeing what
-                    # this wake is about (a signal that arrived as it parked).
-                    delay = min(max(got.expires_at - time.time(), 0.05), 1.0)
+                    # this wake is about (a signal that arrived as it parked). The pause
+                    # grows with the deliveries, so a long activation elsewhere costs little.
+                    cap = min(HANDBACK_MAX_DELAY, 0.25 * _delivered(wake))
+                    delay = min(max(got.expires_at - time.time(), 0.05), max(1.0, cap))
                     await wake.nak(delay=delay)
                     return
                 leases.append(got)
@@ -348,7 +415,10 @@ class Worker:
             agent = self._agent_of(history)
             if agent is None:
                 # Not ours (or not created yet): leave it for a worker that serves it.
-                await wake.nak(delay=1.0) if history else await wake.ack()
+                if history:
+                    await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(_delivered(wake))))
+                else:
+                    await wake.ack()
                 return
             agent_name = metrics.agent_label(agent.name)
             t0 = time.perf_counter()
@@ -378,7 +448,7 @@ class Worker:
             fault("before_ack")
             log.debug("run %s: %s", run_id, outcome)
             self.activations_completed += 1
-            self._failures.pop(run_id, None)
+            self._failures.clear(run_id)
             metrics.ACTIVATIONS.labels(agent_name, outcome).inc()
             if outcome in ("completed", "failed", "cancelled"):
                 self.store.forget(run_id)
@@ -402,8 +472,7 @@ class Worker:
                 await self._give_up(run_id, "poison", e.message, e.seq or 0, permanent=True)
                 await wake.ack()
         except Exception as e:
-            failures = self._failures.get(run_id, 0) + 1
-            self._failures[run_id] = failures
+            failures = self._failures.add(run_id)
             if failures >= self.settings.max_activation_failures:
                 log.error(
                     "run %s: activation failed %d times in a row (%s: %s); giving up: the "
@@ -411,7 +480,7 @@ class Worker:
                     run_id, failures, type(e).__name__, e,
                 )  # fmt: skip
                 metrics.ACTIVATIONS.labels(agent_name, "wedged").inc()
-                self._failures.pop(run_id, None)
+                self._failures.clear(run_id)
                 with contextlib.suppress(Exception):
                     seq = history[-1].seq if history else 0
                     text = f"{failures} activations failed, the last with {type(e).__name__}: {e}"
@@ -518,6 +587,38 @@ class Worker:
                 await wake.in_progress()
             except Exception as e:
                 log.debug("run %s: keepalive failed: %s", lease.run_id, e)
+
+
+class FailureCounts:
+    """Consecutive failed activations per run, for at most ``limit`` runs: the runs failed
+    longest ago are forgotten, so runs another worker finished, or that never came back here,
+    do not stay in memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    def add(self, run_id: str) -> int:
+        """Count one more failure of ``run_id``; return its count."""
+        n = self._counts.pop(run_id, 0) + 1
+        self._counts[run_id] = n  # most recent last
+        while len(self._counts) > self.limit:
+            self._counts.popitem(last=False)
+        return n
+
+    def clear(self, run_id: str) -> None:
+        self._counts.pop(run_id, None)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+
+def _delivered(msg: Msg) -> int:
+    """How many times ``msg`` has been delivered (1 the first time)."""
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:
+        return 1
 
 
 def _count_redelivery(msg: Msg, consumer: str) -> None:

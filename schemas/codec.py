@@ -15,13 +15,26 @@ import msgspec
 
 from .events import RunEvent
 from .health import WatchClaim, WedgeRecord, WorkerBeat
-from .wire import DeadLetter, IntakeError, IntakeOk, StartTrigger
+from .wire import (
+    CancelBody,
+    ChildOutcome,
+    DeadLetter,
+    InDoubtDecision,
+    IntakeError,
+    IntakeOk,
+    ResumeBody,
+    StartTrigger,
+)
 
 __all__ = [
+    "decode_cancel",
+    "decode_child_outcome",
     "decode_dead_letter",
+    "decode_decision",
     "decode_events",
     "decode_intake_reply",
     "decode_json",
+    "decode_resume",
     "decode_start",
     "decode_watch_claim",
     "decode_wedge_record",
@@ -42,6 +55,10 @@ _dlq_decoder = msgspec.json.Decoder(DeadLetter)
 _beat_decoder = msgspec.json.Decoder(WorkerBeat)
 _wedge_decoder = msgspec.json.Decoder(WedgeRecord)
 _claim_decoder = msgspec.json.Decoder(WatchClaim)
+_cancel_decoder = msgspec.json.Decoder(CancelBody)
+_resume_decoder = msgspec.json.Decoder(ResumeBody)
+_decision_decoder = msgspec.json.Decoder(InDoubtDecision)
+_outcome_decoder = msgspec.json.Decoder(ChildOutcome)
 
 
 def encode(obj: Any) -> bytes:
@@ -91,6 +108,22 @@ def decode_intake_reply(data: bytes) -> IntakeOk | IntakeError:
     if isinstance(raw, dict) and "error" in raw:
         return msgspec.convert(raw, IntakeError)
     return msgspec.convert(raw, IntakeOk)
+
+
+def decode_cancel(data: bytes) -> CancelBody:
+    return _cancel_decoder.decode(data)
+
+
+def decode_resume(data: bytes) -> ResumeBody:
+    return _resume_decoder.decode(data)
+
+
+def decode_decision(data: bytes) -> InDoubtDecision:
+    return _decision_decoder.decode(data)
+
+
+def decode_child_outcome(data: bytes) -> ChildOutcome:
+    return _outcome_decoder.decode(data)
 
 
 def decode_dead_letter(data: bytes) -> DeadLetter:

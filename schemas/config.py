@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["Settings"]
+__all__ = ["VALUE_ENVELOPE", "Settings"]
+
+VALUE_ENVELOPE = 64 * 1024
+"""Bytes an event, a decision or a child's end notice may need besides the one stored value it
+carries (names, timestamps, a truncated error): a value of ``max_value`` bytes plus this fits."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -13,6 +17,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     Attributes:
         prefix: subject/stream prefix; several deployments can share one NATS server.
         max_payload: largest accepted trigger or signal body in bytes (default 1 MiB).
+        max_value: largest single value stored in a run's history, in bytes of JSON (default
+            1 MiB): a step's result, a journaled value, a run's output (and so a child's
+            output, which its parent receives). Checked before the value is appended: a larger
+            step result fails the step (``StepFailed`` with error type ``PayloadTooLarge``, not
+            retried), a larger output fails the run (``RunFailed``, ``PayloadTooLarge``). The
+            limit in effect is also at most the server's ``max_payload`` less 64 KiB
+            (``VALUE_ENVELOPE``), so that the event carrying the value always fits in a
+            message. From 1 KiB to 64 MiB.
         lease_ttl: seconds a worker owns a run without renewing; after it another worker
             may take the run over. Renewed every third of it while the run executes.
         dedup_window: seconds the broker remembers ``Nats-Msg-Id`` values.
@@ -36,10 +48,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             during a step count as cut-offs too, so under a flapping broker healthy runs would
             stop as well (the chaos harness hits 5 in a row). Set it where steps can crash
             their process, e.g. 3.
+        max_deliveries: deliveries of one inbox message or wake after which it is given up:
+            dead-lettered (code ``max_deliveries``), answered, and never retried again. A
+            message handed back on purpose (a trigger for an agent another worker serves, a
+            wake for a run another activation holds) counts too, with delays growing to 30 s,
+            so a trigger for an agent no worker serves is dead-lettered after some hours.
+        max_buffered_signals: signals a run may hold unconsumed; more are refused
+            (``too_many_signals``), so no sender can grow a run's state without bound.
     """
 
     prefix: str = "sojourn"
     max_payload: int = 1024 * 1024
+    max_value: int = 1024 * 1024
     lease_ttl: float = 30.0
     dedup_window: float = 120.0
     append_timeout: float = 60.0
@@ -48,8 +68,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     overdue_after: float = 60.0
     max_activation_failures: int = 10
     crash_loop_limit: int = 0
+    max_deliveries: int = 1000
+    max_buffered_signals: int = 1_000
 
     def __post_init__(self) -> None:
+        if not 1024 <= self.max_value <= 64 * 1024 * 1024:
+            raise ValueError(
+                f"max_value must be from 1 KiB to 64 MiB (the most a NATS message can hold), "
+                f"not {self.max_value}"
+            )
         if self.lease_ttl <= 0:
             raise ValueError(f"lease_ttl must be positive, not {self.lease_ttl}")
         hb = self.heartbeat_interval
@@ -69,6 +96,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("max_activation_failures must be at least 1")
         if self.crash_loop_limit < 0:
             raise ValueError("crash_loop_limit must be 0 (never) or more")
+        if self.max_deliveries < 10:
+            raise ValueError("max_deliveries must be at least 10")
+        if self.max_buffered_signals < 1:
+            raise ValueError("max_buffered_signals must be at least 1")
+
+    @property
+    def max_child_notice(self) -> int:
+        """Largest end notice a child run sends its parent, in bytes: its output (at most
+        ``max_value``) or its error (message truncated), plus ``VALUE_ENVELOPE``. The intake
+        must accept a child notice up to this size whatever ``max_payload`` says, or the
+        parent would never learn that its child ended."""
+        return self.max_value + VALUE_ENVELOPE
 
     @property
     def heartbeat_every(self) -> float:

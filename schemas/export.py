@@ -8,7 +8,15 @@ from typing import Any
 import msgspec
 
 from .events import RunEvent
-from .wire import ChildOutcome, DeadLetter, IntakeError, IntakeOk, StartTrigger
+from .wire import (
+    CancelBody,
+    ChildOutcome,
+    DeadLetter,
+    IntakeError,
+    IntakeOk,
+    ResumeBody,
+    StartTrigger,
+)
 
 __all__ = ["WIRE_SCHEMAS", "export_schemas", "schema_of"]
 
@@ -18,6 +26,8 @@ WIRE_SCHEMAS: dict[str, Any] = {
     "intake-reply-error": IntakeError,
     "dead-letter": DeadLetter,
     "child-outcome": ChildOutcome,
+    "cancel-body": CancelBody,
+    "resume-body": ResumeBody,
     "run-event": RunEvent,
     "run-event-message": list[RunEvent],
 }

@@ -24,10 +24,6 @@ DECODER_ALLOWED = {
     "actors/agent.py",
     # Lease bodies are messages of the leases stream, private to it (LeaseHolder).
     "broker/leases.py",
-    # The cancel command body (``_CancelBody``) is declared in the intake, not in schemas.wire.
-    "actors/intake.py",
-    # An operator's in-doubt decision (a signal payload only the executor reads).
-    "actors/executor.py",
 }
 
 

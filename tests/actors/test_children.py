@@ -251,7 +251,7 @@ async def test_parent_replayed_after_sigkills_starts_its_child_once(
         starts.append(msg.data)
 
     # Every publish of a start for the child's agent, deduplicated by the broker or not.
-    sub = await client.broker.nc.subscribe(client.names.start("gated_kid"), cb=on_start)
+    sub = await client.broker.nc.subscribe(client.names.spawn("gated_kid", "*"), cb=on_start)
     procs: list[WorkerProc] = []
     try:
         procs.append(WorkerProc(url, prefix, tmp_path, "w1", log=log, slow=3.0))

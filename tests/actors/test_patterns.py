@@ -69,7 +69,7 @@ async def test_approval_deadline_escalation_then_decision(
             run_id,
             "approval.expense",
             {"approve": True, "by": "bob", "note": "fine"},
-            sender="bob@ui",
+            sender="bob-ui",
         )
         out = await client.result(run_id, timeout=30)
     assert out["approved"] is True and out["by"] == "bob"
@@ -83,7 +83,7 @@ async def test_approval_deadline_escalation_then_decision(
     )
     history = await events(client, run_id)
     signal = [e for e in history if isinstance(e, SignalReceived)]
-    assert len(signal) == 1 and signal[0].sent_by == "bob@ui"
+    assert len(signal) == 1 and signal[0].sent_by == "bob-ui"
     assert b'"by":"bob"' in bytes(signal[0].payload)  # the decider is in the history
     steps = [e.name for e in history if isinstance(e, StepCompleted)]
     assert steps.count("escalate") == 1 and steps.count("remind") >= 3
