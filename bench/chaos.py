@@ -63,6 +63,7 @@ from sojourn.schemas.events import (
     RunCompleted,
     RunFailed,
     RunStarted,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepStarted,
@@ -71,11 +72,11 @@ from sojourn.schemas.events import (
 )
 from sojourn.schemas.health import Liveness
 
-from .chaos_agents import AGENT, STEP
+from .chaos_agents import AGENT, GATE, STEP
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-SEAMS = ("after_step", "before_ack", "replay", "timer_wake")
+SEAMS = ("after_step", "before_ack", "replay", "timer_wake", "intake_recorded")
 FAULT_TYPES = ("sigkill_worker", "sigstop_worker", "restart_nats")
 TERMINAL = (RunCompleted, RunFailed, RunCancelled)
 OP_EVENTS = (StepStarted, StepCompleted, StepFailed, WaitStarted, WaitCompleted)
@@ -466,9 +467,11 @@ class Runs:
         self.run_ids = run_ids
         self.job = job
         self.started: list[str] = []
+        self._gates: set[asyncio.Task[None]] = set()
         self.ended: set[str] = set()
         self.hinted: set[str] = set()
         self.start_errors = 0
+        self.signal_errors = 0
 
     async def start_all(self, times: list[float], t0: float) -> None:
         for run_id, at in zip(self.run_ids, times, strict=True):
@@ -485,6 +488,40 @@ class Runs:
                         log(f"  start {run_id}: {type(e).__name__}: {e}; retrying")
                     await asyncio.sleep(0.25)
             self.started.append(run_id)
+            if self.job.get("gate"):
+                task = asyncio.create_task(self.open_gate(run_id, at_random=True))
+                self._gates.add(task)
+                task.add_done_callback(self._gates.discard)
+
+    async def open_gate(self, run_id: str, *, at_random: bool) -> None:
+        """Send the run its ``gate`` signal, some time after its start (it may arrive before
+        or after the run waits for it), retrying with the same signal id until the inbox has
+        it: however often it is sent, it counts once."""
+        if at_random and random.Random(run_id).random() < 0.5:
+            # Half the runs get it early (buffered until they wait); the others once they
+            # have parked on it, so its wake is what resumes them.
+            while not await self._parked_on_gate(run_id):  # noqa: ASYNC110 (polls the broker)
+                await asyncio.sleep(0.2)
+        while True:
+            try:
+                await self.client.signal(run_id, GATE, True, signal_id=f"gate-{run_id}")
+                return
+            except (SojournError, TimeoutError, OSError) as e:
+                self.signal_errors += 1
+                if self.signal_errors <= 3:
+                    log(f"  signal {run_id}: {type(e).__name__}: {e}; retrying")
+                await asyncio.sleep(0.25)
+
+    async def _parked_on_gate(self, run_id: str) -> bool:
+        c = self.client
+        with contextlib.suppress(Exception):
+            last = await c.broker.direct_get_last(c.names.events_stream, c.names.events(run_id))
+            if last is not None:
+                return any(
+                    isinstance(e, WaitStarted) and e.key == "signal:" + GATE
+                    for e in decode_events(last.data)
+                )
+        return False
 
     async def _ended(self, run_id: str) -> bool:
         c = self.client
@@ -577,6 +614,7 @@ class Report:
     failed_attempts: int = 0
     attempts: int = 0
     timer_waits: int = 0
+    gate_latencies: list[float] = field(default_factory=list)
     decisions: int = 0
     events: int = 0
 
@@ -585,7 +623,7 @@ class Report:
 
 
 def check_run(
-    run_id: str, history: list[Decision], steps: int, report: Report
+    run_id: str, history: list[Decision], steps: int, report: Report, gate: bool = False
 ) -> dict[tuple[int, int], str]:
     """Check one run's history; return how each recorded step attempt ended:
     ``completed``, ``failed`` (retried), ``in_doubt`` (superseded by attempt + 1), or
@@ -640,6 +678,10 @@ def check_run(
 
     # Every started attempt is settled: completed, failed with a retry, or in doubt (a later
     # attempt exists); attempts are 1, 2, 3... at each position.
+    gate_at = 2 * steps - 1
+    gates = 0
+    gate_sent: float | None = None
+    gate_parked = False
     starts: dict[int, list[int]] = defaultdict(list)
     completed: dict[int, list[int]] = defaultdict(list)
     failed: dict[int, list[StepFailed]] = defaultdict(list)
@@ -653,10 +695,23 @@ def check_run(
         elif isinstance(e, StepFailed):
             failed[e.position].append(e)
         elif isinstance(e, WaitStarted):
-            if e.position % 2 == 0 or e.key != "sleep":
+            want_key = "signal:" + GATE if gate and e.position == gate_at else "sleep"
+            if e.position % 2 == 0 or e.key != want_key:
                 v(f"{run_id}: wait {e.key!r} at position {e.position}")
-        elif isinstance(e, WaitCompleted) and e.outcome != "timeout":
-            v(f"{run_id}: sleep at {e.position} ended with {e.outcome!r}")
+            if gate and e.position == gate_at:
+                gate_parked = True
+        elif isinstance(e, WaitCompleted):
+            want_outcome = "signal" if gate and e.position == gate_at else "timeout"
+            if e.outcome != want_outcome:
+                v(f"{run_id}: wait at {e.position} ended with {e.outcome!r}")
+            if want_outcome == "signal" and gate_sent is not None:
+                report.gate_latencies.append(max(0.0, e.at - gate_sent))
+        elif isinstance(e, SignalReceived):
+            gates += 1
+            if gate_parked and gate_sent is None:  # it arrived while the run was parked on it
+                gate_sent = e.at
+    if gate and gates != 1:
+        v(f"{run_id}: {gates} gate signals recorded, expected exactly 1")
     for p, attempts in starts.items():
         report.attempts += len(attempts)
         if attempts != list(range(1, len(attempts) + 1)):
@@ -692,7 +747,7 @@ def check_run(
         kinds = [(op.kind, op.status) for op in state.ops]
         want = [
             ("step", "completed") if p % 2 == 0 else ("wait", "completed")
-            for p in range(2 * steps - 1)
+            for p in range(2 * steps - 1 + int(gate))
         ]
         if kinds != want:
             v(f"{run_id}: operations {kinds}, expected {want}")
@@ -795,6 +850,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--steps", type=int, default=4, help="steps per run (4)")
     ap.add_argument("--sleep", type=float, default=0.3, help="durable sleep between steps (0.3 s)")
+    ap.add_argument(
+        "--no-gate",
+        action="store_true",
+        help="runs do not wait for a gate signal after their last step (default: they do, and "
+        "the harness sends it)",
+    )
     ap.add_argument("--lease", type=float, default=2.0, help="worker lease TTL (2 s)")
     ap.add_argument(
         "--fail-rate", type=float, default=0.1, help="transient step failure probability (0.1)"
@@ -899,7 +960,7 @@ async def harness(args: argparse.Namespace) -> int:
         schedule = [(t, rng.choice(args.fault_type_list)) for t in fault_times]
         start_times = sorted(rng.uniform(0, window * 0.75) for _ in range(args.runs))
         run_ids = [f"r{i:05d}" for i in range(args.runs)]
-        job = {"steps": args.steps, "sleep": args.sleep}
+        job = {"steps": args.steps, "sleep": args.sleep, "gate": not args.no_gate}
         runs = Runs(client, run_ids, job)
         chaos = Chaos(pool, server, rng, args.lease, tally)
         log(f"  work dir {workdir}; nats {server.url}; store {store_addr}")
@@ -961,7 +1022,9 @@ async def harness(args: argparse.Namespace) -> int:
                 report.violate(f"{run_id}: never started (harness error)")
                 continue
             histories[run_id] = await client.history(run_id)
-            outcomes[run_id] = check_run(run_id, histories[run_id], args.steps, report)
+            outcomes[run_id] = check_run(
+                run_id, histories[run_id], args.steps, report, gate=not args.no_gate
+            )
         for run_id in report.lost:
             report.violate(f"{run_id}: lost (its start was acknowledged; it has no history)")
         wall = time.time()
@@ -1053,6 +1116,19 @@ async def _subscribe_hints(client: Client, runs: Runs) -> None:
     await client.broker.nc.subscribe(subject, cb=on_msg)
 
 
+def _latencies(xs: list[float]) -> str:
+    """p50/p99/max of seconds from the record of a gate signal that reached a run parked on it
+    to the wait it ended (a signal recorded before the run waited is consumed without parking)."""
+    if not xs:
+        return "none"
+    xs = sorted(xs)
+    pick = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    return (
+        f"p50 {pick(0.5):.2f} s, p99 {pick(0.99):.2f} s, max {xs[-1]:.2f} s "
+        f"({len(xs)} runs parked on it)"
+    )
+
+
 def _fmt_counter(c: Iterable[tuple[str, int]]) -> str:
     parts = [f"{k} {v}" for k, v in c]
     return ", ".join(parts) if parts else "none"
@@ -1092,7 +1168,8 @@ def _print_report(
         ("step attempts recorded", f"{report.attempts}"),
         ("in-doubt attempts", f"{report.in_doubt} (started, never completed or failed)"),
         ("failed attempts retried", f"{report.failed_attempts}"),
-        ("sleeps completed", f"{report.timer_waits}"),
+        ("waits completed", f"{report.timer_waits}"),
+        ("gate signal to resume", _latencies(report.gate_latencies)),
         ("history", f"{report.decisions} decisions, {report.events} events"),
         (
             "faults injected",
@@ -1111,7 +1188,10 @@ def _print_report(
             "watchdog",
             f"flagged {_fmt_counter(sorted(tally.flags.items()))}; {tally.rewakes} re-wakes",
         ),
-        ("trigger publish retries", f"{runs.start_errors}"),
+        (
+            "trigger publish retries",
+            f"{runs.start_errors}; signal publish retries {runs.signal_errors}",
+        ),
         (
             "elapsed",
             f"{elapsed:.1f} s of runs: {tally.fault_window:.1f} s under faults, then "

@@ -3,7 +3,10 @@
 The agent ``chaos`` runs ``steps`` steps (default 4); each applies one effect to the external
 store (``bench.chaos_store``, address in ``$CHAOS_STORE``) under its step's idempotency key, and
 a durable ``ctx.sleep`` sits between consecutive steps, so every run parks on broker timers and
-is woken by them. Step ``i`` is at position ``2 * i``, sleep ``i`` at ``2 * i + 1``.
+is woken by them. Step ``i`` is at position ``2 * i``, sleep ``i`` at ``2 * i + 1``. With
+``gate`` set, the run then waits (no timeout) for the signal ``gate`` at ``2 * steps - 1``,
+which the harness sends: the intake's seams are in play, and a signal whose wake was lost
+would leave the run waiting.
 
 Steps fail at random with ``Transient`` (probability ``$CHAOS_FAIL_RATE``, default 0.1): half
 of the time before the store call (the effect did not happen), half after it (the effect
@@ -43,10 +46,12 @@ from sojourn.schemas.config import Settings
 
 from .chaos_store import StoreClient
 
-__all__ = ["AGENT", "STEP", "Job", "Transient", "apply_effect", "chaos", "step_positions"]
+__all__ = ["AGENT", "GATE", "STEP", "Job", "Transient", "apply_effect", "chaos", "step_positions"]
 
 AGENT = "chaos"
 STEP = "apply_effect"
+GATE = "gate"
+"""The signal a gated run waits for after its last step."""
 
 _SEED = os.environ.get("CHAOS_SEED", "0")
 _FAIL = float(os.environ.get("CHAOS_FAIL_RATE", "0.1") or 0.1)
@@ -60,6 +65,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
 
     steps: int = 4
     sleep: float = 0.3
+    gate: bool = False
 
 
 class Transient(Exception):
@@ -109,6 +115,8 @@ async def chaos(ctx: Context, job: Job) -> list[int]:
         done.append(await ctx.step(apply_effect, i))
         if i < job.steps - 1:
             await ctx.sleep(job.sleep)
+    if job.gate:
+        await ctx.wait_for(GATE)
     return done
 
 
@@ -126,6 +134,7 @@ def _trace_seams() -> None:
     if not armed:
         return
     import sojourn.actors.context as context_mod
+    import sojourn.actors.intake as intake_mod
     import sojourn.actors.worker as worker_mod
 
     out = sys.stdout
@@ -139,7 +148,7 @@ def _trace_seams() -> None:
 
         return traced
 
-    for mod in (context_mod, worker_mod):
+    for mod in (context_mod, intake_mod, worker_mod):
         real = getattr(mod, "fault", None)
         if callable(real):
             mod.fault = wrap(real)  # type: ignore[attr-defined]

@@ -3,7 +3,8 @@ histories.
 
 ``test_chaos_small`` is the proof the issue asks for: 50 runs, 2 worker processes, 20 injected
 faults (SIGKILL and SIGSTOP of workers, SIGKILL and restart of the nats-server) plus the
-runtime's named fault seams armed in every worker, and every history and effect checked.
+runtime's named fault seams armed in every worker (the intake's ``intake_recorded`` among them:
+every run ends waiting for a signal the harness sends), and every history and effect checked.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def test_chaos_small() -> None:
     assert row(p.stdout, "runs stuck (not ended)") == "0", report
     assert row(p.stdout, "effects applied per step").startswith("exactly one"), report
     assert row(p.stdout, "faults injected").startswith("20 "), report
+    # Half the runs are sent their gate signal only once parked on it (its wake resumes them),
+    # with the intake's seam between recording a signal and its wake armed.
+    assert "runs parked on it" in row(p.stdout, "gate signal to resume"), report
+    assert "intake_recorded" in row(p.stdout, "seam passes"), report
     assert elapsed < 120, report
 
 
