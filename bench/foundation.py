@@ -5,6 +5,7 @@ Run from the repository root::
     python -m bench.foundation                       # ~1 min, sync_interval: always
     python -m bench.foundation --quick               # ~10 s
     python -m bench.foundation --sync-interval always --sync-interval 2m   # both, ~1.7 min
+    python -m bench.foundation --auth                # without, then with auth: ~2 min
 
 For each ``--sync-interval`` it starts its own ``EmbeddedServer`` (free port, temp dir), then,
 interleaved and repeated ``--repeats`` times (the table shows the median of the per-repeat
@@ -22,6 +23,12 @@ figures):
 
 Then (untimed) a trace of the broker operations per step and per 1-step run, and with
 ``--profile`` a cProfile of a sequential run. Nothing here asserts: it prints.
+
+With ``--auth`` each setting is measured twice, the second time on a server with
+least-privilege users (``sojourn.broker.auth``): the worker connects as a ``worker`` user, the
+client as a ``client`` user, and the raw appends go through a ``worker``-role user of their own
+prefix, so both sides pay the same authorization checks (the raw direct-request floor, which no
+least-privilege role may serve, runs as an ``admin`` user).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import contextlib
 import cProfile
 import itertools
 import logging
+import secrets
 import sys
 import tempfile
 import time
@@ -43,6 +51,7 @@ from typing import Any
 
 from sojourn.actors import Client, Context, Worker, agent
 from sojourn.broker import Broker, EmbeddedServer, find_nats_server
+from sojourn.broker.auth import AuthUser
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.names import Names
 from sojourn.broker.topology import consumer_configs, stream_configs
@@ -142,6 +151,7 @@ class Config:
     raw_appends: int = 2000
     repeats: int = 3
     sync_intervals: list[str] = field(default_factory=lambda: ["always"])
+    auth_modes: tuple[bool, ...] = (False,)
     trace: bool = True
     profile: bool = False
     store_dir: str | None = None
@@ -186,6 +196,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "(default: always; the NATS default is 2m)",
     )
     p.add_argument(
+        "--auth",
+        action="store_true",
+        help="measure each setting twice: without, then with least-privilege users "
+        "(worker and client credentials, raw appends by a worker-role user)",
+    )
+    p.add_argument(
         "--only",
         action="append",
         choices=SECTIONS,
@@ -217,6 +233,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     c.repeats = max(1, a.repeats)
     c.latency_gap = max(0.0, a.latency_gap)
     c.sync_intervals = a.sync_intervals or ["always"]
+    c.auth_modes = (False, True) if a.auth else (False,)
     c.trace = not a.no_trace
     c.sections = tuple(x for x in SECTIONS if not a.only or x in a.only)
     c.profile = a.profile
@@ -276,7 +293,12 @@ class RawBench:
         return {**st, "rate": n / wall, "py_cpu": (c1 - c0) / n, "srv_cpu": (s1 - s0) / n}
 
     async def one_step_floor(
-        self, client: Broker, settings: Settings, k: int, gap: float
+        self,
+        client: Broker,
+        settings: Settings,
+        k: int,
+        gap: float,
+        service_broker: Broker | None = None,
     ) -> dict[str, dict[str, float]]:
         """The least JetStream work a 1-step run needs, with no sojourn code in between.
 
@@ -285,7 +307,8 @@ class RawBench:
         (fetch(batch=64) like the worker's intake), then two CAS appends
         ([RunStarted, StepStarted] and [StepCompleted, RunCompleted]).
         ``direct``: the trigger goes to the worker as a core NATS request (no inbox stream), the
-        worker does the same two CAS appends and answers.
+        worker does the same two CAS appends and answers. Under auth the request travels over
+        ``service_broker`` (no least-privilege role may serve a request subject).
         """
         cfgs = stream_configs(self.names, settings)
         await self.b.ensure_stream(cfgs[1])
@@ -328,8 +351,10 @@ class RawBench:
             await msg.respond(b"ok")
 
         svc_subject = f"{self.names.prefix}.svc.start"
-        sub = await self.b.nc.subscribe(svc_subject, cb=service)
-        await self.b.nc.flush()
+        svc = service_broker or self.b
+        requester = service_broker or client
+        sub = await svc.nc.subscribe(svc_subject, cb=service)
+        await svc.nc.flush()
         task = asyncio.create_task(intake())
         loop = asyncio.get_running_loop()
         inbox_l: list[float] = []
@@ -341,7 +366,9 @@ class RawBench:
                 waiting[run] = fut = loop.create_future()
                 t0 = time.perf_counter()
                 ack = await client.publish_raw(
-                    self.names.start("floor"), run.encode(), {"Nats-Msg-Id": f"start:floor:{run}"}
+                    self.names.start("floor", client.user),
+                    run.encode(),
+                    {"Nats-Msg-Id": f"start:floor:{run}"},
                 )
                 if "error" in ack:
                     raise RuntimeError(ack["error"])
@@ -349,7 +376,7 @@ class RawBench:
                 await asyncio.sleep(gap)
                 run = f"fb{i}-{uuid.uuid4().hex[:8]}"
                 t0 = time.perf_counter()
-                await client.nc.request(svc_subject, run.encode(), timeout=10)
+                await requester.nc.request(svc_subject, run.encode(), timeout=10)
                 direct_l.append(time.perf_counter() - t0)
         finally:
             task.cancel()
@@ -560,32 +587,66 @@ def _med(reps: list[dict[str, Any]], *path: str) -> float:
     return median(vals)
 
 
+def bench_users(tag: str) -> list[AuthUser]:
+    """Least-privilege users for the sojourn, raw and trace prefixes of one bench server."""
+
+    def pw() -> str:
+        return secrets.token_urlsafe(18)
+
+    raw, trace = f"raw{tag}", f"trace{tag}"
+    return [
+        AuthUser("worker", pw(), "worker"),
+        AuthUser("client", pw(), "client"),
+        AuthUser("rawworker", pw(), "worker", prefix=raw),
+        AuthUser("rawclient", pw(), "client", prefix=raw),
+        AuthUser("rawadmin", pw(), "admin"),
+        AuthUser("traceworker", pw(), "worker", prefix=trace),
+        AuthUser("traceclient", pw(), "client", prefix=trace),
+    ]
+
+
 async def bench_setting(
-    cfg: Config, sync_interval: str, log: Callable[[str], None]
+    cfg: Config, sync_interval: str, log: Callable[[str], None], auth: bool = False
 ) -> dict[str, Any]:
     parent = cfg.store_dir or None
+    label = sync_interval + (", auth" if auth else "")
+    tag = uuid.uuid4().hex[:8]
     with tempfile.TemporaryDirectory(prefix="sojourn-bench-", dir=parent) as tmp:
-        srv = EmbeddedServer(store_dir=tmp, port=0, sync_interval=sync_interval)
+        settings = Settings(prefix=f"bench{tag}")
+        srv = EmbeddedServer(
+            store_dir=tmp,
+            port=0,
+            sync_interval=sync_interval,
+            auth=bench_users(tag) if auth else None,
+            auth_prefix=settings.prefix,
+        )
+
+        def url(user: str) -> str:
+            return srv.url_for(user) if auth else srv.url
+
         async with srv:
-            tag = uuid.uuid4().hex[:8]
-            settings = Settings(prefix=f"bench{tag}")
             body = _sample_decision(RESULT)
-            raw_broker = await Broker.connect(srv.url, name="bench-raw")
-            raw_client = await Broker.connect(srv.url, name="bench-raw-client")
+            raw_broker = await Broker.connect(url("rawworker"), name="bench-raw")
+            raw_client = await Broker.connect(url("rawclient"), name="bench-raw-client")
+            service = await Broker.connect(url("rawadmin"), name="bench-raw-svc") if auth else None
             raw = RawBench(raw_broker, f"raw{tag}", body, lambda: srv.pid)
             await raw.setup(settings)
-            worker = Worker([chain, single], nats=srv.url, settings=settings)
+            worker = Worker([chain, single], nats=url("worker"), settings=settings)
             await worker.start()
-            client = await Client.connect(srv.url, settings=settings)
+            client = await Client.connect(url("client"), settings=settings)
+            # Watches the runs' event subjects: a client may; a worker-role user may not.
+            observer = await Broker.connect(url("client"), name="bench-observer") if auth else None
+            watcher = observer or raw_broker
             soj = SojournBench(worker, client, lambda: srv.pid, tag)
             out: dict[str, Any] = {
                 "sync_interval": sync_interval,
+                "auth": auth,
                 "body_bytes": len(body),
                 "reps": [],
                 "load_before": _loadavg(),
             }
             try:
-                log(f"[{sync_interval}] warm-up")
+                log(f"[{label}] warm-up")
                 sec = cfg.sections
                 await raw.sequential(300)
                 await soj.sequential(300)
@@ -593,13 +654,13 @@ async def bench_setting(
                     await raw.concurrent(50, 5)
                     await soj.concurrent(50, 5)
                 if "lat" in sec:
-                    await soj.latency(30, raw_broker, cfg.latency_gap)
-                    await raw.one_step_floor(raw_client, settings, 30, cfg.latency_gap)
+                    await soj.latency(30, watcher, cfg.latency_gap)
+                    await raw.one_step_floor(raw_client, settings, 30, cfg.latency_gap, service)
                 for rep in range(cfg.repeats):
                     r: dict[str, Any] = {}
 
                     def step(what: str, rep: int = rep) -> None:
-                        log(f"[{sync_interval}] repeat {rep + 1}/{cfg.repeats}: {what}")
+                        log(f"[{label}] repeat {rep + 1}/{cfg.repeats}: {what}")
 
                     step("raw sequential")  # always: the other sections' ratios use it
                     r["raw_seq"] = await raw.sequential(cfg.raw_appends)
@@ -613,23 +674,28 @@ async def bench_setting(
                         r["soj_conc"] = await soj.concurrent(cfg.runs, cfg.run_steps)
                     if "lat" in sec:
                         step("1-step latency")
-                        r["lat"] = await soj.latency(cfg.latency_runs, raw_broker, cfg.latency_gap)
+                        r["lat"] = await soj.latency(cfg.latency_runs, watcher, cfg.latency_gap)
                         step("raw 1-step floor")
                         r["floor"] = await raw.one_step_floor(
-                            raw_client, settings, cfg.latency_runs, cfg.latency_gap
+                            raw_client, settings, cfg.latency_runs, cfg.latency_gap, service
                         )
                     out["reps"].append(r)
                 if cfg.trace and "seq" in cfg.sections and "lat" in cfg.sections:
-                    log(f"[{sync_interval}] trace (untimed)")
-                    out["trace"] = await trace_pass(srv.url, cfg)
+                    log(f"[{label}] trace (untimed)")
+                    out["trace"] = await trace_pass(
+                        url("traceworker"), url("traceclient"), cfg, f"trace{tag}"
+                    )
                 if cfg.profile:
-                    log(f"[{sync_interval}] profile (untimed)")
+                    log(f"[{label}] profile (untimed)")
                     out["profile"] = await profile_pass(soj, cfg.steps)
             finally:
                 await client.close()
                 await worker.stop()
                 await raw_broker.close()
                 await raw_client.close()
+                for extra in (service, observer):
+                    if extra is not None:
+                        await extra.close()
     out["load_after"] = _loadavg()
     out["summary"] = summarize_setting(out["reps"])
     return out
@@ -684,15 +750,17 @@ def summarize_setting(reps: list[dict[str, Any]]) -> dict[str, Any]:
 # --- untimed diagnostics ----------------------------------------------------------------------
 
 
-async def trace_pass(url: str, cfg: Config) -> dict[str, Any]:
+async def trace_pass(
+    worker_url: str, client_url: str, cfg: Config, prefix: str | None = None
+) -> dict[str, Any]:
     """Count and time the worker's broker operations for a sequential run and a 1-step run."""
     tag = uuid.uuid4().hex[:8]
-    settings = Settings(prefix=f"trace{tag}")
-    wb = await Broker.connect(url, name="bench-traced-worker")
+    settings = Settings(prefix=prefix or f"trace{tag}")
+    wb = await Broker.connect(worker_url, name="bench-traced-worker")
     tracer = TracedBroker(wb, settings.prefix)
     worker = Worker([chain, single], broker=wb, settings=settings)
     await worker.start()
-    client = await Client.connect(url, settings=settings)
+    client = await Client.connect(client_url, settings=settings)
     out: dict[str, Any] = {}
     try:
         # warm this prefix (topology, lease cache, code paths)
@@ -790,7 +858,15 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
         si = res["sync_interval"]
         raw_p50, raw_mean = s["raw_seq_p50"], s["raw_seq_mean"]
         add("")
-        add(f"## sync_interval: {si}")
+        if res.get("auth"):
+            add(f"## sync_interval: {si}, with authentication")
+            add("")
+            add(
+                "Least-privilege users: the worker and the client connect with worker and client "
+                "credentials; the raw appends go through a worker-role user of their own prefix."
+            )
+        else:
+            add(f"## sync_interval: {si}")
         add("")
         add(
             "| measurement | raw JetStream (same server, same run) | sojourn | ratio | target "
@@ -990,9 +1066,21 @@ async def amain(cfg: Config) -> dict[str, Any]:
     t0 = time.perf_counter()
     results = []
     for si in cfg.sync_intervals:
-        results.append(await bench_setting(cfg, si, log))
+        for auth in cfg.auth_modes:
+            results.append(await bench_setting(cfg, si, log, auth))
     elapsed = time.perf_counter() - t0
     print(render(cfg, facts, results))
+    if len(cfg.auth_modes) > 1 and "seq" in cfg.sections:
+        print()
+        for si in cfg.sync_intervals:
+            pair = [r for r in results if r["sync_interval"] == si]
+            ratios = ", ".join(
+                f"{'with' if r['auth'] else 'without'} auth "
+                f"{r['summary']['seq_ratio_per_rep']:.2f}x "
+                f"(raw p50 {fmt_us(r['summary']['raw_seq_p50'])})"
+                for r in pair
+            )
+            print(f"per-step ratio, sync_interval {si}: {ratios}")
     print(f"\n(bench took {elapsed:.0f} s)")
     return {"config": cfg.__dict__, "machine": facts, "results": results}
 
