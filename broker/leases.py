@@ -3,7 +3,7 @@
 A lease is the single message on ``<prefix>.lease.<run_id>`` in a stream that keeps one message
 per subject. Taking or renewing it is a compare-and-set on that subject's sequence, so two
 workers can never both believe they won. Leases make conflicts rare and take-over fast; they
-are *not* what correctness rests on: the event store's sequence fence is (DESIGN.md). A worker
+are *not* what correctness rests on: the event store's sequence fence is (docs/design.md). A worker
 that was paused past its lease (SIGSTOP, a long GC) is refused at its next append.
 
 Expiry compares wall clocks of different workers; keep them NTP-synced. Skew only delays a

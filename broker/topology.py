@@ -1,7 +1,7 @@
 """Creating sojourn's streams and durable consumers, idempotently.
 
 Called by every worker at start-up and by the client before its first publish, so a fresh
-server needs no manual setup. See DESIGN.md "Streams and subjects" and docs/wire.md.
+server needs no manual setup. See docs/design.md and docs/wire.md.
 
 Streams are looked at before anything is written: one that exists with sojourn's config is left
 alone, so users with least privilege (docs/operations.md, "Security") start against streams an

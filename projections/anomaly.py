@@ -1,4 +1,4 @@
-"""Anomaly signals that come before quality degrades (seed 000): per agent, the tool-call rate
+"""Anomaly signals that come before quality degrades: per agent, the tool-call rate
 and the history length against their own baselines.
 
 An agent stuck re-planning calls tools far more often than it usually does, and its history
