@@ -9,9 +9,10 @@ one sequence number. Every append carries:
 - ``Nats-Msg-Id``: unique per (run, expected sequence, writer activation), so an append that
   timed out and is retried is not stored twice.
 
-The trap (docs/jetstream.md): a retry carrying both headers is answered "wrong last sequence" (10071), not
-"duplicate", when the first attempt did land. So on 10071 we read the message right after the
-expected sequence: if it carries our Msg-Id, the append landed and we return its sequence.
+The trap (docs/jetstream.md): a retry carrying both headers is answered "wrong last sequence"
+(10071), not "duplicate", when the first attempt did land. So on 10071 we read the message
+right after the expected sequence: if it carries our Msg-Id, the append landed and we return
+its sequence.
 """
 
 from __future__ import annotations
