@@ -294,7 +294,8 @@ class Client:
         return sid
 
     def _operator(self, by: str | None) -> str:
-        return self._sender(by) or "anonymous"
+        """The sender of a control message, which always has one."""
+        return self._sender(by) or self.broker.sender("anonymous")
 
     async def resume(self, run_id: str, note: str = "", *, by: str | None = None) -> None:
         """Lift a suspension (a poll cap reached, non-determinism after a code fix): the run

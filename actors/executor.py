@@ -508,7 +508,7 @@ class Activation:
     def sender(self) -> str:
         """The sender token of what this activation publishes on the inbox (child starts and
         notices, cancel cascades): the worker's authenticated NATS user, if any."""
-        return self.store.broker.user or "worker"
+        return self.store.broker.sender("worker")
 
     # --- the activation -----------------------------------------------------------------------
 

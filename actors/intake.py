@@ -273,7 +273,7 @@ class Intake:
 
     def _sender(self) -> str:
         """This worker's sender token for the control messages it sends itself."""
-        return self.broker.user or "worker"
+        return self.broker.sender("worker")
 
     async def _create(
         self, msg: Msg, agent_name: str, trigger: StartTrigger

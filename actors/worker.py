@@ -39,7 +39,7 @@ from . import metrics
 from .agent import Agent
 from .executor import Activation
 from .faults import fault
-from .intake import HANDBACK_MAX_DELAY, Intake
+from .intake import HANDBACK_MAX_DELAY, Intake, dead_letter
 
 __all__ = ["Worker"]
 
@@ -363,16 +363,11 @@ class Worker:
             f"(Settings.max_deliveries = {self.settings.max_deliveries})"
         )
         log.error("%s; dead-lettered", reason)
-        record = DeadLetter(
-            code="max_deliveries",
-            message=reason,
-            subject=msg.subject[:1024],
-            data=b"",
-            headers={k: v for k, v in (msg.headers or {}).items()},
-            inbox_seq=msg.metadata.sequence.stream,
-            rejected_at=time.time(),
+        b = self._broker_or_fail()
+        record = dead_letter(
+            msg, "other", "max_deliveries", reason, limit=b.nc.max_payload or (1024 * 1024)
         )
-        await self._broker_or_fail().publish(self.names.dlq("other"), encode(record))
+        await b.publish(self.names.dlq("other"), encode(record))
         metrics.DEAD_LETTERS.labels("max_deliveries").inc()
         await msg.ack()
 

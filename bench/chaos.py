@@ -61,6 +61,7 @@ from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import (
     RunCancelled,
     RunCompleted,
+    RunEvent,
     RunFailed,
     RunStarted,
     SignalReceived,
@@ -512,23 +513,22 @@ class Runs:
                     log(f"  signal {run_id}: {type(e).__name__}: {e}; retrying")
                 await asyncio.sleep(0.25)
 
-    async def _parked_on_gate(self, run_id: str) -> bool:
+    async def _last_events(self, run_id: str) -> list[RunEvent]:
+        """The events of the run's last stored decision ([] when it has none)."""
         c = self.client
+        last = await c.broker.direct_get_last(c.names.events_stream, c.names.events(run_id))
+        return [] if last is None else decode_events(last.data)
+
+    async def _parked_on_gate(self, run_id: str) -> bool:
         with contextlib.suppress(Exception):
-            last = await c.broker.direct_get_last(c.names.events_stream, c.names.events(run_id))
-            if last is not None:
-                return any(
-                    isinstance(e, WaitStarted) and e.key == "signal:" + GATE
-                    for e in decode_events(last.data)
-                )
+            return any(
+                isinstance(e, WaitStarted) and e.key == "signal:" + GATE
+                for e in await self._last_events(run_id)
+            )
         return False
 
     async def _ended(self, run_id: str) -> bool:
-        c = self.client
-        last = await c.broker.direct_get_last(c.names.events_stream, c.names.events(run_id))
-        if last is None:
-            return False
-        return any(isinstance(e, TERMINAL) for e in decode_events(last.data))
+        return any(isinstance(e, TERMINAL) for e in await self._last_events(run_id))
 
     async def sweep(self, only_hinted: bool) -> None:
         pending = [r for r in self.started if r not in self.ended]

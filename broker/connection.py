@@ -477,6 +477,11 @@ class Broker:
             )
         return cls(nc, url, user=opts.user, denials=denials)
 
+    def sender(self, default: str) -> str:
+        """The token this connection publishes ``<prefix>.as.<sender>...`` messages under: its
+        authenticated user, else ``default`` (a claim, on a server without authentication)."""
+        return self.user or default
+
     @property
     def server_version(self) -> str:
         return str(self.nc._server_info.get("version", "?"))
