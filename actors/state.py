@@ -33,13 +33,12 @@ from sojourn.schemas.events import (
     WaitCompleted,
     WaitStarted,
 )
+from sojourn.schemas.lifecycle import next_status, next_waiting, out_of_place
+from sojourn.schemas.vocabulary import TERMINAL, RunStatus, WaitOutcome
 
 __all__ = ["TERMINAL", "OpRecord", "RunState", "RunStatus", "SignalRecord", "evolve", "fold"]
-
-RunStatus = Literal[
-    "new", "pending", "running", "waiting", "suspended", "completed", "failed", "cancelled"
-]
-TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+# ``RunStatus`` and ``TERMINAL`` are defined once, in ``sojourn.schemas.vocabulary``; the status
+# and waiting rules, in ``sojourn.schemas.lifecycle`` (shared with the run summary's fold).
 
 
 class OpRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,7 +59,7 @@ class OpRecord(msgspec.Struct, frozen=True, kw_only=True):
     signals: tuple[str, ...] = ()
     deadline: float | None = None
     children: tuple[str, ...] = ()
-    outcome: str | None = None
+    outcome: WaitOutcome | None = None
     detail: str | None = None
     interrupted: int = 0
     """Attempts in a row at this step that started and never ended before the one recorded
@@ -97,6 +96,8 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     events: int = 0
     anomalies: tuple[str, ...] = ()
     waiting_on: tuple[str, ...] = ()
+    """``WaitingOn`` entries, formatted (``signal:<name>``, ``run:<id>``, ``timer``,
+    ``retry:<step>``): read them with ``WaitingOn.parse``."""
     deadline: float | None = None
     signals: tuple[SignalRecord, ...] = ()
     children: tuple[str, ...] = ()
@@ -124,19 +125,18 @@ def _anomaly(state: RunState, text: str) -> RunState:
 def evolve(state: RunState, event: RunEvent) -> RunState:
     """Apply one event. Total: an out-of-place event is recorded as an anomaly, never raised."""
     s = msgspec.structs.replace(state, events=state.events + 1, updated_at=event.at)
-    if s.terminal and not isinstance(event, CancelRequested):
-        return _anomaly(s, f"{type(event).__name__} after the run ended")
+    why = out_of_place(s.status, event)
+    if why is not None:
+        return _anomaly(s, why)
     match event:
         case RunStarted():
-            if s.status != "new":
-                return _anomaly(s, "RunStarted twice")
             return msgspec.structs.replace(
                 s,
                 run_id=event.run_id,
                 agent=event.agent,
                 code_version=event.code_version,
                 input=event.input,
-                status="pending",
+                status=next_status(s.status, event),
                 started_at=event.at,
                 parent_run_id=event.parent_run_id,
             )
@@ -163,14 +163,15 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
             return msgspec.structs.replace(s, cancel_requested=event.reason or "cancelled")
         case RunSuspended():
             return msgspec.structs.replace(
-                s, status="suspended", suspended_reason=event.reason, suspended_detail=event.detail
+                s,
+                status=next_status(s.status, event),
+                suspended_reason=event.reason,
+                suspended_detail=event.detail,
             )
         case RunResumed():
-            if s.status != "suspended":
-                return _anomaly(s, "RunResumed while not suspended")
             return msgspec.structs.replace(
                 s,
-                status="pending",
+                status=next_status(s.status, event),
                 suspended_reason=None,
                 suspended_detail=None,
                 cap_resumes=s.cap_resumes + (s.suspended_reason == "cap"),
@@ -178,14 +179,16 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
             )
         case RunCompleted():
             return msgspec.structs.replace(
-                s, status="completed", output=event.output, ended_at=event.at
+                s, status=next_status(s.status, event), output=event.output, ended_at=event.at
             )
         case RunFailed():
-            return msgspec.structs.replace(s, status="failed", error=event.error, ended_at=event.at)
+            return msgspec.structs.replace(
+                s, status=next_status(s.status, event), error=event.error, ended_at=event.at
+            )
         case RunCancelled():
             return msgspec.structs.replace(
                 s,
-                status="cancelled",
+                status=next_status(s.status, event),
                 ended_at=event.at,
                 cancel_requested=event.reason or "cancelled",
             )
@@ -200,10 +203,6 @@ def _signal_record(event: SignalReceived) -> SignalRecord:
         at=event.at,
         sent_by=event.sent_by,
     )
-
-
-def _active(s: RunState) -> RunStatus:
-    return "suspended" if s.status == "suspended" else "running"
 
 
 _OP_EVENTS = (
@@ -375,7 +374,7 @@ _NOUN: dict[type, str] = {
 
 def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
     """Apply an operation event that fits (see ``_misplaced``) to ``ops`` in place; return ``s``
-    with status and counters updated (its ``ops`` field is the caller's to set)."""
+    with status, waiting and counters updated (its ``ops`` field is the caller's to set)."""
     match event:
         case StepStarted():
             prev = ops[event.position] if event.position < len(ops) else None
@@ -387,9 +386,7 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 attempts=event.attempt,
                 interrupted=prev.interrupted + 1 if prev and prev.status == "started" else 0,
             )
-            s = msgspec.structs.replace(s, status=_active(s), step_attempts=s.step_attempts + 1)
-            if s.waiting_on == (f"retry:{event.name}",):
-                s = msgspec.structs.replace(s, waiting_on=(), deadline=None)
+            s = msgspec.structs.replace(s, step_attempts=s.step_attempts + 1)
         case StepCompleted():
             rec = OpRecord(
                 position=event.position,
@@ -399,7 +396,7 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 attempts=event.attempt,
                 result=event.result,
             )
-            s = msgspec.structs.replace(s, status=_active(s), steps_completed=s.steps_completed + 1)
+            s = msgspec.structs.replace(s, steps_completed=s.steps_completed + 1)
         case StepFailed():
             rec = OpRecord(
                 position=event.position,
@@ -410,15 +407,6 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 error=event.error,
                 deadline=event.retry_at,
             )
-            if event.retry_at is None:
-                s = msgspec.structs.replace(s, status=_active(s))
-            else:  # backing off: the run waits for its retry timer
-                s = msgspec.structs.replace(
-                    s,
-                    status="suspended" if s.status == "suspended" else "waiting",
-                    waiting_on=(f"retry:{event.name}",),
-                    deadline=event.retry_at,
-                )
         case ValueRecorded():
             rec = OpRecord(
                 position=event.position,
@@ -437,13 +425,6 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 deadline=event.deadline,
                 children=event.children,
             )
-            on = (
-                *(f"signal:{n}" for n in event.signals),
-                *(f"run:{c}" for c in event.children),
-                *(("timer",) if event.deadline is not None else ()),
-            )
-            status: RunStatus = "suspended" if s.status == "suspended" else "waiting"
-            s = msgspec.structs.replace(s, status=status, waiting_on=on, deadline=event.deadline)
         case WaitCompleted():
             rec = OpRecord(
                 position=event.position,
@@ -454,12 +435,9 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 outcome=event.outcome,
                 detail=event.signal if event.outcome == "signal" else event.child_status,
             )
-            signals = s.signals
             if event.signal_id is not None:
-                signals = tuple(r for r in signals if r.signal_id != event.signal_id)
-            s = msgspec.structs.replace(
-                s, status=_active(s), waiting_on=(), deadline=None, signals=signals
-            )
+                signals = tuple(r for r in s.signals if r.signal_id != event.signal_id)
+                s = msgspec.structs.replace(s, signals=signals)
         case ChildStarted():
             rec = OpRecord(
                 position=event.position,
@@ -475,4 +453,16 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
         ops.append(rec)
     else:
         ops[rec.position] = rec
-    return s
+    return _lifecycle(s, event)
+
+
+def _lifecycle(s: RunState, event: RunEvent) -> RunState:
+    """Status and waiting after an event the run takes: the shared rules of
+    ``sojourn.schemas.lifecycle``."""
+    status = next_status(s.status, event)
+    waiting = next_waiting(s.waiting_on, event)
+    if waiting is not None:
+        return msgspec.structs.replace(
+            s, status=status, waiting_on=waiting.on, deadline=waiting.deadline
+        )
+    return s if status == s.status else msgspec.structs.replace(s, status=status)

@@ -19,14 +19,17 @@ from typing import Any
 
 import msgspec
 
-from sojourn.broker.leases import LeaseHolder
 from sojourn.schemas.health import Liveness, LivenessState, WedgeRecord
+from sojourn.schemas.vocabulary import SuspendReason
+from sojourn.schemas.wire import LeaseHolder
 
 from .summary import RunSummary
 
 __all__ = ["WEDGING_SUSPENSIONS", "Thresholds", "classify"]
 
-WEDGING_SUSPENSIONS = frozenset({"nondeterminism", "poison", "crash_loop"})
+WEDGING_SUSPENSIONS: frozenset[SuspendReason] = frozenset(
+    {"nondeterminism", "poison", "crash_loop"}
+)
 """Suspension reasons no resume can fix without a code change: reported as ``wedged``."""
 
 

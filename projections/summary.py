@@ -34,14 +34,19 @@ from sojourn.schemas.events import (
     WaitCompleted,
     WaitStarted,
 )
+from sojourn.schemas.lifecycle import (
+    awaited_signals,
+    child_notices,
+    next_status,
+    next_waiting,
+    out_of_place,
+)
+from sojourn.schemas.vocabulary import POLL_WAIT, TERMINAL, RunStatus, WaitKey
 from sojourn.schemas.wire import CHILD_SIGNAL
 
 __all__ = ["CHILD_SIGNAL", "POLL_WAIT", "RunSummary", "summarize", "summarize_all"]
-
-POLL_WAIT = "poll"
-"""The wait key of the pause between two checks of ``ctx.poll``: one idle poll."""
-
-_TERMINAL = frozenset({"completed", "failed", "cancelled"})
+# ``CHILD_SIGNAL`` (``sojourn.schemas.wire``) and ``POLL_WAIT`` (``sojourn.schemas.vocabulary``)
+# are defined there and re-exported here for the callers that import them from this module.
 
 
 class PendingSignal(msgspec.Struct, frozen=True, array_like=True):
@@ -54,7 +59,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str = ""
     agent: str = ""
     parent_run_id: str | None = None
-    status: str = "new"
+    status: RunStatus = "new"
     """``new``, ``pending``, ``running``, ``waiting``, ``suspended`` or a terminal status."""
     started_at: float = 0.0
     ended_at: float | None = None
@@ -64,6 +69,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     decisions: int = 0
     bytes: int = 0
     waiting_on: tuple[str, ...] = ()
+    """``WaitingOn`` entries, formatted, as in the full fold (``WaitingOn.parse`` reads them)."""
     waiting_since: float | None = None
     deadline: float | None = None
     signals: tuple[PendingSignal, ...] = ()
@@ -85,17 +91,11 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def terminal(self) -> bool:
-        return self.status in _TERMINAL
+        return self.status in TERMINAL
 
     def due_signal(self) -> PendingSignal | None:
         """The earliest buffered signal the run's current wait is waiting for, if any."""
-        wanted = set()
-        for on in self.waiting_on:
-            kind, _, what = on.partition(":")
-            if kind == "signal":
-                wanted.add(what)
-            elif kind == "run":
-                wanted.add(f"{CHILD_SIGNAL}.{what}")
+        wanted = awaited_signals(self.waiting_on)
         for sig in self.signals:
             if sig.name in wanted:
                 return sig
@@ -103,22 +103,21 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
-    """Apply one event."""
+    """Apply one event. Status and waiting follow ``sojourn.schemas.lifecycle``, the rules the
+    full fold applies too."""
     rep = msgspec.structs.replace
     s = rep(s, events=s.events + 1, last_event_at=max(s.last_event_at, event.at))
+    if out_of_place(s.status, event) is not None:
+        return rep(s, anomalies=s.anomalies + 1)
     if s.terminal:
-        return s if isinstance(event, CancelRequested) else rep(s, anomalies=s.anomalies + 1)
-    active = "suspended" if s.status == "suspended" else "running"
+        return s  # a cancel request after the end: ignored
     match event:
         case RunStarted():
-            if s.status != "new":
-                return rep(s, anomalies=s.anomalies + 1)
-            return rep(
+            s = rep(
                 s,
                 run_id=s.run_id or event.run_id,
                 agent=sys.intern(event.agent),  # one copy per agent name, not per run
                 parent_run_id=event.parent_run_id,
-                status="pending",
                 started_at=event.at,
             )
         case StepStarted():
@@ -126,7 +125,6 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
             retry = event.attempt > 1 and not in_doubt
             s = rep(
                 s,
-                status=active,
                 step=event.name,
                 step_position=event.position,
                 step_started_at=event.at,
@@ -134,52 +132,17 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 retries=s.retries + retry,
                 in_doubt=s.in_doubt + in_doubt,
             )
-            if s.waiting_on == (f"retry:{event.name}",):
-                s = rep(s, waiting_on=(), deadline=None, waiting_since=None)
-            return s
-        case StepCompleted():
-            return rep(s, status=active, step=None, step_position=None, step_started_at=None)
-        case StepFailed():
+        case StepCompleted() | StepFailed():
             s = rep(s, step=None, step_position=None, step_started_at=None)
-            if event.retry_at is None:
-                return rep(s, status=active)
-            return rep(
-                s,
-                status="suspended" if s.status == "suspended" else "waiting",
-                waiting_on=(f"retry:{event.name}",),
-                waiting_since=event.at,
-                deadline=event.retry_at,
-            )
         case WaitStarted():
-            on = (
-                *(f"signal:{n}" for n in event.signals),
-                *(f"run:{c}" for c in event.children),
-                *(("timer",) if event.deadline is not None else ()),
-            )
-            return rep(
-                s,
-                status="suspended" if s.status == "suspended" else "waiting",
-                waiting_on=on,
-                waiting_since=event.at,
-                deadline=event.deadline,
-                idle_polls=s.idle_polls + (event.key == POLL_WAIT),
-            )
+            s = rep(s, idle_polls=s.idle_polls + (WaitKey.parse(event.key).kind == "poll"))
         case WaitCompleted():
-            signals = s.signals
             if event.signal_id is not None:
-                signals = tuple(x for x in signals if x.signal_id != event.signal_id)
+                s = rep(s, signals=tuple(x for x in s.signals if x.signal_id != event.signal_id))
             elif event.outcome == "child":
                 # The child's notification may have been buffered: it is consumed with the wait.
-                done = _child_signals(s.waiting_on)
-                signals = tuple(x for x in signals if x.name not in done)
-            return rep(
-                s,
-                status=active,
-                waiting_on=(),
-                waiting_since=None,
-                deadline=None,
-                signals=signals,
-            )
+                done = child_notices(s.waiting_on)
+                s = rep(s, signals=tuple(x for x in s.signals if x.name not in done))
         case SignalReceived():
             if any(x.signal_id == event.signal_id for x in s.signals):
                 return s
@@ -195,31 +158,36 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
         case CancelRequested():
             return rep(s, cancel_requested=True)
         case RunSuspended():
-            return rep(
-                s,
-                status="suspended",
-                suspended_reason=event.reason,
-                suspended_detail=event.detail,
-            )
+            s = rep(s, suspended_reason=event.reason, suspended_detail=event.detail)
         case RunResumed():
-            if s.status != "suspended":
-                return rep(s, anomalies=s.anomalies + 1)
-            return rep(s, status="pending", suspended_reason=None, suspended_detail=None)
-        case RunCompleted():
-            return _ended(s, "completed", event.at)
-        case RunFailed():
-            return _ended(s, "failed", event.at)
-        case RunCancelled():
-            return _ended(s, "cancelled", event.at)
-    return rep(s, anomalies=s.anomalies + 1)  # pragma: no cover
+            s = rep(s, suspended_reason=None, suspended_detail=None)
+        case RunCompleted() | RunFailed() | RunCancelled():
+            return _ended(s, next_status(s.status, event), event.at)
+        case _:  # pragma: no cover
+            return rep(s, anomalies=s.anomalies + 1)
+    return _lifecycle(s, event)
 
 
-def _child_signals(waiting_on: tuple[str, ...]) -> set[str]:
-    """The end notices of the child runs a wait waits for."""
-    return {f"{CHILD_SIGNAL}.{on[4:]}" for on in waiting_on if on.startswith("run:")}
+def _lifecycle(s: RunSummary, event: RunEvent) -> RunSummary:
+    """Status and waiting after an event the run takes (``sojourn.schemas.lifecycle``); a new
+    wait (or retry backoff) starts ``waiting_since``."""
+    status = next_status(s.status, event)
+    waiting = next_waiting(s.waiting_on, event)
+    if waiting is None:
+        return s if status == s.status else msgspec.structs.replace(s, status=status)
+    began = isinstance(event, (WaitStarted, StepFailed))
+    return msgspec.structs.replace(
+        s,
+        status=status,
+        waiting_on=waiting.on,
+        waiting_since=event.at if began else None,
+        deadline=waiting.deadline,
+    )
 
 
-def _ended(s: RunSummary, status: str, at: float) -> RunSummary:
+def _ended(s: RunSummary, status: RunStatus, at: float) -> RunSummary:
+    """An ended run waits on nothing and buffers nothing (the full fold keeps its last wait:
+    replay never reads it, and liveness never looks at an ended run)."""
     return msgspec.structs.replace(
         s,
         status=status,
@@ -314,7 +282,7 @@ class _Pending:
         if e.signal_id is not None:
             self._by_id.pop(e.signal_id, None)
         elif e.outcome == "child":
-            for name in _child_signals(waiting_on):
+            for name in child_notices(waiting_on):
                 for sid in self._by_name.pop(name, ()):
                     x = self._by_id.get(sid)
                     if x is not None and x.name == name:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .events import RunEvent
+from .events import HistoryEntry, RunEvent
 from .health import WatchClaim, WedgeRecord, WorkerBeat
 from .wire import (
     CancelBody,
@@ -22,6 +22,7 @@ from .wire import (
     InDoubtDecision,
     IntakeError,
     IntakeOk,
+    LeaseHolder,
     ResumeBody,
     StartTrigger,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "decode_events",
     "decode_intake_reply",
     "decode_json",
+    "decode_lease_holder",
     "decode_resume",
     "decode_start",
     "decode_watch_claim",
@@ -50,6 +52,7 @@ T = TypeVar("T")
 
 _encoder = msgspec.json.Encoder()
 _events_decoder = msgspec.json.Decoder(list[RunEvent])
+_history_decoder = msgspec.json.Decoder(list[HistoryEntry])
 _start_decoder = msgspec.json.Decoder(StartTrigger)
 _dlq_decoder = msgspec.json.Decoder(DeadLetter)
 _beat_decoder = msgspec.json.Decoder(WorkerBeat)
@@ -74,6 +77,12 @@ def encode_events(events: list[RunEvent] | tuple[RunEvent, ...]) -> bytes:
 def decode_events(data: bytes) -> list[RunEvent]:
     """Decode one stream message into its events. Raises ``msgspec.DecodeError``."""
     return _events_decoder.decode(data)
+
+
+def decode_history(data: bytes) -> list[HistoryEntry]:
+    """Decode a history as ``sojourn history RUN --json`` prints it. Raises
+    ``msgspec.DecodeError`` or ``msgspec.ValidationError``."""
+    return _history_decoder.decode(data)
 
 
 def decode_start(data: bytes) -> StartTrigger:
@@ -140,6 +149,14 @@ def decode_wedge_record(data: bytes) -> WedgeRecord:
 
 def decode_watch_claim(data: bytes) -> WatchClaim:
     return _claim_decoder.decode(data)
+
+
+_lease_decoder = msgspec.json.Decoder(LeaseHolder)
+
+
+def decode_lease_holder(data: bytes) -> LeaseHolder:
+    """A lease message body (``<prefix>.lease.<run_id>``)."""
+    return _lease_decoder.decode(data)
 
 
 def to_raw(value: Any) -> msgspec.Raw:

@@ -12,15 +12,16 @@ converts them with the agent's annotations.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
+
+from .vocabulary import WaitOutcome
 
 __all__ = [
     "CancelRequested",
     "ChildStarted",
     "ErrorInfo",
     "Event",
+    "HistoryEntry",
     "RunCancelled",
     "RunCompleted",
     "RunEvent",
@@ -93,8 +94,10 @@ class RunSuspended(Event, tag="run.suspended.v1", frozen=True, kw_only=True):
     """The run is parked for a human: replay diverged, a cap was hit, a step is in doubt."""
 
     reason: str
-    """``nondeterminism``, ``poison``, ``cap`` (a poll or budget cap), ``in_doubt`` or
-    ``manual``; a plain string so a newer reason never makes an older reader fail."""
+    """A ``SuspendReason`` (``sojourn.schemas.vocabulary``): ``nondeterminism``, ``cap``,
+    ``budget``, ``in_doubt``, ``crash_loop``; ``poison`` and ``manual`` are reserved. A plain
+    string on purpose, not the Literal: a newer reason must never make an older reader fail
+    (decision 0001 allows widening a set of strings, never narrowing one)."""
     detail: str
 
 
@@ -138,15 +141,19 @@ class ValueRecorded(Event, tag="value.recorded.v1", frozen=True, kw_only=True):
 
     position: int
     kind: str
+    """A ``ValueKind`` (``now``, ``uuid``, ``random``, ``spend``); a plain string like
+    ``RunSuspended.reason``, so a new kind never breaks an older reader."""
     value: msgspec.Raw
 
 
 class WaitStarted(Event, tag="wait.started.v1", frozen=True, kw_only=True):
     """The run parks at ``position`` until one of ``signals`` arrives or ``deadline`` passes.
 
-    ``key`` names the wait for replay checks (``sleep``, ``signal:docs.signed``,
-    ``select:a|b``, ``child:<run>``). A deadline is kept by the broker as a message schedule
-    on ``<prefix>.timer.<run_id>.<position>`` that targets the run's wake subject.
+    ``key`` names the wait for replay checks (``sleep``, ``poll``, ``signal:docs.signed``,
+    ``select:a|b``, ``child:<run>``): ``WaitKey(...).format()``, read with ``WaitKey.parse``
+    (``sojourn.schemas.vocabulary``); stored as text, compared as text. A deadline is kept by
+    the broker as a message schedule on ``<prefix>.timer.<run_id>.<position>`` that targets the
+    run's wake subject.
     """
 
     position: int
@@ -162,11 +169,14 @@ class WaitCompleted(Event, tag="wait.completed.v1", frozen=True, kw_only=True):
 
     position: int
     key: str
-    outcome: Literal["signal", "timeout", "child"]
+    outcome: WaitOutcome
     payload: msgspec.Raw
     signal: str | None = None
     signal_id: str | None = None
     child_status: str | None = None
+    """For ``outcome == "child"``: the child's ``ChildStatus`` (``completed``, ``failed`` or
+    ``cancelled`` so far). A plain string, not the Literal: it was shipped as one, and a narrower
+    type would make a newer status a poison history for older readers (decision 0001)."""
 
 
 class SignalReceived(Event, tag="signal.received.v1", frozen=True, kw_only=True):
@@ -204,3 +214,12 @@ RunEvent = (
     | ChildStarted
 )
 """Every event that may appear in a run's history (a tagged union)."""
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One stored decision as ``sojourn history RUN --json`` prints it (a JSON array of
+    these): what ``sojourn replay --from-file`` reads, so a team can keep golden histories."""
+
+    seq: int
+    writer: str
+    events: list[RunEvent]

@@ -13,10 +13,14 @@ from typing import Literal
 
 import msgspec
 
+from .vocabulary import ChildStatus
+
 __all__ = [
     "CHILD_SIGNAL",
     "DECIDE_SIGNAL",
+    "NO_DETAILS",
     "REJECT_CODES",
+    "RESERVED_SIGNAL_PREFIX",
     "CancelBody",
     "ChildOutcome",
     "DeadLetter",
@@ -26,22 +30,36 @@ __all__ = [
     "InboxKind",
     "IntakeError",
     "IntakeOk",
+    "LeaseHolder",
     "RejectCode",
     "ResumeBody",
     "StartTrigger",
+    "child_signal",
+    "decide_signal",
 ]
 
 
-CHILD_SIGNAL = "sojourn-child"
+RESERVED_SIGNAL_PREFIX = "sojourn-"
+"""Signal names sojourn records itself start with this (child notices, decisions). They arrive
+only on control subjects; a signal subject naming one is refused ``forbidden``."""
+
+CHILD_SIGNAL = f"{RESERVED_SIGNAL_PREFIX}child"
 """Prefix of the reserved signal a child run sends its parent when it ends
-(``sojourn-child.<child_run_id>``)."""
+(``sojourn-child.<child_run_id>``, ``child_signal``)."""
+
+
+def child_signal(child_run_id: str) -> str:
+    """The name of the signal recording ``child_run_id``'s end notice in its parent."""
+    return f"{CHILD_SIGNAL}.{child_run_id}"
 
 
 InboxKind = Literal["start", "signal", "cancel", "spawn", "resume", "decide", "child"]
 """What an inbox message asks for, from its subject (docs/wire.md "Subjects")."""
 
 
-class StartTrigger(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class StartTrigger(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
     """Body of a message on ``sojourn.start.<agent>``.
 
     ``run_id`` makes starting idempotent forever: the same id started twice is one run.
@@ -88,7 +106,9 @@ class ChildOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     child_run_id: str
-    status: str
+    status: ChildStatus
+    """Every writer (the executor, the intake) writes one of these four; a notice with another
+    status is refused ``invalid_trigger`` by the intake rather than recorded."""
     output: msgspec.Raw
     error: ErrorBody | None = None
 
@@ -127,7 +147,29 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     truncated: bool = False
 
 
-class CancelBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+NO_DETAILS = msgspec.Raw(b"null")
+"""A lease's ``details`` when the step reported none."""
+
+
+class LeaseHolder(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The body of a run's lease message (``<prefix>.lease.<run_id>``): who executes the run,
+    until when. Every renewal is also the run's heartbeat; ``owner`` ``None`` is a release."""
+
+    owner: str | None
+    expires_at: float = 0.0
+    acquired_at: float = 0.0
+    heartbeat_at: float = 0.0
+    """When this message was written (the owner's last heartbeat)."""
+    step: str | None = None
+    """The step the owner is running, if any."""
+    step_started_at: float | None = None
+    details: msgspec.Raw = NO_DETAILS
+    """The last ``ctx.heartbeat(details)`` of that step (JSON ``null`` when none)."""
+
+
+class CancelBody(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
     """Body of a cancel (``<prefix>[.as.<sender>].cancel.<run_id>``); closed. Who cancelled is
     the subject's sender: ``by`` is accepted from older clients and ignored."""
 
@@ -135,7 +177,7 @@ class CancelBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     by: str | None = None
 
 
-class InDoubtDecision(msgspec.Struct, frozen=True, kw_only=True):
+class InDoubtDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """An operator's decision on an in-doubt step (``<prefix>.as.<sender>.decide...``), as
     recorded in the run's history: ``by`` is filled in by the intake from the subject's
     sender, never taken from the body."""
@@ -145,9 +187,15 @@ class InDoubtDecision(msgspec.Struct, frozen=True, kw_only=True):
     by: str | None = None
 
 
-DECIDE_SIGNAL = "sojourn-decide"
+DECIDE_SIGNAL = f"{RESERVED_SIGNAL_PREFIX}decide"
 """Prefix of the reserved signal an operator's decision is recorded as
-(``sojourn-decide.<position>.<attempt>``)."""
+(``sojourn-decide.<position>.<attempt>``, ``decide_signal``)."""
+
+
+def decide_signal(position: int | str, attempt: int | str) -> str:
+    """The name of the signal recording a decision on the step at ``position`` whose attempt
+    ``attempt`` is in doubt."""
+    return f"{DECIDE_SIGNAL}.{position}.{attempt}"
 
 
 class ResumeBody(msgspec.Struct, frozen=True, kw_only=True):

@@ -33,7 +33,7 @@ from sojourn.schemas.events import (
     WaitCompleted,
     WaitStarted,
 )
-from tests.actors.test_state import Expected, valid_histories
+from tests.strategies import Expected, valid_histories
 
 BOOM = ErrorInfo(type="ValueError", message="boom")
 NULL = msgspec.Raw(b"null")

@@ -29,7 +29,7 @@ from sojourn.schemas.events import (
     WaitStarted,
 )
 from sojourn.schemas.wire import CHILD_SIGNAL
-from tests.actors.test_state import Expected, any_histories, signal_histories, valid_histories
+from tests.strategies import Expected, any_histories, signal_histories, valid_histories
 
 
 def _summary(events: list[RunEvent]) -> RunSummary:

@@ -1,0 +1,198 @@
+"""A run's lifecycle rules, pure and in one place: which event moves a run to which status, what
+a run refuses (an anomaly), and what a parked run waits on.
+
+Two folds apply them: the full run state (``sojourn.actors.state``, what replay reads) and the
+compact run summary (``sojourn.projections.summary``, what the watchdog reads). Each keeps its
+own fields, but neither decides a status or a wait by itself, so the two cannot drift apart.
+No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from .events import (
+    CancelRequested,
+    RunCancelled,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    RunSuspended,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    WaitCompleted,
+    WaitStarted,
+)
+from .vocabulary import TERMINAL, RunStatus, TerminalStatus, WaitingOn
+from .wire import child_signal
+
+__all__ = [
+    "NOT_WAITING",
+    "TERMINAL_EVENTS",
+    "Waiting",
+    "active",
+    "awaited_signals",
+    "child_notices",
+    "end_status",
+    "next_status",
+    "next_waiting",
+    "out_of_place",
+    "parked",
+    "parked_on",
+]
+
+TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
+"""The events that end a run (``isinstance(e, TERMINAL_EVENTS)``); at most one per history."""
+
+
+def end_status(event: RunEvent) -> TerminalStatus | None:
+    """The status ``event`` ends a run with, or ``None`` if it does not end one."""
+    match event:
+        case RunCompleted():
+            return "completed"
+        case RunFailed():
+            return "failed"
+        case RunCancelled():
+            return "cancelled"
+    return None
+
+
+def out_of_place(status: RunStatus, event: RunEvent) -> str | None:
+    """Why a run in ``status`` refuses ``event`` (the anomaly, in words), or ``None``.
+
+    An ended run takes nothing more (a cancel request after the end is no anomaly: it is
+    ignored); a run starts once; only a suspended run is resumed. The full fold also refuses
+    operation events that do not fit its operation index (``sojourn.actors.state``)."""
+    if status in TERMINAL:
+        if isinstance(event, CancelRequested):
+            return None
+        return f"{type(event).__name__} after the run ended"
+    if isinstance(event, RunStarted) and status != "new":
+        return "RunStarted twice"
+    if isinstance(event, RunResumed) and status != "suspended":
+        return "RunResumed while not suspended"
+    return None
+
+
+def active(status: RunStatus) -> RunStatus:
+    """The status of a run that does something (a step, a wait that ended): ``running``, unless
+    an operator's suspension holds it."""
+    return "suspended" if status == "suspended" else "running"
+
+
+def parked(status: RunStatus) -> RunStatus:
+    """The status of a run that parks (a wait, a retry backoff): ``waiting``, unless suspended."""
+    return "suspended" if status == "suspended" else "waiting"
+
+
+def next_status(status: RunStatus, event: RunEvent) -> RunStatus:
+    """The status after ``event``, for an event the run takes (``out_of_place`` is ``None``).
+
+    ``RunStarted`` and ``RunResumed`` make a run ``pending`` (a worker is to replay it); a step
+    event or a completed wait makes it ``running`` and a wait or a failed attempt with a retry
+    due makes it ``waiting`` (a suspended run stays ``suspended`` either way); ``RunSuspended``
+    suspends it; the three ends end it. Signals, values, child starts and cancel requests leave
+    the status as it is, and an ended run stays ended."""
+    if status in TERMINAL:
+        return status
+    # By type, not ``match``: this runs for every event of every fold (class patterns cost
+    # several times a set lookup).
+    kind = type(event)
+    if kind in _ACTIVE:
+        return "suspended" if status == "suspended" else "running"
+    to = _FIXED.get(kind)
+    if to is not None:
+        return to
+    if isinstance(event, StepFailed):
+        return active(status) if event.retry_at is None else parked(status)
+    if kind is WaitStarted:
+        return parked(status)
+    return status
+
+
+_ACTIVE: frozenset[type] = frozenset({StepStarted, StepCompleted, WaitCompleted})
+_FIXED: dict[type, RunStatus] = {
+    RunStarted: "pending",
+    RunResumed: "pending",
+    RunSuspended: "suspended",
+    RunCompleted: "completed",
+    RunFailed: "failed",
+    RunCancelled: "cancelled",
+}
+
+
+# --- what a parked run waits on ---------------------------------------------------------------
+
+
+class Waiting(NamedTuple):
+    """What a run waits on (``WaitingOn`` entries, formatted) and until when."""
+
+    on: tuple[str, ...] = ()
+    deadline: float | None = None
+
+
+NOT_WAITING = Waiting()
+
+
+def parked_on(
+    signals: tuple[str, ...], children: tuple[str, ...], deadline: float | None
+) -> tuple[str, ...]:
+    """What a run parked on a wait waits on: its signals, its child runs, its timer (in this
+    order), as stored in ``waiting_on``."""
+    return (
+        *(WaitingOn.signal(n).format() for n in signals),
+        *(WaitingOn.run(c).format() for c in children),
+        *((WaitingOn.timer().format(),) if deadline is not None else ()),
+    )
+
+
+def next_waiting(on: tuple[str, ...], event: RunEvent) -> Waiting | None:
+    """What the run waits on after ``event`` (one it takes, in a run not ended), or ``None``
+    when ``event`` leaves that as it is.
+
+    A wait parks the run on its signals, children and deadline; a failed attempt with a retry
+    due parks it on the retry (until ``retry_at``); the wait's completion, or the retried step
+    starting again, ends the waiting."""
+    if type(event) not in _WAITING_EVENTS:  # the bulk of a history: decided in one lookup
+        return None
+    if isinstance(event, StepStarted):
+        if on and on == (WaitingOn.retry(event.name).format(),):
+            return NOT_WAITING
+    elif isinstance(event, StepFailed):
+        if event.retry_at is not None:
+            return Waiting((WaitingOn.retry(event.name).format(),), event.retry_at)
+    elif isinstance(event, WaitStarted):
+        return Waiting(parked_on(event.signals, event.children, event.deadline), event.deadline)
+    elif isinstance(event, WaitCompleted):
+        return NOT_WAITING
+    return None
+
+
+_WAITING_EVENTS: frozenset[type] = frozenset({StepStarted, StepFailed, WaitStarted, WaitCompleted})
+
+
+def awaited_signals(on: Iterable[str]) -> set[str]:
+    """The signal names that would end the wait of a run waiting on ``on``: its signals and
+    the end notices of its child runs (``sojourn-child.<run_id>``)."""
+    wanted: set[str] = set()
+    for text in on:
+        w = WaitingOn.parse(text)
+        if w.kind == "signal":
+            wanted.add(w.target)
+        elif w.kind == "run":
+            wanted.add(child_signal(w.target))
+    return wanted
+
+
+def child_notices(on: Iterable[str]) -> set[str]:
+    """The end notices of the child runs a wait waits on (consumed with a child outcome)."""
+    out: set[str] = set()
+    for text in on:
+        w = WaitingOn.parse(text)
+        if w.kind == "run":
+            out.add(child_signal(w.target))
+    return out

@@ -1,0 +1,254 @@
+"""The words sojourn uses about a run, each defined once: statuses, suspension reasons, child
+outcomes, value kinds, and the typed forms of wait keys and of what a run waits on.
+
+History stores these as plain strings (docs/wire.md "Run events"); nothing here changes a byte
+on the wire. ``WaitKey`` and ``WaitingOn`` are the typed values behind two such strings: build
+them with their constructors, store ``format()``, read with ``parse()`` (total: any text gives
+a value, and ``parse(text).format() == text``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeGuard, get_args
+
+import msgspec
+
+__all__ = [
+    "CHILD_STATUSES",
+    "POLL_WAIT",
+    "RUN_STATUSES",
+    "SUSPEND_REASONS",
+    "TERMINAL",
+    "VALUE_KINDS",
+    "WAITING_KINDS",
+    "WAIT_KINDS",
+    "WAIT_OUTCOMES",
+    "ChildStatus",
+    "RunStatus",
+    "SuspendReason",
+    "TerminalStatus",
+    "ValueKind",
+    "WaitKey",
+    "WaitKind",
+    "WaitOutcome",
+    "WaitingKind",
+    "WaitingOn",
+    "is_terminal",
+]
+
+# --- statuses ---------------------------------------------------------------------------------
+
+TerminalStatus = Literal["completed", "failed", "cancelled"]
+"""How a run ended. A run has at most one of ``RunCompleted``, ``RunFailed``, ``RunCancelled``."""
+
+RunStatus = Literal["new", "pending", "running", "waiting", "suspended", TerminalStatus]
+"""A run's status, as folded from its history (``sojourn.schemas.lifecycle.next_status``).
+
+- ``new``: no ``RunStarted`` yet; ``pending``: started or resumed, no worker has run it since;
+- ``running``: a worker is executing it (a step, a wait that ended);
+- ``waiting``: parked on a wait or a retry backoff; ``suspended``: parked for a human;
+- ``completed``, ``failed``, ``cancelled``: ended (``TERMINAL``).
+"""
+RUN_STATUSES: tuple[RunStatus, ...] = (
+    "new",
+    "pending",
+    "running",
+    "waiting",
+    "suspended",
+    *get_args(TerminalStatus),
+)
+
+TERMINAL: frozenset[RunStatus] = frozenset(get_args(TerminalStatus))
+"""The statuses of a run that has ended: nothing changes it any more."""
+
+
+def is_terminal(status: str) -> TypeGuard[TerminalStatus]:
+    """Whether ``status`` is one of an ended run."""
+    return status in TERMINAL
+
+
+# --- suspensions, child outcomes, values, wait outcomes ---------------------------------------
+
+SuspendReason = Literal[
+    "nondeterminism", "cap", "budget", "in_doubt", "crash_loop", "poison", "manual"
+]
+"""Why a run is suspended (``RunSuspended.reason``). Written today: ``nondeterminism`` (replay
+diverged), ``cap`` (the poll cap), ``budget`` (``ctx.spend`` over the agent's budget),
+``in_doubt`` (a step with ``in_doubt="ask"`` whose end was never recorded), ``crash_loop`` (a
+step cut off too often in a row). Reserved: ``poison``, ``manual``. The event field stays a
+plain string (a newer reason must not make an older reader fail), so readers get ``str``."""
+SUSPEND_REASONS: tuple[SuspendReason, ...] = get_args(SuspendReason)
+
+ChildStatus = Literal["completed", "failed", "cancelled", "rejected"]
+"""How a child run ended as its parent learns it (``ChildOutcome.status``): a terminal status,
+or ``rejected`` (the intake refused the child's trigger: it never ran)."""
+CHILD_STATUSES: tuple[ChildStatus, ...] = get_args(ChildStatus)
+
+ValueKind = Literal["now", "uuid", "random", "spend"]
+"""What ``ValueRecorded.kind`` holds today: ``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``,
+``ctx.spend()``. The event field stays a plain string, like ``RunSuspended.reason``."""
+VALUE_KINDS: tuple[ValueKind, ...] = get_args(ValueKind)
+
+WaitOutcome = Literal["signal", "timeout", "child"]
+"""How a wait ended (``WaitCompleted.outcome``)."""
+WAIT_OUTCOMES: tuple[WaitOutcome, ...] = get_args(WaitOutcome)
+
+
+# --- wait keys --------------------------------------------------------------------------------
+
+POLL_WAIT = "poll"
+"""The wait key of the pause between two checks of ``ctx.poll``: one idle poll."""
+
+WaitKind = Literal["sleep", "poll", "signal", "select", "child", "other"]
+"""What a wait waits for, as its key says. ``other``: a key no writer of today makes (kept as
+text, so reading never fails)."""
+WAIT_KINDS: tuple[WaitKind, ...] = get_args(WaitKind)
+
+_SELECT_SEP = "|"
+
+
+class WaitKey(msgspec.Struct, frozen=True):
+    """The typed form of ``WaitStarted.key`` / ``WaitCompleted.key``, which replay compares.
+
+    ============================ ================================== ==========================
+    stored text                  value                              written by
+    ============================ ================================== ==========================
+    ``sleep``                    ``WaitKey.sleep()``                ``ctx.sleep``
+    ``poll``                     ``WaitKey.poll()``                 ``ctx.poll`` between checks
+    ``signal:<name>``            ``WaitKey.signal(name)``           ``ctx.wait_for``
+    ``select:<a>|<b>...``        ``WaitKey.select(a, b, ...)``      ``ctx.select``
+    ``child:<run_id>``           ``WaitKey.child(run_id)``          awaiting a child run
+    anything else                ``WaitKey(kind="other", target=)`` nobody today
+    ============================ ================================== ==========================
+    """
+
+    kind: WaitKind
+    names: tuple[str, ...] = ()
+    """The signal names of a ``signal`` (one) or ``select`` (one or more) wait."""
+    target: str = ""
+    """The child run id of a ``child`` wait; the whole text of an ``other`` key."""
+
+    @classmethod
+    def sleep(cls) -> WaitKey:
+        return _SLEEP
+
+    @classmethod
+    def poll(cls) -> WaitKey:
+        return _POLL
+
+    @classmethod
+    def signal(cls, name: str) -> WaitKey:
+        return cls("signal", (name,))
+
+    @classmethod
+    def select(cls, *names: str) -> WaitKey:
+        """The first of ``names`` to arrive. Raises ``ValueError`` without a name or with a
+        name holding ``|`` (no valid signal name does)."""
+        if not names:
+            raise ValueError("a select wait needs at least one signal name")
+        if any(_SELECT_SEP in n for n in names):
+            raise ValueError(f"signal names in a select wait cannot hold {_SELECT_SEP!r}")
+        return cls("select", tuple(names))
+
+    @classmethod
+    def child(cls, run_id: str) -> WaitKey:
+        return cls("child", target=run_id)
+
+    def format(self) -> str:
+        """The text stored in history (the same bytes as every writer before this type)."""
+        match self.kind:
+            case "sleep" | "poll":
+                return self.kind
+            case "signal":
+                return f"signal:{self.names[0] if self.names else ''}"
+            case "select":
+                return "select:" + _SELECT_SEP.join(self.names)
+            case "child":
+                return f"child:{self.target}"
+        return self.target
+
+    @classmethod
+    def parse(cls, text: str) -> WaitKey:
+        """Read a stored key. Total: never raises; ``parse(text).format() == text``."""
+        if text == "sleep":
+            return _SLEEP
+        if text == POLL_WAIT:
+            return _POLL
+        head, colon, rest = text.partition(":")
+        if colon:
+            if head == "signal":
+                return cls("signal", (rest,))
+            if head == "select":
+                return cls("select", tuple(rest.split(_SELECT_SEP)))
+            if head == "child":
+                return cls("child", target=rest)
+        return cls("other", target=text)
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        """The signal names this key names (``signal`` and ``select`` keys)."""
+        return self.names if self.kind in ("signal", "select") else ()
+
+
+_SLEEP = WaitKey("sleep")
+_POLL = WaitKey("poll")
+
+
+# --- what a run waits on ----------------------------------------------------------------------
+
+WaitingKind = Literal["signal", "run", "timer", "retry", "other"]
+"""One thing a parked run waits on: a signal, a child run's end, its timer, a step's retry
+backoff. ``other``: text no writer of today makes."""
+WAITING_KINDS: tuple[WaitingKind, ...] = get_args(WaitingKind)
+
+
+class WaitingOn(msgspec.Struct, frozen=True):
+    """The typed form of an entry of ``RunState.waiting_on`` / ``RunSummary.waiting_on``
+    (and ``Liveness.on``), which stay strings: ``signal:<name>``, ``run:<run_id>``, ``timer``,
+    ``retry:<step>``."""
+
+    kind: WaitingKind
+    target: str = ""
+    """The signal name, the child run id, the step name; the whole text of ``other``."""
+
+    @classmethod
+    def signal(cls, name: str) -> WaitingOn:
+        return cls("signal", name)
+
+    @classmethod
+    def run(cls, run_id: str) -> WaitingOn:
+        return cls("run", run_id)
+
+    @classmethod
+    def timer(cls) -> WaitingOn:
+        return _TIMER
+
+    @classmethod
+    def retry(cls, step: str) -> WaitingOn:
+        return cls("retry", step)
+
+    def format(self) -> str:
+        match self.kind:
+            case "timer":
+                return "timer"
+            case "signal" | "run" | "retry":
+                return f"{self.kind}:{self.target}"
+        return self.target
+
+    @classmethod
+    def parse(cls, text: str) -> WaitingOn:
+        """Read an entry. Total: never raises; ``parse(text).format() == text``."""
+        if text == "timer":
+            return _TIMER
+        head, colon, rest = text.partition(":")
+        if colon:
+            if head == "signal":
+                return cls("signal", rest)
+            if head == "run":
+                return cls("run", rest)
+            if head == "retry":
+                return cls("retry", rest)
+        return cls("other", text)
+
+
+_TIMER = WaitingOn("timer")
