@@ -11,12 +11,13 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
-from nats.errors import TimeoutError as NatsTimeoutError
 
-from sojourn.broker.connection import Broker, ConnectOptions
+from sojourn.broker import headers as h
+from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
+from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.leases import LeaseStore
 from sojourn.broker.names import (
@@ -34,6 +35,7 @@ from sojourn.schemas.codec import (
     decode_wedge_record,
     encode,
     from_raw,
+    to_raw,
 )
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import (
@@ -46,7 +48,14 @@ from sojourn.schemas.errors import (
 )
 from sojourn.schemas.events import ErrorInfo, RunCancelled, RunCompleted, RunEvent, RunFailed
 from sojourn.schemas.health import Liveness
-from sojourn.schemas.wire import IntakeError, IntakeOk, ResumeBody
+from sojourn.schemas.wire import (
+    CancelBody,
+    InDoubtDecision,
+    IntakeError,
+    IntakeOk,
+    ResumeBody,
+    StartTrigger,
+)
 
 from .intake import REPLY_HEADER
 from .state import RunState, fold
@@ -184,7 +193,7 @@ class Client:
         """Like ``start`` but returns the intake's full answer (see ``StartReceipt``)."""
         validate_token(agent, "agent name")
         run_id = validate_token(run_id, "run_id") if run_id is not None else _new_run_id()
-        body = encode({"input": input, "run_id": run_id})
+        body = encode(StartTrigger(input=to_raw(input), run_id=run_id))
         if len(body) > self.settings.max_payload:
             raise PayloadTooLarge(
                 f"trigger is {len(body)} bytes; the limit is {self.settings.max_payload} "
@@ -192,13 +201,13 @@ class Client:
                 run_id=run_id,
             )
         await self._ensure()
-        headers = {"Nats-Msg-Id": f"start:{agent}:{run_id}"}
+        headers = {h.MSG_ID: f"start:{agent}:{run_id}"}
         subject = self.names.start(agent, self.identity)
         if not wait:
             await self._publish(subject, body, headers)
             return StartReceipt(run_id=run_id, created=None, queued=True)
-        inbox = self.broker.nc.new_inbox()
-        sub = await self.broker.nc.subscribe(inbox, max_msgs=1)
+        inbox = self.broker.new_inbox()
+        sub = await self.broker.subscribe(inbox, max_msgs=1)
         try:
             headers[REPLY_HEADER] = inbox
             if await self._publish(subject, body, headers):
@@ -244,15 +253,12 @@ class Client:
     async def _publish(self, subject: str, body: bytes, headers: dict[str, str]) -> bool:
         """Publish to the inbox; ``True`` when the broker says it is a duplicate."""
         try:
-            ack = await self.broker.publish_raw(subject, body, headers)
-        except (TimeoutError, NatsTimeoutError) as e:
+            ack = await self.broker.try_publish(subject, body, headers)
+        except TimeoutError as e:
             raise BrokerUnavailable("the inbox did not acknowledge the trigger in time") from e
-        err = ack.get("error")
-        if err:
-            raise BrokerUnavailable(
-                f"the inbox did not store the trigger: {err.get('description')}"
-            )
-        return bool(ack.get("duplicate"))
+        if isinstance(ack, JetStreamError):
+            raise BrokerUnavailable(f"the inbox did not store the trigger: {ack.description}")
+        return ack.duplicate
 
     async def signal(
         self,
@@ -289,7 +295,7 @@ class Client:
         sid = signal_id or uuid.uuid4().hex
         # The broker's Msg-Id dedup spans the whole inbox: scope it to the run, so the same
         # signal id used for two runs is two signals. The intake dedups by Sojourn-Signal-Id.
-        headers = {"Nats-Msg-Id": f"signal:{run_id}:{sid}", "Sojourn-Signal-Id": sid}
+        headers = {h.MSG_ID: f"signal:{run_id}:{sid}", h.SIGNAL_ID: sid}
         await self._publish(self.names.signal(run_id, name, who), body, headers)
         return sid
 
@@ -307,7 +313,7 @@ class Client:
         await self._publish(
             self.names.resume(run_id, self._operator(by)),
             body,
-            {"Nats-Msg-Id": f"resume:{run_id}:{uuid.uuid4().hex}"},
+            {h.MSG_ID: f"resume:{run_id}:{uuid.uuid4().hex}"},
         )
 
     async def decide(
@@ -325,8 +331,8 @@ class Client:
         # One message: the intake records the decision and resumes the run in one append.
         await self._publish(
             self.names.decide(run_id, int(position), op.attempts, self._operator(by)),
-            encode({"action": action, "result": result}),
-            {"Nats-Msg-Id": f"decide:{run_id}:{uuid.uuid4().hex}"},
+            encode(InDoubtDecision(action=action, result=to_raw(result))),  # type: ignore[arg-type]
+            {h.MSG_ID: f"decide:{run_id}:{uuid.uuid4().hex}"},
         )
 
     async def cancel(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
@@ -335,11 +341,11 @@ class Client:
         validate_token(run_id, "run_id")
         who = self._sender(by)
         await self._ensure()
-        body = encode({"reason": reason})
+        body = encode(CancelBody(reason=reason))
         await self._publish(
             self.names.cancel(run_id, who),
             body,
-            {"Nats-Msg-Id": f"cancel:{run_id}:{uuid.uuid4().hex}"},
+            {h.MSG_ID: f"cancel:{run_id}:{uuid.uuid4().hex}"},
         )
 
     # --- reading runs ------------------------------------------------------------------------
@@ -387,7 +393,13 @@ class Client:
         ``cancelled``."""
         return (await self.state(run_id)).status
 
-    async def result(self, run_id: str, *, timeout: float | None = None, type: Any = Any) -> Any:
+    @overload
+    async def result(self, run_id: str, *, timeout: float | None = None) -> Any: ...
+
+    @overload
+    async def result(self, run_id: str, *, timeout: float | None = None, type: type[T]) -> T: ...
+
+    async def result(self, run_id: str, *, timeout: float | None = None, type: Any = None) -> Any:
         """Wait for the run to end and return its output, decoded as ``type``.
 
         Works for runs that ended long ago and runs that have not started yet.
@@ -406,7 +418,7 @@ class Client:
                 return None
             return next((e for e in events if isinstance(e, _TERMINAL)), None)
 
-        async def on_event(msg: Any) -> None:
+        async def on_event(msg: Delivery) -> None:
             # Only a hint: a plain subscriber also sees appends the stream refused (a fenced
             # writer's), so the answer is always read back from what the stream stored.
             if terminal_in(msg.data) is not None:
@@ -414,8 +426,8 @@ class Client:
 
         # Subscribe first, then look at the last stored message: whichever way the end
         # arrives, it is seen, and only one message is read (not the whole history).
-        sub = await self.broker.nc.subscribe(self.names.events(run_id), cb=on_event)
-        await self.broker.nc.flush()  # the server has our SUB before we look: nothing slips by
+        sub = await self.broker.subscribe(self.names.events(run_id), cb=on_event)
+        await self.broker.flush()  # the server has our SUB before we look: nothing slips by
         deadline = None if timeout is None else time.monotonic() + timeout
         hinted = 0
         try:
@@ -425,7 +437,7 @@ class Client:
                 )
                 event = terminal_in(last.data) if last is not None else None
                 if event is not None:
-                    return _outcome(run_id, event, type)
+                    return _outcome(run_id, event, Any if type is None else type)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"run {run_id} did not finish within {timeout}s")

@@ -24,7 +24,9 @@ from typing import Literal
 
 import msgspec
 
-from sojourn.broker.connection import Broker, Msg, header
+from sojourn.broker import headers as h
+from sojourn.broker.connection import Broker, header
+from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.names import (
     CHILD_RUN_ID,
@@ -83,7 +85,7 @@ __all__ = ["REPLY_HEADER", "Intake", "Rejected", "dead_letter"]
 
 log = logging.getLogger("sojourn.intake")
 
-REPLY_HEADER = "Sojourn-Reply-To"
+REPLY_HEADER = h.REPLY_TO
 
 UNKNOWN_RUN_RETRIES = 5
 """Deliveries of a cancel for a run that does not exist yet before it is dead-lettered."""
@@ -98,7 +100,7 @@ DEAD_LETTER_HEADERS_MAX = 16 * 1024
 _RECORD_OVERHEAD = 64 * 1024
 """Room left in a dead-letter message for everything but the body."""
 
-OnCreated = Callable[[str, Decision, Msg], Awaitable[bool]]
+OnCreated = Callable[[str, Decision, Delivery], Awaitable[bool]]
 """Called with a freshly created run: return True to run it at once (then the callee settles
 the inbox message), False to have the intake wake it through the wake stream."""
 
@@ -146,10 +148,10 @@ class Intake:
         self.writer = writer
         self.on_created = on_created
 
-    async def handle(self, msg: Msg) -> None:
+    async def handle(self, msg: Delivery) -> None:
         """Process one inbox message and settle it (ack, or nak to retry later)."""
         kind = "other"
-        reply_to = header(msg, REPLY_HEADER)
+        reply_to = msg.header(REPLY_HEADER)
         reply_ok = not reply_to or valid_reply_subject(reply_to)
         try:
             try:
@@ -163,10 +165,10 @@ class Intake:
                     f"{REPLY_HEADER} must be a request/reply inbox (_INBOX.<tokens>, at most "
                     "256 characters); nothing is answered elsewhere",
                 )
-            if msg.metadata.num_delivered >= self.settings.max_deliveries:
+            if msg.num_delivered >= self.settings.max_deliveries:
                 raise Rejected(
                     "max_deliveries",
-                    f"delivered {msg.metadata.num_delivered} times without being settled "
+                    f"delivered {msg.num_delivered} times without being settled "
                     f"(Settings.max_deliveries = {self.settings.max_deliveries}); given up",
                 )
             # A child's end notice carries the child's output, bounded by the largest value a
@@ -219,7 +221,7 @@ class Intake:
     # --- start -------------------------------------------------------------------------------
 
     async def _start(
-        self, msg: Msg, inbox: InboxSubject
+        self, msg: Delivery, inbox: InboxSubject
     ) -> tuple[IntakeOk, Decision | None, bool] | None:
         """Create the run. Returns the answer, the run's whole history when this call created
         it (so it can run at once), and whether the run needs a wake.
@@ -267,7 +269,7 @@ class Intake:
                 await self.broker.publish(
                     self.names.child_end(parent, trigger.run_id, self._sender()),
                     encode(outcome),
-                    {"Nats-Msg-Id": f"child-end:{trigger.run_id}"},
+                    {h.MSG_ID: f"child-end:{trigger.run_id}"},
                 )
             raise
 
@@ -276,7 +278,7 @@ class Intake:
         return self.broker.sender("worker")
 
     async def _create(
-        self, msg: Msg, agent_name: str, trigger: StartTrigger
+        self, msg: Delivery, agent_name: str, trigger: StartTrigger
     ) -> tuple[IntakeOk, Decision | None, bool] | None:
         if trigger.parent_run_id:
             await self._check_parent(trigger.parent_run_id)
@@ -285,15 +287,12 @@ class Intake:
             if await self.registry.is_known(agent_name):
                 # Another worker serves it. Pauses grow, so a trigger waiting hours for its
                 # agent's worker costs little, and is dead-lettered at max_deliveries.
-                n = msg.metadata.num_delivered
+                n = msg.num_delivered
                 await msg.nak(delay=min(HANDBACK_MAX_DELAY, float(n)))
                 return None
             raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
-        meta = msg.metadata
-        inbox_seq = meta.sequence.stream
-        run_id = trigger.run_id or _derived_run_id(
-            agent_name, inbox_seq, meta.timestamp.isoformat()
-        )
+        inbox_seq = msg.stream_seq
+        run_id = trigger.run_id or _derived_run_id(agent_name, inbox_seq, msg.timestamp.isoformat())
         try:
             validate_token(run_id, "run_id")
         except InvalidName as e:
@@ -312,7 +311,7 @@ class Intake:
             parent_run_id=trigger.parent_run_id,
             trigger=TriggerInfo(
                 inbox_seq=inbox_seq,
-                msg_id=header(msg, "Nats-Msg-Id") or None,
+                msg_id=msg.header(h.MSG_ID) or None,
                 received_at=time.time(),
             ),
             at=time.time(),
@@ -354,7 +353,7 @@ class Intake:
 
     # --- signals, resumes, decisions, child notices ------------------------------------------
 
-    def _events_for(self, msg: Msg, inbox: InboxSubject, state: RunState) -> list[RunEvent]:
+    def _events_for(self, msg: Delivery, inbox: InboxSubject, state: RunState) -> list[RunEvent]:
         """The events a signal-like message records (none when it changes nothing).
 
         A decision on a suspended run also resumes it, in the same append: sent as two
@@ -371,7 +370,7 @@ class Intake:
                 events.append(RunResumed(by=inbox.sender, note=note, at=time.time()))
         return events
 
-    def _event_for(self, msg: Msg, inbox: InboxSubject, state: RunState) -> RunEvent | None:
+    def _event_for(self, msg: Delivery, inbox: InboxSubject, state: RunState) -> RunEvent | None:
         """The event a signal-like message records, or ``None`` when it changes nothing."""
         sender = inbox.sender
         if inbox.kind == "resume":
@@ -427,28 +426,28 @@ class Intake:
             at=time.time(),
         )
 
-    def _signal_id(self, msg: Msg, inbox: InboxSubject) -> str:
+    def _signal_id(self, msg: Delivery, inbox: InboxSubject) -> str:
         if inbox.kind == "child":
             return f"child-end:{inbox.name}"
         if inbox.kind == "decide":
-            return f"decide:{inbox.name}:{msg.metadata.sequence.stream}"
-        sid = header(msg, "Sojourn-Signal-Id") or header(msg, "Nats-Msg-Id")
+            return f"decide:{inbox.name}:{msg.stream_seq}"
+        sid = msg.header(h.SIGNAL_ID) or msg.header(h.MSG_ID)
         if sid and len(sid) <= 256:
             return sid
-        return f"inbox-{msg.metadata.sequence.stream}"
+        return f"inbox-{msg.stream_seq}"
 
-    async def _record(self, msg: Msg, inbox: InboxSubject) -> IntakeOk | None:
+    async def _record(self, msg: Delivery, inbox: InboxSubject) -> IntakeOk | None:
         """Append a signal (once per signal id, ever), a resume or a decision, and wake the
         run. A message already recorded (a redelivery after a crash) wakes the run again:
         the crash may have come before the wake."""
         run_id = inbox.target
-        inbox_seq = msg.metadata.sequence.stream
+        inbox_seq = msg.stream_seq
         for _ in range(20):
             history = await self.store.history(run_id)
             if not history:
                 if inbox.kind == "child":
                     return IntakeOk(run_id=run_id, created=False)  # no such parent: drop
-                if msg.metadata.num_delivered < UNKNOWN_RUN_RETRIES:
+                if msg.num_delivered < UNKNOWN_RUN_RETRIES:
                     await msg.nak(delay=1.0)  # its start may still be on its way
                     return None
                 raise Rejected("unknown_run", f"no run with id '{run_id}'")
@@ -488,7 +487,7 @@ class Intake:
 
     # --- cancel ------------------------------------------------------------------------------
 
-    async def _cancel(self, msg: Msg, inbox: InboxSubject) -> IntakeOk | None:
+    async def _cancel(self, msg: Delivery, inbox: InboxSubject) -> IntakeOk | None:
         run_id = inbox.target
         body = CancelBody()
         if msg.data.strip():
@@ -500,20 +499,20 @@ class Intake:
                 ) from e
             except msgspec.DecodeError as e:
                 raise Rejected("invalid_json", f"cancel body is not valid JSON: {e}") from e
-        inbox_seq = msg.metadata.sequence.stream
+        inbox_seq = msg.stream_seq
         msg_id = f"{run_id}:cancel:{inbox_seq}"
         for _ in range(20):
             last = await self.broker.direct_get_last(
                 self.names.events_stream, self.names.events(run_id)
             )
             if last is None:
-                if msg.metadata.num_delivered < UNKNOWN_RUN_RETRIES:
+                if msg.num_delivered < UNKNOWN_RUN_RETRIES:
                     # Its start may still be on its way (queued for a worker of its agent):
                     # look again before calling the run unknown.
                     await msg.nak(delay=1.0)
                     return None
                 raise Rejected("unknown_run", f"no run with id '{run_id}'")
-            if header(last, "Nats-Msg-Id") == msg_id:
+            if header(last, h.MSG_ID) == msg_id:
                 break  # recorded by an earlier delivery: wake again
             if any(
                 isinstance(e, (RunCompleted, RunFailed, RunCancelled))
@@ -524,7 +523,7 @@ class Intake:
                 await self.store.append(
                     run_id,
                     [CancelRequested(reason=body.reason, by=inbox.sender, at=time.time())],
-                    expected_seq=int(header(last, "Nats-Sequence")),
+                    expected_seq=int(header(last, h.SEQUENCE)),
                     writer=self.writer,
                     msg_id=msg_id,
                 )
@@ -540,20 +539,20 @@ class Intake:
 
     # --- replies and rejections --------------------------------------------------------------
 
-    async def _reply(self, msg: Msg, body: bytes) -> None:
-        reply_to = header(msg, REPLY_HEADER)
+    async def _reply(self, msg: Delivery, body: bytes) -> None:
+        reply_to = msg.header(REPLY_HEADER)
         if not reply_to or not valid_reply_subject(reply_to):
             return
         try:
-            await self.broker.nc.publish(reply_to, body)
+            await self.broker.publish_core(reply_to, body)
         except Exception as e:  # an answer is a courtesy: it must not block the trigger
             log.warning("cannot answer on %r: %s", reply_to, e)
 
     async def _reject(
-        self, msg: Msg, kind: DlqKind, code: RejectCode, message: str, answer: bool = True
+        self, msg: Delivery, kind: DlqKind, code: RejectCode, message: str, answer: bool = True
     ) -> None:
         record = dead_letter(
-            msg, kind, code, message, limit=self.broker.nc.max_payload or (1024 * 1024)
+            msg, kind, code, message, limit=self.broker.max_payload or (1024 * 1024)
         )
         await self.broker.publish(self.names.dlq(kind), encode(record))
         metrics.DEAD_LETTERS.labels(code).inc()
@@ -564,7 +563,7 @@ class Intake:
         await msg.ack()
 
 
-def dead_letter(msg: Msg, kind: DlqKind, code: str, message: str, *, limit: int) -> DeadLetter:
+def dead_letter(msg: Delivery, kind: DlqKind, code: str, message: str, *, limit: int) -> DeadLetter:
     """A dead-letter record of ``msg`` that fits in a message of ``limit`` bytes.
 
     The body is kept whole when its base64 fits; otherwise its head is kept, marked
@@ -572,17 +571,17 @@ def dead_letter(msg: Msg, kind: DlqKind, code: str, message: str, *, limit: int)
     """
     data = bytes(msg.data)
     room = max(0, (limit - _RECORD_OVERHEAD) * 3 // 4)  # base64 grows 4/3
-    headers = {k: v for k, v in (msg.headers or {}).items()}
+    headers = dict(msg.headers)
     if sum(len(k) + len(v) for k, v in headers.items()) > DEAD_LETTER_HEADERS_MAX:
         headers = {k[:256]: v[:256] for k, v in list(headers.items())[:32] if isinstance(v, str)}
-        headers["Sojourn-Dlq-Note"] = "headers truncated"
+        headers[h.DLQ_NOTE] = "headers truncated"
     return DeadLetter(
         code=code,
         message=message,
         subject=msg.subject[:1024],
         data=data[:room],
         headers=headers,
-        inbox_seq=msg.metadata.sequence.stream,
+        inbox_seq=msg.stream_seq,
         rejected_at=time.time(),
         kind=kind,
         size=len(data),

@@ -26,7 +26,8 @@ from collections.abc import Callable
 import msgspec
 from prometheus_client.core import Metric
 
-from sojourn.broker.connection import Broker, ConnectOptions, header
+from sojourn.broker import headers as h
+from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError, header
 from sojourn.broker.names import Names
 from sojourn.broker.topology import ensure_topology
 from sojourn.broker.wake import publish_wake
@@ -200,7 +201,7 @@ class Watchdog:
         last = await b.direct_get_last(self.names.health_stream, subject)
         expected = 0
         if last is not None:
-            expected = int(header(last, "Nats-Sequence"))
+            expected = int(header(last, h.SEQUENCE))
             with contextlib.suppress(msgspec.MsgspecError):
                 prev = decode_watch_claim(last.data)
                 same = prev.state == liv.state and prev.event_seq == seq
@@ -209,9 +210,9 @@ class Watchdog:
         claim = WatchClaim(
             run_id=liv.run_id, state=liv.state, event_seq=seq, by=self.watchdog_id, at=now
         )
-        headers = {"Nats-Expected-Last-Subject-Sequence": str(expected), "Nats-TTL": "24h"}
-        ack = await b.publish_raw(subject, encode(claim), headers)
-        return not ack.get("error")
+        headers = {h.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected), h.TTL: "24h"}
+        ack = await b.try_publish(subject, encode(claim), headers)
+        return not isinstance(ack, JetStreamError)
 
     def _broker_or_fail(self) -> Broker:
         assert self._broker is not None

@@ -22,9 +22,11 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from sojourn.broker.connection import Broker, ConnectOptions, Msg, PullConsumer
+from sojourn.broker import headers as h
+from sojourn.broker.connection import Broker, ConnectOptions, PullConsumer
+from sojourn.broker.delivery import Delivery, NotADelivery
 from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
-from sojourn.broker.leases import Lease, LeaseStore, Progress
+from sojourn.broker.leases import LeaseStore
 from sojourn.broker.names import Names
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import ensure_topology
@@ -40,6 +42,7 @@ from .agent import Agent
 from .executor import Activation
 from .faults import fault
 from .intake import HANDBACK_MAX_DELAY, Intake, dead_letter
+from .tenancy import Tenancy, times_delivered
 
 __all__ = ["Worker"]
 
@@ -212,7 +215,7 @@ class Worker:
             stopped=stopped,
         )
         await self._broker_or_fail().publish(
-            self.names.worker(self.worker_id), encode(beat), {"Nats-TTL": BEAT_TTL}
+            self.names.worker(self.worker_id), encode(beat), {h.TTL: BEAT_TTL}
         )
 
     async def _heartbeat_loop(self) -> None:
@@ -252,7 +255,7 @@ class Worker:
                 log.exception("intake loop error; continuing")
                 await asyncio.sleep(0.5)
 
-    def _order_key(self, m: Msg) -> str:
+    def _order_key(self, m: Delivery) -> str:
         """Messages about one run are handled in order (a start before its cancel)."""
         try:
             inbox = self.names.parse_inbox(m.subject)
@@ -264,7 +267,7 @@ class Worker:
         return f"run:{inbox.target}"
 
     async def _intake_one(
-        self, m: Msg, after: asyncio.Task[None] | None, inflight: asyncio.Semaphore
+        self, m: Delivery, after: asyncio.Task[None] | None, inflight: asyncio.Semaphore
     ) -> None:
         try:
             if after is not None:
@@ -278,19 +281,19 @@ class Worker:
         except Exception as e:
             # A bug, not the message's fault: retried (up to Settings.max_deliveries, then
             # dead-lettered), with its traceback logged once, not on every delivery.
-            if _delivered(m) <= 1:
+            if times_delivered(m) <= 1:
                 log.exception("intake: unexpected error on %r; will retry", m.subject[:200])
             else:
                 log.warning(
                     "intake: %r failed again (delivery %d): %s: %s",
-                    m.subject[:200], _delivered(m), type(e).__name__, e,
+                    m.subject[:200], times_delivered(m), type(e).__name__, e,
                 )  # fmt: skip
             with contextlib.suppress(Exception):
                 await m.nak(delay=1.0)
         finally:
             inflight.release()
 
-    async def _run_new(self, run_id: str, first: Decision, msg: Msg) -> bool:
+    async def _run_new(self, run_id: str, first: Decision, msg: Delivery) -> bool:
         """Run a run this worker's intake just created, at once, without a wake round trip.
 
         The inbox message stays unacknowledged (kept alive like a wake) until the run rests;
@@ -302,7 +305,7 @@ class Worker:
         self._spawn(run_id, msg, [first])
         return True
 
-    def _spawn(self, run_id: str, msg: Msg, history: list[Decision] | None) -> None:
+    def _spawn(self, run_id: str, msg: Delivery, history: list[Decision] | None) -> None:
         """Start an activation; the caller holds a slot, released when it ends."""
         task = asyncio.create_task(self._activate(run_id, msg, history), name=f"run {run_id}")
         self._active[run_id] = task
@@ -318,14 +321,14 @@ class Worker:
                 for msg in msgs:
                     _count_redelivery(msg, "workers")
                     run_id = self.names.subject_token(msg.subject, 1)
-                    if _delivered(msg) >= self.settings.max_deliveries:
+                    if times_delivered(msg) >= self.settings.max_deliveries:
                         await self._drop_wake(msg, run_id)
                         continue
                     if run_id in self._active:
                         # Busy here. Handed back (kept for a crash), with growing pauses so
                         # a long activation does not spin it; and woken afresh as it rests.
                         self._rewake.add(run_id)
-                        await msg.nak(delay=min(5.0, 0.25 * _delivered(msg)))
+                        await msg.nak(delay=min(5.0, 0.25 * times_delivered(msg)))
                         continue
                     await self._slots.acquire()
                     self._spawn(run_id, msg, None)
@@ -355,17 +358,17 @@ class Worker:
         except Exception as e:  # the watchdog re-wakes a run whose wake was lost
             log.warning("run %s: could not wake it again: %s", run_id, e)
 
-    async def _drop_wake(self, msg: Msg, run_id: str) -> None:
+    async def _drop_wake(self, msg: Delivery, run_id: str) -> None:
         """A wake delivered ``max_deliveries`` times is given up (dead-lettered, not retried
         forever); a run left waiting for it is flagged and re-woken by the watchdog."""
         reason = (
-            f"wake for run {run_id} delivered {_delivered(msg)} times without being settled "
+            f"wake for run {run_id} delivered {times_delivered(msg)} times without being settled "
             f"(Settings.max_deliveries = {self.settings.max_deliveries})"
         )
         log.error("%s; dead-lettered", reason)
         b = self._broker_or_fail()
         record = dead_letter(
-            msg, "other", "max_deliveries", reason, limit=b.nc.max_payload or (1024 * 1024)
+            msg, "other", "max_deliveries", reason, limit=b.max_payload or (1024 * 1024)
         )
         await b.publish(self.names.dlq("other"), encode(record))
         metrics.DEAD_LETTERS.labels("max_deliveries").inc()
@@ -374,34 +377,40 @@ class Worker:
     # --- one activation ----------------------------------------------------------------------
 
     async def _activate(
-        self, run_id: str, wake: Msg, history: list[Decision] | None = None
+        self, run_id: str, wake: Delivery, history: list[Decision] | None = None
     ) -> None:
         """Execute ``run_id`` until it rests. ``wake`` is the message that asked for it (a wake,
-        or the trigger that created the run); it is settled when we are done."""
-        ttl = self.settings.lease_ttl
+        or the trigger that created the run, whose ``history`` is then given); it is settled
+        when we are done.
+
+        The tenancy is the activation's hold on the run: it takes the lease (``_execute``, at
+        once or, for a new run, in parallel), keeps it and the wake alive while the run
+        executes, and releases it when the block ends, whatever happened.
+        """
         writer = f"{self.worker_id}.{next(self._activation_ids)}"
-        leases: list[Lease] = []
-        keepalive: list[asyncio.Task[None]] = []
-        lease_task: asyncio.Task[None] | None = None
-        progress = Progress()
-        poke = asyncio.Event()
+        settings = self.settings
+        async with Tenancy(
+            self.leases,
+            run_id,
+            writer,
+            wake,
+            ttl=settings.lease_ttl,
+            period=settings.heartbeat_every,
+        ) as tenancy:
+            await self._execute(tenancy, history)
+
+    async def _execute(self, tenancy: Tenancy, history: list[Decision] | None) -> None:
+        """Take the lease (unless the run is new), load, run the activation and settle the
+        wake: acked when the run rests, handed back on trouble, given up on a poison."""
+        run_id, wake = tenancy.run_id, tenancy.delivery
         agent_name = "unknown"
         cause = "start" if history is not None else "wake"
         try:
-            if history is None and (wake.headers or {}).get("Nats-Scheduler"):
+            if history is None and wake.header(h.SCHEDULER):
                 fault("timer_wake")
             if history is None:
-                got = await self.leases.acquire(run_id, writer, ttl)
-                if not isinstance(got, Lease):
-                    # Look again soon: the holder may be about to rest without seeing what
-                    # this wake is about (a signal that arrived as it parked). The pause
-                    # grows with the deliveries, so a long activation elsewhere costs little.
-                    cap = min(HANDBACK_MAX_DELAY, 0.25 * _delivered(wake))
-                    delay = min(max(got.expires_at - time.time(), 0.05), max(1.0, cap))
-                    await wake.nak(delay=delay)
-                    return
-                leases.append(got)
-                keepalive.append(asyncio.create_task(self._keepalive(got, wake, progress, poke)))
+                if not await tenancy.acquire():
+                    return  # another activation holds the run: handed back to look again
                 t0 = time.perf_counter()
                 history = await self.store.history(run_id)
                 loaded = time.perf_counter() - t0
@@ -411,7 +420,7 @@ class Worker:
             if agent is None:
                 # Not ours (or not created yet): leave it for a worker that serves it.
                 if history:
-                    await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(_delivered(wake))))
+                    await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(times_delivered(wake))))
                 else:
                     await wake.ack()
                 return
@@ -422,23 +431,24 @@ class Worker:
                 run_id=run_id,
                 store=self.store,
                 history=history,
-                writer=writer,
+                writer=tenancy.owner,
                 flush_delay=self.flush_delay,
-                progress=progress,
-                heartbeat=poke.set,
+                progress=tenancy.progress,
+                heartbeat=tenancy.heartbeat,
             )
             if loaded is not None:
                 metrics.HISTORY_LOAD_SECONDS.labels(agent_name).observe(loaded)
                 metrics.FOLD_SECONDS.labels(agent_name).observe(time.perf_counter() - t0)
             cause, late = _resume_cause(act, wake, cause)
             metrics.RESUME_LATENCY.labels(agent_name, cause).observe(late)
-            if not leases:
+            if not tenancy.held:
                 # A run our intake just created: nobody else can be running it, so take the
                 # lease in parallel with the first steps instead of before them. Should it
                 # be held after all, the activation is fenced at its next append.
-                lease_task = asyncio.create_task(
-                    self._lease_late(act, run_id, writer, wake, leases, keepalive, progress, poke)
-                )
+                def fenced() -> None:
+                    act.fenced = True
+
+                tenancy.acquire_late(on_refused=fenced)
             outcome = await act.run()
             fault("before_ack")
             log.debug("run %s: %s", run_id, outcome)
@@ -447,8 +457,7 @@ class Worker:
             metrics.ACTIVATIONS.labels(agent_name, outcome).inc()
             if outcome in ("completed", "failed", "cancelled"):
                 self.store.forget(run_id)
-            if lease_task is not None:
-                await lease_task
+            await tenancy.wait_late()
             if outcome == "fenced" or act.fenced:
                 # Another worker owns the run now, through a redelivery of this very message.
                 # JetStream takes an ack from any delivery, so acking ours would settle the
@@ -488,24 +497,6 @@ class Worker:
             metrics.ACTIVATIONS.labels(agent_name, "error").inc()
             with contextlib.suppress(Exception):
                 await wake.nak(delay=1.0)
-        finally:
-            if lease_task is not None and not lease_task.done():
-                lease_task.cancel()
-            # Stop renewing for good before releasing. A cancel alone is not enough: on
-            # Python 3.11 a cancel that lands as a renewal request completes can be swallowed
-            # (asyncio.wait_for inside nats-py), and a renewal racing the release would then
-            # keep the run leased forever with nobody working on it.
-            for lease in leases:
-                lease.held = False
-            poke.set()
-            for t in keepalive:
-                t.cancel()
-            for t in keepalive:
-                with contextlib.suppress(BaseException):
-                    await t
-            for lease in leases:
-                with contextlib.suppress(Exception):
-                    await self.leases.release(lease)
 
     async def _give_up(
         self, run_id: str, code: str, reason: str, seq: int, *, permanent: bool = False
@@ -538,51 +529,6 @@ class Worker:
         name = getattr(first, "agent", None)
         return self.agents.get(name) if isinstance(name, str) else None
 
-    async def _lease_late(
-        self,
-        act: Activation,
-        run_id: str,
-        writer: str,
-        wake: Msg,
-        leases: list[Lease],
-        keepalive: list[asyncio.Task[None]],
-        progress: Progress,
-        poke: asyncio.Event,
-    ) -> None:
-        got = await self.leases.acquire(run_id, writer, self.settings.lease_ttl, fresh=True)
-        if isinstance(got, Lease):
-            leases.append(got)
-            keepalive.append(asyncio.create_task(self._keepalive(got, wake, progress, poke)))
-        else:
-            act.fenced = True
-
-    async def _keepalive(
-        self, lease: Lease, wake: Msg, progress: Progress, poke: asyncio.Event
-    ) -> None:
-        """Heartbeat while the activation runs: renew the lease (with what the run is doing)
-        and the wake's ack deadline every heartbeat period, sooner when a step reports
-        progress (at most once a second)."""
-        period = self.settings.heartbeat_every
-        soonest = min(1.0, period)
-        last = time.monotonic()
-        while lease.held:
-            poke.clear()
-            since = time.monotonic() - last
-            due = soonest if progress.changed else period
-            if since < due:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(due - since):
-                        await poke.wait()
-                continue  # look again: progress, the end of the activation, or time is up
-            last = time.monotonic()
-            try:
-                if not await self.leases.renew(lease, self.settings.lease_ttl, progress):
-                    log.warning("run %s: lease lost", lease.run_id)
-                    return
-                await wake.in_progress()
-            except Exception as e:
-                log.debug("run %s: keepalive failed: %s", lease.run_id, e)
-
 
 class FailureCounts:
     """Consecutive failed activations per run, for at most ``limit`` runs: the runs failed
@@ -608,21 +554,13 @@ class FailureCounts:
         return len(self._counts)
 
 
-def _delivered(msg: Msg) -> int:
-    """How many times ``msg`` has been delivered (1 the first time)."""
-    try:
-        return int(msg.metadata.num_delivered)
-    except Exception:
-        return 1
-
-
-def _count_redelivery(msg: Msg, consumer: str) -> None:
-    with contextlib.suppress(Exception):
-        if msg.metadata.num_delivered > 1:
+def _count_redelivery(msg: Delivery, consumer: str) -> None:
+    with contextlib.suppress(NotADelivery):
+        if msg.num_delivered > 1:
             metrics.REDELIVERIES.labels(consumer).inc()
 
 
-def _resume_cause(act: Activation, wake: Msg, cause: str) -> tuple[str, float]:
+def _resume_cause(act: Activation, wake: Delivery, cause: str) -> tuple[str, float]:
     """Why the run was due, and how long ago: a timer's deadline, a signal's arrival, or
     (for a plain wake or a new run) when its message was published."""
     now = time.time()
@@ -635,8 +573,8 @@ def _resume_cause(act: Activation, wake: Msg, cause: str) -> tuple[str, float]:
             if sig.name in wanted:
                 return "signal", max(0.0, now - sig.at)
     try:
-        published = wake.metadata.timestamp.timestamp()
-    except Exception:
+        published = wake.timestamp.timestamp()
+    except NotADelivery:
         return cause, 0.0
     return cause, max(0.0, now - published)
 

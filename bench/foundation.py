@@ -50,9 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.broker import Broker, EmbeddedServer, find_nats_server
+from sojourn.broker import Broker, Delivery, EmbeddedServer, find_nats_server
 from sojourn.broker.auth import AuthUser
 from sojourn.broker.eventstore import Decision
+from sojourn.broker.headers import EXPECTED_LAST_SUBJECT_SEQUENCE, MSG_ID
 from sojourn.broker.names import Names
 from sojourn.broker.topology import consumer_configs, stream_configs
 from sojourn.schemas.codec import encode_events, to_raw
@@ -271,8 +272,8 @@ class RawBench:
         seq = 0
         for _ in range(n):
             headers = {
-                "Nats-Expected-Last-Subject-Sequence": str(seq),
-                "Nats-Msg-Id": f"{run}:{seq}:rawwriter-1",
+                EXPECTED_LAST_SUBJECT_SEQUENCE: str(seq),
+                MSG_ID: f"{run}:{seq}:rawwriter-1",
             }
             t = time.perf_counter()
             ack = await self.b.publish_raw(subject, self.body, headers)
@@ -323,14 +324,14 @@ class RawBench:
             a1 = await self.b.publish_raw(
                 subject,
                 self.body,
-                {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Msg-Id": f"{run}:0:w"},
+                {EXPECTED_LAST_SUBJECT_SEQUENCE: "0", MSG_ID: f"{run}:0:w"},
             )
             a2 = await self.b.publish_raw(
                 subject,
                 self.body,
                 {
-                    "Nats-Expected-Last-Subject-Sequence": str(a1["seq"]),
-                    "Nats-Msg-Id": f"{run}:{a1['seq']}:w",
+                    EXPECTED_LAST_SUBJECT_SEQUENCE: str(a1["seq"]),
+                    MSG_ID: f"{run}:{a1['seq']}:w",
                 },
             )
             if "error" in a2:
@@ -346,15 +347,15 @@ class RawBench:
                     if fut is not None and not fut.done():
                         fut.set_result(time.perf_counter())
 
-        async def service(msg: Any) -> None:
+        async def service(msg: Delivery) -> None:
             await two_appends(msg.data.decode())
             await msg.respond(b"ok")
 
         svc_subject = f"{self.names.prefix}.svc.start"
         svc = service_broker or self.b
         requester = service_broker or client
-        sub = await svc.nc.subscribe(svc_subject, cb=service)
-        await svc.nc.flush()
+        sub = await svc.subscribe(svc_subject, cb=service)
+        await svc.flush()
         task = asyncio.create_task(intake())
         loop = asyncio.get_running_loop()
         inbox_l: list[float] = []
@@ -368,7 +369,7 @@ class RawBench:
                 ack = await client.publish_raw(
                     self.names.start("floor", client.user),
                     run.encode(),
-                    {"Nats-Msg-Id": f"start:floor:{run}"},
+                    {MSG_ID: f"start:floor:{run}"},
                 )
                 if "error" in ack:
                     raise RuntimeError(ack["error"])
@@ -376,7 +377,7 @@ class RawBench:
                 await asyncio.sleep(gap)
                 run = f"fb{i}-{uuid.uuid4().hex[:8]}"
                 t0 = time.perf_counter()
-                await requester.nc.request(svc_subject, run.encode(), timeout=10)
+                await requester.request(svc_subject, run.encode(), timeout=10)
                 direct_l.append(time.perf_counter() - t0)
         finally:
             task.cancel()
@@ -509,12 +510,12 @@ class SojournBench:
         seen: dict[str, float] = {}
         prefix = self.c.names.prefix
 
-        async def on_msg(msg: Any) -> None:
+        async def on_msg(msg: Delivery) -> None:
             if b"run.completed.v1" in msg.data:
                 seen.setdefault(msg.subject[len(prefix) + 4 :], time.time())
 
-        sub = await observer.nc.subscribe(self.c.names.events_all, cb=on_msg)
-        await observer.nc.flush()
+        sub = await observer.subscribe(self.c.names.events_all, cb=on_msg)
+        await observer.flush()
         rows: list[tuple[str, float, float, float]] = []
         try:
             for _ in range(k):

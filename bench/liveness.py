@@ -92,13 +92,13 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.actors import Client, Context, Watchdog, Worker, agent, heartbeat
-from sojourn.broker import Broker, EmbeddedServer, find_nats_server
+from sojourn.broker import Broker, Delivery, EmbeddedServer, find_nats_server
+from sojourn.broker import headers as h
 from sojourn.broker.follow import StreamFollower
-from sojourn.broker.leases import decode_lease
 from sojourn.broker.names import Names
 from sojourn.broker.topology import ensure_topology
 from sojourn.projections.model import RunModel
-from sojourn.schemas.codec import decode_events, encode_events, to_raw
+from sojourn.schemas.codec import decode_events, decode_lease_holder, encode_events, to_raw
 from sojourn.schemas.config import Settings
 from sojourn.schemas.events import (
     RunCompleted,
@@ -326,11 +326,12 @@ async def fill(broker: Broker, names: Names, live: int, ended: int) -> dict[str,
 
     async def append(run_id: str, events: list[RunEvent], expected: int) -> int:
         headers = {
-            "Nats-Expected-Last-Subject-Sequence": str(expected),
-            "Nats-Msg-Id": f"{run_id}:{expected}:{writer}",
-            "Sojourn-Writer": writer,
+            h.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected),
+            h.MSG_ID: f"{run_id}:{expected}:{writer}",
+            h.WRITER: writer,
         }
-        return await broker.publish(names.events(run_id), encode_events(events), headers)
+        ack = await broker.publish(names.events(run_id), encode_events(events), headers)
+        return ack.seq
 
     t0 = time.perf_counter()
     batch = 500
@@ -614,16 +615,16 @@ async def phase_detect(url: str, cfg: Config, logdir: Path, log: Log) -> dict[st
         if liv.state == "stalled" and fut is not None and not fut.done():
             fut.set_result((t, liv))
 
-    async def on_lease(m: Any) -> None:
+    async def on_lease(m: Delivery) -> None:
         with contextlib.suppress(Exception):
-            lh = decode_lease(m.data)
+            lh = decode_lease_holder(m.data)
             if lh.owner:
                 run_id = names.subject_token(m.subject, 1)
                 leases.setdefault(run_id, []).append((lh.heartbeat_at, lh.acquired_at, lh.owner))
 
     observer = await Broker.connect(url, name="bench-liveness-leases")
-    sub = await observer.nc.subscribe(names.leases_all, cb=on_lease)
-    await observer.nc.flush()
+    sub = await observer.subscribe(names.leases_all, cb=on_lease)
+    await observer.flush()
     client = await Client.connect(url, settings=settings)
     wd = await Watchdog(nats=url, settings=settings, on_change=on_change).start()
     procs: list[WorkerProc] = []
@@ -782,13 +783,13 @@ async def phase_heartbeat(url: str, cfg: Config, log: Log) -> dict[str, Any]:
     observer = await Broker.connect(url, name="bench-liveness-observer")
     writes: list[tuple[float, float, str | None]] = []
 
-    async def on_lease(m: Any) -> None:
+    async def on_lease(m: Delivery) -> None:
         with contextlib.suppress(Exception):
-            lh = decode_lease(m.data)
+            lh = decode_lease_holder(m.data)
             writes.append((time.time(), lh.heartbeat_at, lh.owner))
 
-    sub = await observer.nc.subscribe(names.leases_all, cb=on_lease)
-    await observer.nc.flush()
+    sub = await observer.subscribe(names.leases_all, cb=on_lease)
+    await observer.flush()
     client = await Client.connect(url, settings=settings)
     out: dict[str, Any] = {"heartbeat": settings.heartbeat_every}
 

@@ -4,7 +4,9 @@ Python time goes. Untimed; runs after the measured sections on its own deploymen
 ``TracedBroker`` wraps one ``Broker`` *instance* (nothing in the runtime is patched): every
 ``nc.request`` (a round trip the caller awaits), every batched direct get (history load) and
 every fire-and-forget ``nc.publish`` (acks, pull requests, replies) is recorded with its
-subject category, start time and duration.
+subject category, start time and duration. To see those it reaches inside the façade on
+purpose (``Broker._nc``, the nats-py connection, and ``Broker._direct_batch``): a diagnostic,
+not a pattern.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ class TracedBroker:
         self.prefix = prefix
         self.ops: list[Op] = []
         self.enabled = False
-        nc = broker.nc
+        # Deliberately reaching inside the opaque façade: the nats-py connection is private
+        # to sojourn.broker, but only at that level is every round trip and publish visible.
+        nc = broker._nc
         orig_request = nc.request
         orig_publish = nc.publish
         orig_batch = broker._direct_batch

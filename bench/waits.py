@@ -67,7 +67,8 @@ import msgspec
 
 from sojourn.actors import Client, Context, Worker, agent, fold
 from sojourn.actors.executor import Activation
-from sojourn.broker import Broker, EmbeddedServer, find_nats_server
+from sojourn.broker import Broker, Delivery, EmbeddedServer, Subscription, find_nats_server
+from sojourn.broker.headers import EXPECTED_LAST_SUBJECT_SEQUENCE, MSG_ID, SCHEDULER
 from sojourn.broker.names import Names
 from sojourn.broker.timers import schedule_timer
 from sojourn.broker.topology import consumer_configs, stream_configs
@@ -298,19 +299,19 @@ class Observer:
         self._lcut = len(names.prefix) + 7  # "<prefix>.lease."
         self.on_event: Callable[[float, str, bytes], None] | None = None
         self.on_lease: Callable[[float, str, bytes], None] | None = None
-        self._subs: list[Any] = []
-        self._lease_sub: Any = None
+        self._subs: list[Subscription] = []
+        self._lease_sub: Subscription | None = None
 
     async def start(self) -> None:
-        self._subs.append(await self.b.nc.subscribe(self.names.events_all, cb=self._ev))
-        await self.b.nc.flush()
+        self._subs.append(await self.b.subscribe(self.names.events_all, cb=self._ev))
+        await self.b.flush()
 
     async def watch_leases(self, on: bool) -> None:
         """Subscribe to lease writes only while a phase needs them: every message the
         observer receives costs this process (the worker's) ~20-40 µs of nats-py parsing."""
         if on and self._lease_sub is None:
-            self._lease_sub = await self.b.nc.subscribe(f"{self.names.prefix}.lease.*", cb=self._ls)
-            await self.b.nc.flush()
+            self._lease_sub = await self.b.subscribe(f"{self.names.prefix}.lease.*", cb=self._ls)
+            await self.b.flush()
         elif not on and self._lease_sub is not None:
             with contextlib.suppress(Exception):
                 await self._lease_sub.unsubscribe()
@@ -322,11 +323,11 @@ class Observer:
             with contextlib.suppress(Exception):
                 await s.unsubscribe()
 
-    async def _ev(self, msg: Any) -> None:
+    async def _ev(self, msg: Delivery) -> None:
         if self.on_event is not None:
             self.on_event(time.time(), msg.subject[self._cut :], msg.data)
 
-    async def _ls(self, msg: Any) -> None:
+    async def _ls(self, msg: Delivery) -> None:
         if self.on_lease is not None:
             self.on_lease(time.time(), msg.subject[self._lcut :], msg.data)
 
@@ -338,13 +339,6 @@ class _LeaseBody(msgspec.Struct):
 
 
 _lease_decoder = msgspec.json.Decoder(_LeaseBody)
-
-
-def _stored_at(stamp: str) -> float:
-    """``Nats-Time-Stamp`` (RFC 3339 with nanoseconds) as Unix seconds."""
-    base, _, frac = stamp.rstrip("Z").partition(".")
-    whole = datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
-    return whole + (float("0." + frac) if frac else 0.0)
 
 
 async def stream_state(b: Broker, stream: str) -> dict[str, int]:
@@ -599,9 +593,8 @@ class Bench:
         )
         fired: dict[str, float] = {}
         for r, m in zip(rids, wakes, strict=True):
-            h = (m.headers or {}) if m is not None else {}
-            if "Nats-Scheduler" in h and "Nats-Time-Stamp" in h:
-                fired[r] = _stored_at(h["Nats-Time-Stamp"])
+            if m is not None and m.header(SCHEDULER) and m.time:
+                fired[r] = m.time
         started: dict[str, WaitStarted] = {}
         ended: dict[str, WaitCompleted] = {}
         finished: dict[str, float] = {}
@@ -885,8 +878,8 @@ async def signal_floor(
             names.events(run),
             body,
             {
-                "Nats-Expected-Last-Subject-Sequence": str(seqs[run]),
-                "Nats-Msg-Id": f"{run}:{seqs[run]}:w",
+                EXPECTED_LAST_SUBJECT_SEQUENCE: str(seqs[run]),
+                MSG_ID: f"{run}:{seqs[run]}:w",
             },
         )
         if "error" in ack:
@@ -901,13 +894,13 @@ async def signal_floor(
                     await append(srv, run)
                 await m.ack()
 
-    async def seen(msg: Any) -> None:
+    async def seen(msg: Delivery) -> None:
         fut = waiting.pop(msg.subject, None)
         if fut is not None and not fut.done():
             fut.set_result(time.time())
 
-    sub = await obs.nc.subscribe(names.events_all, cb=seen)
-    await obs.nc.flush()
+    sub = await obs.subscribe(names.events_all, cb=seen)
+    await obs.flush()
     task = asyncio.create_task(consumer())
     hop: list[float] = []
     direct: list[float] = []
@@ -919,7 +912,7 @@ async def signal_floor(
                 fut = waiting[names.events(run)] = loop.create_future()
                 w0 = time.time()
                 ack = await pub.publish_raw(
-                    names.signal(run, "go"), b"1", {"Nats-Msg-Id": uuid.uuid4().hex}
+                    names.signal(run, "go"), b"1", {MSG_ID: uuid.uuid4().hex}
                 )
                 if "error" in ack:
                     raise RuntimeError(ack["error"])
@@ -973,9 +966,8 @@ async def raw_schedules(
                 64,
             )
             for m in got:
-                if m is not None and "Nats-Time-Stamp" in (m.headers or {}):
-                    r = names.subject_token(m.headers["Nats-Subject"], 1)
-                    fired[r] = _stored_at(m.headers["Nats-Time-Stamp"])
+                if m is not None and m.time:
+                    fired[names.subject_token(m.subject, 1)] = m.time
             if len(fired) >= n or time.time() > first + spread + 120:
                 break
             await asyncio.sleep(1.0)

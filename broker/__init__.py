@@ -3,6 +3,11 @@
 The embedded ``nats-server`` launcher, the connection façade, stream/consumer setup, the fenced
 event store, run leases, wakes and the agent registry. Imports only ``sojourn.schemas``.
 
+An opaque façade: no nats-py type crosses it. Consumers and subscriptions hand out
+``Delivery``, publishes answer ``PublishAck``, a direct get reads a ``StoredMessage``, header
+names are in ``sojourn.broker.headers``, and ``BROKER_ERRORS`` is what to catch for "the broker
+is the trouble".
+
 Example:
     >>> import asyncio, tempfile
     >>> from sojourn.broker import Broker, EmbeddedServer
@@ -14,15 +19,19 @@ Example:
     ...         return version
 """
 
+from . import headers
 from .auth import AuthUser, permissions_for, render_accounts
 from .connection import (
+    BROKER_ERRORS,
     DEFAULT_URL,
     Broker,
     ConnectOptions,
     CredentialsError,
     JetStreamError,
+    PullConsumer,
     resolve_url,
 )
+from .delivery import Delivery, NotADelivery, PublishAck, StoredMessage, Subscription
 from .eventstore import Decision, EventStore
 from .leases import Lease, LeaseStore
 from .names import Names, validate_token
@@ -32,6 +41,7 @@ from .topology import ensure_topology
 from .wake import publish_wake
 
 __all__ = [
+    "BROKER_ERRORS",
     "DEFAULT_URL",
     "AgentRecord",
     "AgentRegistry",
@@ -40,14 +50,21 @@ __all__ = [
     "ConnectOptions",
     "CredentialsError",
     "Decision",
+    "Delivery",
     "EmbeddedServer",
     "EventStore",
     "JetStreamError",
     "Lease",
     "LeaseStore",
     "Names",
+    "NotADelivery",
+    "PublishAck",
+    "PullConsumer",
+    "StoredMessage",
+    "Subscription",
     "ensure_topology",
     "find_nats_server",
+    "headers",
     "permissions_for",
     "publish_wake",
     "render_accounts",

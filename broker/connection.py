@@ -5,7 +5,12 @@ list (nats-py raises ``TimeoutError``), "no servers" is ``BrokerUnavailable``, a
 error is ``JetStreamError`` with its numeric code, and a request the server's permissions refused
 is ``PermissionDenied`` (the server does not answer it: it reports the violation asynchronously,
 and nats-py hands that to the error callback). nats-py is migrating to a new ``nats-jetstream``
-package; that migration should touch this module and ``eventstore.py`` only.
+package; that migration should touch this module, ``delivery.py`` and ``eventstore.py`` only.
+
+No nats-py type leaves ``sojourn.broker``: a consumer's or a subscription's message is a
+``Delivery``, a publish is answered with a ``PublishAck``, a message read back from a stream
+(a direct get) is a ``StoredMessage``, a wait that ran out is the built-in
+``TimeoutError``, and ``BROKER_ERRORS`` names what else a broker call may raise.
 
 How to connect (URL with optional ``user:password@``, a creds file, TLS files) is one
 ``ConnectOptions``, which every command, ``Client``, ``Worker`` and ``Watchdog`` share.
@@ -43,7 +48,11 @@ from sojourn.schemas.errors import (
     SojournError,
 )
 
+from . import headers as h
+from .delivery import Delivery, OnDelivery, PublishAck, StoredMessage, Subscription
+
 __all__ = [
+    "BROKER_ERRORS",
     "DEFAULT_URL",
     "ENV_CREDS",
     "ENV_TLS_CA",
@@ -55,7 +64,8 @@ __all__ = [
     "ConnectOptions",
     "CredentialsError",
     "JetStreamError",
-    "Msg",
+    "PullConsumer",
+    "header",
     "redact_url",
     "resolve_url",
     "url_user",
@@ -350,12 +360,29 @@ deployment prefix nothing has used answers 503, no responders)."""
 
 
 class JetStreamError(SojournError):
-    """A JetStream API request was answered with an error."""
+    """A JetStream API request was answered with an error.
 
-    def __init__(self, message: str, *, code: int, err_code: int) -> None:
+    Attributes:
+        code: the HTTP-like status (``400``, ``404``, ``503``...).
+        err_code: JetStream's own error code (``10071``: wrong last sequence, a broken fence).
+        description: the server's text (without what the request was).
+    """
+
+    def __init__(self, message: str, *, code: int, err_code: int, description: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.err_code = err_code
+        self.description = description
+
+
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    nats.errors.Error,
+    BrokerUnavailable,
+    JetStreamError,
+)
+"""What a broker call may raise when the broker, not the caller, is the trouble: nats-py's base
+error (a closed connection, a refused request), ``BrokerUnavailable`` and ``JetStreamError``.
+``except BROKER_ERRORS`` keeps the caller free of nats-py."""
 
 
 class Broker:
@@ -370,10 +397,10 @@ class Broker:
     def __init__(
         self, nc: NATS, url: str, *, user: str | None = None, denials: _Denials | None = None
     ) -> None:
-        self.nc = nc
+        self._nc = nc
         self.url = redact_url(url)
         self.user = user
-        self.js = nc.jetstream()
+        self._js = nc.jetstream()
         self._denials = denials or _Denials()
 
     @classmethod
@@ -484,15 +511,76 @@ class Broker:
 
     @property
     def server_version(self) -> str:
-        return str(self.nc._server_info.get("version", "?"))
+        return str(self._nc._server_info.get("version", "?"))
 
     async def close(self) -> None:
         # Not drain(): a worker's outstanding pull requests make drain wait its full timeout
         # (30 s); everything we must not lose has been acknowledged by then anyway.
-        if not self.nc.is_closed:
+        if not self._nc.is_closed:
             with contextlib.suppress(Exception):
-                await self.nc.flush(timeout=2)
-            await self.nc.close()
+                await self._nc.flush(timeout=2)
+            await self._nc.close()
+
+    # --- core NATS -----------------------------------------------------------------------------
+
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server accepts, headers included (its ``max_payload``)."""
+        return int(self._nc.max_payload)
+
+    def new_inbox(self) -> str:
+        """A fresh request/reply inbox subject (``_INBOX.<unique>``) to subscribe to."""
+        return self._nc.new_inbox()
+
+    async def subscribe(
+        self, subject: str, *, cb: OnDelivery | None = None, max_msgs: int = 0
+    ) -> Subscription:
+        """A core subscription to ``subject`` (wildcards allowed): what is published there from
+        now on, nothing stored. With ``cb`` each message is handed to it; without, read them
+        with ``Subscription.next_msg``. ``max_msgs`` > 0 ends it after that many messages.
+
+        A subscription the server's permissions refuse is not an error here (the server says
+        so later): see ``denied``."""
+        if cb is None:
+            return Subscription(await self._nc.subscribe(subject, max_msgs=max_msgs))
+        on_delivery = cb
+
+        async def deliver(m: Msg) -> None:
+            await on_delivery(Delivery(m))
+
+        return Subscription(await self._nc.subscribe(subject, cb=deliver, max_msgs=max_msgs))
+
+    async def flush(self, timeout: float = 10.0) -> None:
+        """Wait until the server has processed everything sent so far (subscriptions
+        included): a round trip."""
+        await self._nc.flush(timeout=timeout)  # type: ignore[arg-type]
+
+    async def publish_core(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None, *, reply: str = ""
+    ) -> None:
+        """A core NATS publish: no stream is asked to store it, nothing is acknowledged (an
+        answer on a reply inbox, a notice for live subscribers)."""
+        await self._nc.publish(subject, data, reply=reply, headers=headers)
+
+    async def request(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        timeout: float = 5.0,
+    ) -> Delivery:
+        """A core request: publish ``data`` with a fresh reply inbox, return the first answer.
+
+        Raises:
+            TimeoutError: no answer within ``timeout``.
+            PermissionDenied: this connection may not publish to ``subject``.
+            BROKER_ERRORS: nobody subscribes to ``subject`` (nats-py's "no responders").
+        """
+        try:
+            return Delivery(await self._request(subject, data, headers, timeout))
+        except NatsTimeoutError:
+            raise TimeoutError(f"no answer on {subject} within {timeout}s") from None
 
     # --- permissions ---------------------------------------------------------------------------
 
@@ -529,7 +617,7 @@ class Broker:
 
         stop = self._denials.watch(subject, on_denied)
         try:
-            return await self.nc.request(subject, data, timeout=timeout, headers=headers)
+            return await self._nc.request(subject, data, timeout=timeout, headers=headers)
         except asyncio.CancelledError:
             if not denied or task.uncancel() > 0:
                 raise  # cancelled by someone else (too)
@@ -561,10 +649,12 @@ class Broker:
         reply: dict[str, Any] = json.loads(msg.data) if msg.data else {}
         err = reply.get("error")
         if err:
+            description = str(err.get("description", err))
             raise JetStreamError(
-                f"{subject}: {err.get('description', err)}",
+                f"{subject}: {description}",
                 code=int(err.get("code", 0)),
                 err_code=int(err.get("err_code", 0)),
+                description=description,
             )
         return reply
 
@@ -578,6 +668,9 @@ class Broker:
     ) -> dict[str, Any]:
         """A JetStream publish returning the PubAck JSON as is (errors included, not raised).
 
+        The raw floor, for measurements that want nothing on top; sojourn itself uses
+        ``try_publish`` (typed) and ``publish``.
+
         "No responders" (no stream captures the subject right now: a server still recovering
         its streams after a restart) comes back as a 503 error, like the server's own answer.
 
@@ -590,7 +683,7 @@ class Broker:
         except NoRespondersError:
             msg = None
         if msg is None or not msg.data:
-            status = ((msg.headers or {}) if msg is not None else {}).get("Status", "")
+            status = ((msg.headers or {}) if msg is not None else {}).get(h.STATUS, "")
             return {
                 "error": {
                     "code": int(status or 503),
@@ -601,6 +694,29 @@ class Broker:
         ack: dict[str, Any] = json.loads(msg.data)
         return ack
 
+    async def try_publish(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        timeout: float = 5.0,
+    ) -> PublishAck | JetStreamError:
+        """A JetStream publish whose refusal is an answer, not an error: the ack, or the
+        ``JetStreamError`` the stream answered with (returned, not raised). A broken fence
+        (``Nats-Expected-Last-Subject-Sequence``) is ``err_code`` 10071; no stream capturing
+        the subject right now (a server still recovering after a restart) is ``code`` 503.
+
+        Raises:
+            TimeoutError: no answer within ``timeout``.
+            PermissionDenied: this connection may not publish to ``subject``.
+        """
+        try:
+            raw = await self.publish_raw(subject, data, headers, timeout=timeout)
+        except NatsTimeoutError as e:
+            raise TimeoutError(f"no publish ack for {subject} within {timeout}s") from e
+        return _publish_result(subject, raw)
+
     async def publish(
         self,
         subject: str,
@@ -608,24 +724,25 @@ class Broker:
         headers: dict[str, str] | None = None,
         *,
         timeout: float = 5.0,
-    ) -> int:
-        """A JetStream publish that must be stored; returns its stream sequence."""
+    ) -> PublishAck:
+        """A JetStream publish that must be stored.
+
+        Raises:
+            JetStreamError: the stream refused it.
+            BrokerUnavailable: no answer within ``timeout``.
+            PermissionDenied: this connection may not publish to ``subject``.
+        """
         try:
-            ack = await self.publish_raw(subject, data, headers, timeout=timeout)
-        except (NatsTimeoutError, TimeoutError) as e:
+            result = await self.try_publish(subject, data, headers, timeout=timeout)
+        except TimeoutError as e:
             raise BrokerUnavailable(f"no publish ack for {subject} within {timeout}s") from e
-        err = ack.get("error")
-        if err:
-            raise JetStreamError(
-                f"publish to {subject}: {err.get('description')}",
-                code=int(err.get("code", 0)),
-                err_code=int(err.get("err_code", 0)),
-            )
-        return int(ack["seq"])
+        if isinstance(result, JetStreamError):
+            raise result
+        return result
 
     async def direct_get_last(
         self, stream: str, subject: str, *, timeout: float = 5.0
-    ) -> Msg | None:
+    ) -> StoredMessage | None:
         """The last message on ``subject`` (direct get), or ``None`` when there is none."""
         return await self._direct_one(
             f"$JS.API.DIRECT.GET.{stream}.{subject}", b"", subject, timeout
@@ -633,26 +750,28 @@ class Broker:
 
     async def direct_get_next(
         self, stream: str, subject: str, seq: int, *, timeout: float = 5.0
-    ) -> Msg | None:
+    ) -> StoredMessage | None:
         """The first message on ``subject`` at or after stream sequence ``seq``."""
         req = json.dumps({"seq": seq, "next_by_subj": subject}).encode()
         return await self._direct_one(f"$JS.API.DIRECT.GET.{stream}", req, subject, timeout)
 
-    async def _direct_one(self, api: str, req: bytes, subject: str, timeout: float) -> Msg | None:
+    async def _direct_one(
+        self, api: str, req: bytes, subject: str, timeout: float
+    ) -> StoredMessage | None:
         try:
             msg = await self._request(api, req, None, timeout)
         except NoRespondersError:
             return None  # the stream does not exist (yet): nothing stored
         except (NatsTimeoutError, TimeoutError) as e:
             raise BrokerUnavailable(f"direct get {subject} timed out") from e
-        status = (msg.headers or {}).get("Status")
+        status = (msg.headers or {}).get(h.STATUS)
         if status in _MISSING:
             return None
         if status:
             raise JetStreamError(
                 f"direct get {subject}: status {status}", code=int(status), err_code=0
             )
-        return msg
+        return StoredMessage.from_nats(msg)
 
     async def direct_get_range(
         self,
@@ -662,50 +781,50 @@ class Broker:
         *,
         page: int = 1000,
         timeout: float = 10.0,
-    ) -> list[Msg]:
+    ) -> list[StoredMessage]:
         """Every message on ``subject`` from ``from_seq`` on, in order (batched direct get)."""
-        out: list[Msg] = []
+        out: list[StoredMessage] = []
         seq = from_seq
         while True:
             msgs, pending = await self._direct_batch(stream, subject, seq, page, timeout)
             out.extend(msgs)
             if not msgs or pending == 0:
                 return out
-            seq = int(msgs[-1].headers["Nats-Sequence"]) + 1  # type: ignore[index]
+            seq = msgs[-1].seq + 1
 
     async def direct_get_batch(
         self, stream: str, subject: str, seq: int, batch: int, *, timeout: float = 10.0
-    ) -> tuple[list[Msg], int]:
+    ) -> tuple[list[StoredMessage], int]:
         """Up to ``batch`` messages matching ``subject`` (wildcards allowed) from ``seq`` on,
         and how many more match after them."""
         return await self._direct_batch(stream, subject, seq, batch, timeout)
 
     async def _direct_batch(
         self, stream: str, subject: str, seq: int, batch: int, timeout: float
-    ) -> tuple[list[Msg], int]:
-        inbox = self.nc.new_inbox()
-        msgs: list[Msg] = []
+    ) -> tuple[list[StoredMessage], int]:
+        inbox = self._nc.new_inbox()
+        msgs: list[StoredMessage] = []
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
 
         async def on_msg(m: Msg) -> None:
             headers = m.headers or {}
-            status = headers.get("Status")
+            status = headers.get(h.STATUS)
             if status is not None:
                 if not done.done():
                     if status == "204" or status in _MISSING:
-                        done.set_result(int(headers.get("Nats-Num-Pending", "0") or 0))
+                        done.set_result(int(headers.get(h.NUM_PENDING, "0") or 0))
                     else:
                         done.set_exception(
                             JetStreamError(
                                 f"direct get {subject}: status {status} "
-                                f"{headers.get('Description', '')}",
+                                f"{headers.get(h.DESCRIPTION, '')}",
                                 code=int(status),
                                 err_code=0,
                             )
                         )
                 return
-            msgs.append(m)
+            msgs.append(StoredMessage.from_nats(m))
 
         api = f"$JS.API.DIRECT.GET.{stream}"
 
@@ -713,11 +832,11 @@ class Broker:
             if not done.done():
                 done.set_exception(self.permission_denied(api))
 
-        sub = await self.nc.subscribe(inbox, cb=on_msg)
+        sub = await self._nc.subscribe(inbox, cb=on_msg)
         stop = self._denials.watch(api, on_denied)
         try:
             req = json.dumps({"seq": seq, "batch": batch, "next_by_subj": subject}).encode()
-            await self.nc.publish(api, req, reply=inbox)
+            await self._nc.publish(api, req, reply=inbox)
             try:
                 pending = await asyncio.wait_for(done, timeout)
             except TimeoutError as e:
@@ -782,7 +901,7 @@ class Broker:
         )
 
     async def pull(self, stream: str, consumer: str) -> PullConsumer:
-        sub = await self.js.pull_subscribe_bind(durable=consumer, stream=stream)
+        sub = await self._js.pull_subscribe_bind(durable=consumer, stream=stream)
         return PullConsumer(sub, self, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")
 
 
@@ -795,11 +914,12 @@ class PullConsumer:
         self._broker = broker
         self._next = next_subject
 
-    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+    async def fetch(self, batch: int, timeout: float) -> list[Delivery]:
+        """Up to ``batch`` deliveries, waiting up to ``timeout`` seconds for the first."""
         started = time.monotonic()
         try:
             msgs: list[Msg] = await self._sub.fetch(batch=batch, timeout=timeout)
-            return msgs
+            return [Delivery(m) for m in msgs]
         except (NatsTimeoutError, TimeoutError):
             b = self._broker
             if b is not None and self._next and b._denials.since(self._next, started):
@@ -813,9 +933,28 @@ class PullConsumer:
             pass
 
 
-def header(msg: Msg, name: str, default: str = "") -> str:
-    """A header of ``msg`` as a string (nats-py gives ``None`` when there are no headers)."""
-    return (msg.headers or {}).get(name, default)
+def header(msg: StoredMessage | Delivery, name: str, default: str = "") -> str:
+    """A header of ``msg`` (``default`` when it is not set): ``msg.header(name, default)``."""
+    return msg.header(name, default)
+
+
+def _publish_result(subject: str, raw: dict[str, Any]) -> PublishAck | JetStreamError:
+    """A PubAck's JSON as a ``PublishAck``, or the error it carries."""
+    err = raw.get("error")
+    if err or "seq" not in raw:  # an error answer carries "seq": 0 too
+        err = err or {"description": f"no sequence in the answer: {raw}"}
+        description = str(err.get("description", err))
+        return JetStreamError(
+            f"publish to {subject}: {description}",
+            code=int(err.get("code", 0)),
+            err_code=int(err.get("err_code", 0)),
+            description=description,
+        )
+    return PublishAck(
+        stream=str(raw.get("stream", "")),
+        seq=int(raw["seq"]),
+        duplicate=bool(raw.get("duplicate", False)),
+    )
 
 
 OnError = Callable[[BaseException], None]

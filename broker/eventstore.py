@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 import msgspec
 from nats.errors import ConnectionClosedError, NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 
 from sojourn.schemas.codec import decode_events, encode_events
 from sojourn.schemas.config import Settings
@@ -36,13 +35,15 @@ from sojourn.schemas.errors import (
 )
 from sojourn.schemas.events import RunEvent
 
-from .connection import Broker, JetStreamError, Msg, header
+from . import headers as h
+from .connection import Broker, JetStreamError
+from .delivery import StoredMessage
 from .names import Names
 
 __all__ = ["WRONG_LAST_SEQUENCE", "Decision", "EventStore"]
 
 WRONG_LAST_SEQUENCE = 10071
-WRITER_HEADER = "Sojourn-Writer"
+WRITER_HEADER = h.WRITER
 HEADER_ROOM = 4096
 """Bytes of a server's ``max_payload`` left for an append's headers (the server counts them)."""
 
@@ -194,7 +195,7 @@ class EventStore:
     def max_decision(self) -> int:
         """Largest body of one event message, in bytes: what the server accepts (its
         ``max_payload``, known from the connection) less ``HEADER_ROOM``."""
-        return int(self.broker.nc.max_payload) - HEADER_ROOM
+        return self.broker.max_payload - HEADER_ROOM
 
     async def append(
         self,
@@ -250,16 +251,16 @@ class EventStore:
             )
         mid = msg_id or f"{run_id}:{expected_seq}:{writer}"
         headers = {
-            "Nats-Expected-Last-Subject-Sequence": str(expected_seq),
-            "Nats-Msg-Id": mid,
-            WRITER_HEADER: writer,
+            h.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected_seq),
+            h.MSG_ID: mid,
+            h.WRITER: writer,
         }
         deadline = time.monotonic() + (self.settings.append_timeout if timeout is None else timeout)
         pause = 0.05
         while True:
             try:
-                ack = await self.broker.publish_raw(subject, data, headers, timeout=2.0)
-            except (NatsTimeoutError, TimeoutError, NoRespondersError) as e:
+                ack = await self.broker.try_publish(subject, data, headers, timeout=2.0)
+            except (TimeoutError, NoRespondersError) as e:
                 if time.monotonic() > deadline:
                     raise BrokerUnavailable(
                         f"append to {subject} not acknowledged: {type(e).__name__}",
@@ -271,14 +272,12 @@ class EventStore:
                 continue
             except ConnectionClosedError as e:
                 raise BrokerUnavailable("connection to NATS is closed", run_id=run_id) from e
-            err = ack.get("error")
-            if not err:
-                seq = int(ack["seq"])
+            if not isinstance(ack, JetStreamError):
                 if self._cache:
-                    decision = Decision(seq, tuple(events), writer, mid, len(data))
+                    decision = Decision(ack.seq, tuple(events), writer, mid, len(data))
                     self._appended(run_id, expected_seq, decision)
-                return seq, bool(ack.get("duplicate"))
-            if int(err.get("err_code", 0)) == WRONG_LAST_SEQUENCE:
+                return ack.seq, ack.duplicate
+            if ack.err_code == WRONG_LAST_SEQUENCE:
                 landed = await self._landed_seq(run_id, expected_seq, mid)
                 if landed is not None:
                     if self._cache:
@@ -290,22 +289,23 @@ class EventStore:
                     run_id=run_id,
                     expected=expected_seq,
                 )
-            if int(err.get("code", 0)) == 503 and time.monotonic() < deadline:
+            if ack.code == 503 and time.monotonic() < deadline:
                 await asyncio.sleep(pause)  # stream still recovering after a restart
                 pause = min(pause * 2, 1.0)
                 continue
             raise JetStreamError(
-                f"append to {subject}: {err.get('description')}",
-                code=int(err.get("code", 0)),
-                err_code=int(err.get("err_code", 0)),
+                f"append to {subject}: {ack.description}",
+                code=ack.code,
+                err_code=ack.err_code,
+                description=ack.description,
             )
 
     async def _landed_seq(self, run_id: str, expected_seq: int, msg_id: str) -> int | None:
         nxt = await self.broker.direct_get_next(
             self.names.events_stream, self.names.events(run_id), expected_seq + 1
         )
-        if nxt is not None and header(nxt, "Nats-Msg-Id") == msg_id:
-            return int(header(nxt, "Nats-Sequence"))
+        if nxt is not None and nxt.header(h.MSG_ID) == msg_id:
+            return nxt.seq
         return None
 
     async def load(self, run_id: str, after_seq: int = 0) -> list[Decision]:
@@ -325,11 +325,11 @@ class EventStore:
     async def last_seq(self, run_id: str) -> int:
         """The sequence of the run's latest message; 0 when the run does not exist."""
         m = await self.broker.direct_get_last(self.names.events_stream, self.names.events(run_id))
-        return 0 if m is None else int(header(m, "Nats-Sequence"))
+        return 0 if m is None else m.seq
 
     @staticmethod
-    def _decode(run_id: str, m: Msg) -> Decision:
-        seq = int(header(m, "Nats-Sequence"))
+    def _decode(run_id: str, m: StoredMessage) -> Decision:
+        seq = m.seq
         try:
             events = tuple(decode_events(m.data))
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -339,7 +339,7 @@ class EventStore:
         return Decision(
             seq=seq,
             events=events,
-            writer=header(m, WRITER_HEADER),
-            msg_id=header(m, "Nats-Msg-Id"),
+            writer=m.header(h.WRITER),
+            msg_id=m.header(h.MSG_ID),
             size=len(m.data),
         )

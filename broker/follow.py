@@ -9,9 +9,8 @@ recovery code, and knows exactly how far behind it is (the answer says how many 
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from .connection import Broker, Msg, header
+from .connection import Broker
+from .delivery import StoredMessage
 
 __all__ = ["StreamFollower"]
 
@@ -42,26 +41,14 @@ class StreamFollower:
         self.pending = 0
         self.last_time = 0.0
 
-    async def next_page(self) -> list[Msg]:
+    async def next_page(self) -> list[StoredMessage]:
         """The next page of messages (empty when caught up)."""
         msgs, pending = await self.broker.direct_get_batch(
             self.stream, self.subject_filter, self.last_seq + 1, self.page
         )
         if msgs:
             last = msgs[-1]
-            self.last_seq = int(header(last, "Nats-Sequence"))
-            self.last_time = _stored_time(header(last, "Nats-Time-Stamp"))
+            self.last_seq = last.seq
+            self.last_time = last.time
         self.pending = pending if msgs else 0
         return msgs
-
-
-def _stored_time(stamp: str) -> float:
-    """``Nats-Time-Stamp`` (RFC 3339 with nanoseconds) as unix seconds; 0.0 if unreadable."""
-    if not stamp:
-        return 0.0
-    try:
-        head, _, frac = stamp.rstrip("Z").partition(".")
-        base = datetime.fromisoformat(head + "+00:00").timestamp()
-        return base + (float("0." + frac) if frac else 0.0)
-    except ValueError:
-        return 0.0

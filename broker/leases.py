@@ -17,32 +17,16 @@ from dataclasses import dataclass
 
 import msgspec
 
-from sojourn.schemas.codec import encode
+from sojourn.schemas.codec import decode_lease_holder, encode
+from sojourn.schemas.wire import NO_DETAILS, LeaseHolder
 
-from .connection import Broker, header
+from . import headers as h
+from .connection import Broker, JetStreamError
 from .names import Names
 
-__all__ = ["Lease", "LeaseHolder", "LeaseStore", "Progress", "decode_lease"]
+__all__ = ["NO_DETAILS", "Lease", "LeaseHolder", "LeaseStore", "Progress", "decode_lease"]
 
-_EXPECT = "Nats-Expected-Last-Subject-Sequence"
-
-
-NO_DETAILS = msgspec.Raw(b"null")
-
-
-class LeaseHolder(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The lease message body. Every renewal is also the run's heartbeat."""
-
-    owner: str | None
-    expires_at: float = 0.0
-    acquired_at: float = 0.0
-    heartbeat_at: float = 0.0
-    """When this message was written (the owner's last heartbeat)."""
-    step: str | None = None
-    """The step the owner is running, if any."""
-    step_started_at: float | None = None
-    details: msgspec.Raw = NO_DETAILS
-    """The last ``ctx.heartbeat(details)`` of that step (JSON ``null`` when none)."""
+_EXPECT = h.EXPECTED_LAST_SUBJECT_SEQUENCE
 
 
 @dataclass(slots=True)
@@ -68,12 +52,9 @@ class Lease:
     acquired_at: float = 0.0
 
 
-_holder_decoder = msgspec.json.Decoder(LeaseHolder)
-
-
-def decode_lease(data: bytes) -> LeaseHolder:
-    """A lease message body (for readers of the leases stream, such as the watchdog)."""
-    return _holder_decoder.decode(data)
+decode_lease = decode_lease_holder
+"""A lease message body (for readers of the leases stream, such as the watchdog); the same as
+``sojourn.schemas.codec.decode_lease_holder``."""
 
 
 class LeaseStore:
@@ -82,7 +63,6 @@ class LeaseStore:
     def __init__(self, broker: Broker, names: Names) -> None:
         self.broker = broker
         self.names = names
-        self._decoder = msgspec.json.Decoder(LeaseHolder)
         # The sequence we last wrote for a run we released: lets the same worker take the run
         # again with one round trip (no read) in the common steady state.
         self._released: dict[str, int] = {}
@@ -91,7 +71,7 @@ class LeaseStore:
         m = await self.broker.direct_get_last(self.names.leases_stream, self.names.lease(run_id))
         if m is None:
             return 0, None
-        return int(header(m, "Nats-Sequence")), self._decoder.decode(m.data)
+        return m.seq, decode_lease_holder(m.data)
 
     async def acquire(
         self, run_id: str, owner: str, ttl: float, *, fresh: bool = False
@@ -134,15 +114,15 @@ class LeaseStore:
         lease.held = False
         body = encode(LeaseHolder(owner=None, expires_at=0.0, heartbeat_at=time.time()))
         subject = self.names.lease(lease.run_id)
-        ack = await self.broker.publish_raw(subject, body, {_EXPECT: str(lease.seq)})
-        if ack.get("error"):
+        ack = await self.broker.try_publish(subject, body, {_EXPECT: str(lease.seq)})
+        if isinstance(ack, JetStreamError):
             # A renewal we gave up on may still have landed: if the lease is ours, release
             # that one, rather than leave the run blocked until the lease expires.
             seq, holder = await self.holder(lease.run_id)
             if holder is not None and holder.owner == lease.owner:
-                ack = await self.broker.publish_raw(subject, body, {_EXPECT: str(seq)})
-        if not ack.get("error") and "seq" in ack:
-            self._released[lease.run_id] = int(ack["seq"])
+                ack = await self.broker.try_publish(subject, body, {_EXPECT: str(seq)})
+        if not isinstance(ack, JetStreamError):
+            self._released[lease.run_id] = ack.seq
             if len(self._released) > 1_000:
                 self._released.pop(next(iter(self._released)))
 
@@ -168,15 +148,15 @@ class LeaseStore:
         )
         if progress is not None:
             progress.changed = False
-        ack = await self.broker.publish_raw(
+        ack = await self.broker.try_publish(
             self.names.lease(run_id), encode(holder), {_EXPECT: str(expected)}
         )
-        if ack.get("error") or "seq" not in ack:  # an error answer carries "seq": 0 too
+        if isinstance(ack, JetStreamError):
             return None
         return Lease(
             run_id=run_id,
             owner=owner,
-            seq=int(ack["seq"]),
+            seq=ack.seq,
             expires_at=now + ttl,
             acquired_at=acquired_at,
         )

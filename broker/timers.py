@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from . import headers as h
 from .connection import Broker, JetStreamError
 from .names import Names
 
@@ -28,11 +29,12 @@ async def schedule_timer(
 ) -> int:
     """Create or replace the timer ``timer_id`` of ``run_id``; returns its stream sequence."""
     headers = {
-        "Nats-Schedule": f"@at {rfc3339(deadline)}",
-        "Nats-Schedule-Target": names.wake(run_id),
-        "Sojourn-Wake-Reason": "timer",
+        h.SCHEDULE: f"@at {rfc3339(deadline)}",
+        h.SCHEDULE_TARGET: names.wake(run_id),
+        h.WAKE_REASON: "timer",
     }
-    return await broker.publish(names.timer(run_id, timer_id), b"", headers)
+    ack = await broker.publish(names.timer(run_id, timer_id), b"", headers)
+    return ack.seq
 
 
 async def cancel_timers(broker: Broker, names: Names, run_id: str) -> None:

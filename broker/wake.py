@@ -6,6 +6,7 @@ wake stream keeps one message per run subject, so a burst of wakes for one run i
 
 from __future__ import annotations
 
+from . import headers as h
 from .connection import Broker
 from .names import Names
 
@@ -14,5 +15,6 @@ __all__ = ["publish_wake"]
 
 async def publish_wake(broker: Broker, names: Names, run_id: str, reason: str = "") -> int:
     """Durably ask some worker to look at ``run_id``; returns the wake's stream sequence."""
-    headers = {"Sojourn-Wake-Reason": reason} if reason else None
-    return await broker.publish(names.wake(run_id), b"", headers)
+    headers = {h.WAKE_REASON: reason} if reason else None
+    ack = await broker.publish(names.wake(run_id), b"", headers)
+    return ack.seq

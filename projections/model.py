@@ -17,14 +17,20 @@ import time
 import msgspec
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from sojourn.broker.connection import Broker, Msg, header
+from sojourn.broker.connection import Broker
+from sojourn.broker.delivery import StoredMessage
 from sojourn.broker.follow import StreamFollower
-from sojourn.broker.leases import LeaseHolder, decode_lease
 from sojourn.broker.names import Names
-from sojourn.schemas.codec import decode_events, decode_wedge_record, decode_worker_beat
+from sojourn.schemas.codec import (
+    decode_events,
+    decode_lease_holder,
+    decode_wedge_record,
+    decode_worker_beat,
+)
 from sojourn.schemas.config import Settings
 from sojourn.schemas.events import RunCompleted, RunStarted, StepStarted
 from sojourn.schemas.health import LIVENESS_STATES, Liveness, WedgeRecord, WorkerBeat
+from sojourn.schemas.wire import LeaseHolder
 
 from .anomaly import HistoryBaseline, RateBaseline
 from .liveness import Thresholds, classify
@@ -94,8 +100,8 @@ class RunModel:
         return done
 
     @staticmethod
-    async def _drain(follower: StreamFollower, max_pages: int) -> list[Msg]:
-        out: list[Msg] = []
+    async def _drain(follower: StreamFollower, max_pages: int) -> list[StoredMessage]:
+        out: list[StoredMessage] = []
         for _ in range(max_pages):
             msgs = await follower.next_page()
             out.extend(msgs)
@@ -103,12 +109,12 @@ class RunModel:
                 break
         return out
 
-    def _run_of(self, m: Msg, index: int = 1) -> str:
-        return self.names.subject_token(header(m, "Nats-Subject"), index)
+    def _run_of(self, m: StoredMessage, index: int = 1) -> str:
+        return self.names.subject_token(m.subject, index)
 
-    def _on_decision(self, m: Msg) -> None:
+    def _on_decision(self, m: StoredMessage) -> None:
         run_id = self._run_of(m)
-        seq = int(header(m, "Nats-Sequence"))
+        seq = m.seq
         s = self.runs.get(run_id)
         try:
             events = decode_events(m.data)
@@ -157,21 +163,21 @@ class RunModel:
             rb = self.tool_calls[agent] = RateBaseline()
         return rb
 
-    def _on_lease(self, m: Msg) -> None:
+    def _on_lease(self, m: StoredMessage) -> None:
         run_id = self._run_of(m)
         try:
-            self.leases[run_id] = decode_lease(m.data)
+            self.leases[run_id] = decode_lease_holder(m.data)
         except msgspec.MsgspecError:
             self.leases.pop(run_id, None)
 
-    def _on_beat(self, m: Msg) -> None:
+    def _on_beat(self, m: StoredMessage) -> None:
         try:
             beat = decode_worker_beat(m.data)
         except msgspec.MsgspecError:
             return
         self.workers[beat.worker_id] = beat
 
-    def _on_wedge(self, m: Msg) -> None:
+    def _on_wedge(self, m: StoredMessage) -> None:
         try:
             rec = decode_wedge_record(m.data)
         except msgspec.MsgspecError:

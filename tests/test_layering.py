@@ -3,6 +3,13 @@
 schemas <- broker <- actors, and projections beside actors: ``schemas`` imports nothing of ours,
 ``broker`` only ``schemas``, ``projections`` never ``actors``. Folders are import names only
 through the ``sojourn.`` prefix, and wire data is decoded in one module (``schemas/codec.py``).
+
+The broker is an opaque façade: nats-py is imported under ``broker/`` only, and no broker module
+re-exports a nats-py name (a direct get's answer is a ``StoredMessage``, not nats' ``Msg``). The
+pure modules (every module of ``schemas``, the fold, the journal, the replay machine, retry
+policies and the projections' judgements) do no I/O: they import neither ``asyncio`` nor
+``sojourn.broker`` nor ``nats``, so they can be tested, and reasoned about, without a server or
+an event loop.
 """
 
 from __future__ import annotations
@@ -22,9 +29,34 @@ CODEC = "schemas/codec.py"
 DECODER_ALLOWED = {
     # The agent's input type is a user annotation, only known to the actor layer.
     "actors/agent.py",
-    # Lease bodies are messages of the leases stream, private to it (LeaseHolder).
-    "broker/leases.py",
 }
+
+# Folders whose code may not import nats-py (only broker/ may).
+NATS_FREE = ("actors", "projections", "schemas", "examples", "bench")
+
+# Files outside broker/ that import nats, each with its reason; the test fails on any new one
+# and on an entry that no longer applies.
+NATS_ALLOWED = {
+    "bench/util.py": "reports the nats-py version the raw-JetStream floor was measured with",
+}
+
+# Modules that do no I/O. Every module under schemas/ is pure too. A listed module that does
+# not exist (yet) is skipped, never silently dropped: list it here before it is written.
+PURE_MODULES = (
+    "actors/state.py",
+    "actors/journal.py",
+    "actors/machine.py",
+    "actors/replay.py",
+    "actors/retry.py",
+    "projections/summary.py",
+    "projections/anomaly.py",
+    "projections/liveness.py",
+)
+IMPURE = ("asyncio", "nats", "sojourn.broker")
+
+# Known impure imports of pure modules, (file, imported name) -> reason; the test fails on any
+# new one and on an entry that no longer applies.
+IMPURE_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -129,6 +161,55 @@ def _dotted(node: ast.expr) -> str | None:
     return ".".join([node.id, *reversed(parts)])
 
 
+def nats_violations(rel: str, source: str) -> list[str]:
+    """Imports of nats-py in ``rel``, however written; none count under ``broker/``."""
+    if rel.split("/")[0] == "broker":
+        return []
+    return [
+        f"{imp.file}:{imp.line} imports {imp.target}"
+        for imp in imports_in(rel, source)
+        if imp.level == 0 and within(imp.target, "nats")
+    ]
+
+
+def nats_exports(rel: str, source: str) -> list[str]:
+    """Names in ``rel``'s ``__all__`` that it imported from nats-py (a nats type re-exported)."""
+    tree = ast.parse(source, filename=rel)
+    from_nats = {
+        a.asname or a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and not node.level
+        if within(node.module or "", "nats")
+        for a in node.names
+    }
+    exported = [
+        elt.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+        and isinstance(node.value, ast.List | ast.Tuple)
+        for elt in node.value.elts
+        if isinstance(elt, ast.Constant) and isinstance(elt.value, str)
+    ]
+    return [f"{rel} exports {name}, a nats-py name" for name in exported if name in from_nats]
+
+
+def impure_imports(rel: str, source: str) -> list[Imported]:
+    """What ``rel`` imports that does I/O: ``asyncio``, ``nats`` or ``sojourn.broker``."""
+    return [imp for imp in imports_in(rel, source) if any(within(imp.target, p) for p in IMPURE)]
+
+
+def files_in(folders: tuple[str, ...]) -> dict[str, str]:
+    found = {
+        path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8")
+        for folder in folders
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    }
+    for folder in folders:  # a moved tree would otherwise pass vacuously
+        assert f"{folder}/__init__.py" in found, f"no package at {ROOT / folder}"
+    return found
+
+
 def sources() -> dict[str, str]:
     found = {
         path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8")
@@ -162,6 +243,43 @@ def test_msgspec_json_decoders_live_in_the_codec() -> None:
     uses = {rel for rel, src in sources().items() if msgspec_json_uses(rel, src, "Decoder")}
     assert uses - DECODER_ALLOWED - {CODEC} == set(), "decode wire data in schemas/codec.py"
     assert DECODER_ALLOWED - uses == set(), "stale allow-list entry: remove it"
+
+
+def test_only_the_broker_imports_nats() -> None:
+    found = {rel: v for rel, src in files_in(NATS_FREE).items() if (v := nats_violations(rel, src))}
+    new = {rel: v for rel, v in found.items() if rel not in NATS_ALLOWED}
+    assert new == {}, "go through sojourn.broker (Delivery, PublishAck, BROKER_ERRORS, ...)"
+    assert set(NATS_ALLOWED) - set(found) == set(), "stale allow-list entry: remove it"
+
+
+def test_the_broker_reexports_no_nats_name() -> None:
+    bad = [v for rel, src in files_in(("broker",)).items() for v in nats_exports(rel, src)]
+    assert bad == [], "wrap it (Delivery, StoredMessage, PublishAck, ...): none leaves the broker"
+
+
+def _pure_sources() -> list[str]:
+    return [
+        *(p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "schemas").rglob("*.py"))),
+        *PURE_MODULES,
+    ]
+
+
+@pytest.mark.parametrize("rel", _pure_sources())
+def test_pure_modules_do_no_io(rel: str) -> None:
+    path = ROOT / rel
+    if not path.exists():
+        assert rel in PURE_MODULES
+        pytest.skip(f"{rel} does not exist yet")
+    found = {imp.target: imp for imp in impure_imports(rel, path.read_text(encoding="utf-8"))}
+    allowed = {target for (file, target) in IMPURE_ALLOWED if file == rel}
+    new = [f"{imp.file}:{imp.line} imports {t}" for t, imp in found.items() if t not in allowed]
+    assert new == [], "a pure module imports neither asyncio nor sojourn.broker nor nats"
+    assert allowed - set(found) == set(), "stale allow-list entry: remove it"
+
+
+def test_the_impure_allow_list_names_pure_modules() -> None:
+    pure = set(_pure_sources())
+    assert {file for (file, _) in IMPURE_ALLOWED} - pure == set()
 
 
 # --- the checker itself can fail --------------------------------------------------------------
@@ -204,6 +322,77 @@ def test_layer_violations_are_caught(rel: str, source: str) -> None:
 )
 def test_allowed_imports_pass(rel: str, source: str) -> None:
     assert layer_violations(rel, source) == []
+
+
+@pytest.mark.parametrize(
+    ("rel", "source"),
+    [
+        ("actors/x.py", "import nats\n"),
+        ("actors/x.py", "import nats.errors\n"),
+        ("actors/x.py", "from nats.errors import TimeoutError as NatsTimeoutError\n"),
+        ("projections/x.py", "def f():\n    import nats.aio.client\n"),
+        ("schemas/x.py", "if TYPE_CHECKING:\n    from nats.aio.msg import Msg\n"),
+        ("examples/x.py", "from nats import connect\n"),
+        ("bench/x.py", "import nats as n\n"),
+    ],
+)
+def test_nats_imports_are_caught(rel: str, source: str) -> None:
+    assert nats_violations(rel, source)
+
+
+@pytest.mark.parametrize(
+    ("rel", "source"),
+    [
+        ("broker/x.py", "import nats\nfrom nats.aio.msg import Msg\n"),
+        ("actors/x.py", "from sojourn.broker import BROKER_ERRORS, Delivery\n"),
+        ("actors/x.py", "import natsort\nfrom sojourn.broker.names import Names\n"),
+    ],
+)
+def test_other_imports_are_not_nats(rel: str, source: str) -> None:
+    assert nats_violations(rel, source) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "leaks"),
+    [
+        ('from nats.aio.msg import Msg\n__all__ = ["Broker", "Msg"]\n', True),
+        ('from nats.aio.msg import Msg as M\n__all__ = ("M",)\n', True),
+        ('from nats.aio.msg import Msg\n__all__ = ["Delivery"]\n', False),
+        ('from .delivery import StoredMessage\n__all__ = ["StoredMessage"]\n', False),
+    ],
+)
+def test_nats_reexports_are_caught(source: str, leaks: bool) -> None:
+    assert bool(nats_exports("broker/x.py", source)) is leaks
+
+
+@pytest.mark.parametrize(
+    ("rel", "source"),
+    [
+        ("actors/state.py", "import asyncio\n"),
+        ("actors/machine.py", "from asyncio import sleep\n"),
+        ("schemas/x.py", "import asyncio.subprocess\n"),
+        ("actors/journal.py", "from sojourn.broker.names import Names\n"),
+        ("actors/replay.py", "if TYPE_CHECKING:\n    from sojourn.broker import Broker\n"),
+        ("projections/summary.py", "from ..broker import leases\n"),
+        ("projections/liveness.py", "from sojourn import broker\n"),
+        ("actors/retry.py", "def f():\n    import nats\n"),
+    ],
+)
+def test_impure_imports_are_caught(rel: str, source: str) -> None:
+    assert impure_imports(rel, source)
+
+
+@pytest.mark.parametrize(
+    ("rel", "source"),
+    [
+        ("actors/state.py", "import msgspec\nfrom sojourn.schemas.events import RunEvent\n"),
+        ("projections/liveness.py", "from sojourn.schemas.wire import LeaseHolder\n"),
+        ("actors/retry.py", "import random\nfrom collections.abc import Awaitable\n"),
+        ("actors/journal.py", "from .state import OpRecord\nimport asyncio_extras\n"),
+    ],
+)
+def test_pure_imports_pass(rel: str, source: str) -> None:
+    assert impure_imports(rel, source) == []
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import pytest_asyncio
 
 from sojourn.actors import Client, Context, TriggerRejected, Worker, agent
 from sojourn.broker import Broker, EmbeddedServer, Names
+from sojourn.broker import headers as h
 from sojourn.schemas import (
     BrokerUnavailable,
     InvalidName,
@@ -54,10 +55,10 @@ async def deployment(
 
 async def send_raw(broker: Broker, subject: str, data: bytes) -> dict[str, object]:
     """Publish like a foreign client and return the intake's JSON answer."""
-    inbox = broker.nc.new_inbox()
-    sub = await broker.nc.subscribe(inbox, max_msgs=1)
+    inbox = broker.new_inbox()
+    sub = await broker.subscribe(inbox, max_msgs=1)
     try:
-        await broker.publish(subject, data, {"Sojourn-Reply-To": inbox})
+        await broker.publish(subject, data, {h.REPLY_TO: inbox})
         msg = await sub.next_msg(timeout=15)
     finally:
         await sub.unsubscribe()

@@ -21,7 +21,7 @@ from sojourn.actors import (
     Worker,
     agent,
 )
-from sojourn.broker import EmbeddedServer
+from sojourn.broker import Delivery, EmbeddedServer
 from sojourn.schemas import (
     ChildStarted,
     RunCancelled,
@@ -247,11 +247,11 @@ async def test_parent_replayed_after_sigkills_starts_its_child_once(
     parent_id, child_id = "guard", "guard-c0"
     starts: list[bytes] = []
 
-    async def on_start(msg: Any) -> None:
+    async def on_start(msg: Delivery) -> None:
         starts.append(msg.data)
 
     # Every publish of a start for the child's agent, deduplicated by the broker or not.
-    sub = await client.broker.nc.subscribe(client.names.spawn("gated_kid", "*"), cb=on_start)
+    sub = await client.broker.subscribe(client.names.spawn("gated_kid", "*"), cb=on_start)
     procs: list[WorkerProc] = []
     try:
         procs.append(WorkerProc(url, prefix, tmp_path, "w1", log=log, slow=3.0))

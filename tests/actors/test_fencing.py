@@ -17,15 +17,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import msgspec
-from nats.aio.msg import Msg
-
 from sojourn.actors import Client, Context, agent
 from sojourn.actors.executor import Activation
 from sojourn.actors.state import fold
-from sojourn.broker import Broker, EmbeddedServer, EventStore, Names
+from sojourn.broker import Broker, Delivery, EmbeddedServer, EventStore, Names
+from sojourn.broker import headers as h
 from sojourn.broker.connection import header
-from sojourn.broker.leases import LeaseHolder
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas import (
     ErrorInfo,
@@ -39,6 +36,7 @@ from sojourn.schemas import (
     from_raw,
     to_raw,
 )
+from sojourn.schemas.codec import decode_lease_holder
 from sojourn.schemas.config import Settings
 from tests.conftest import wait_for
 from tests.procs import WorkerProc
@@ -187,8 +185,8 @@ async def test_a_stopped_worker_is_refused_after_another_took_over(
     a = WorkerProc(nats_server.url, settings.prefix, module, lease_ttl=2.0, **env)
     b: WorkerProc | None = None
     stopped = False
-    seen_events: list[Msg] = []
-    seen_leases: list[Msg] = []
+    seen_events: list[Delivery] = []
+    seen_leases: list[Delivery] = []
     subs: list[Any] = []
     run_id = "stopped"
     key = f"{run_id}/1"
@@ -237,24 +235,24 @@ async def test_a_stopped_worker_is_refused_after_another_took_over(
 
         async def released() -> bool:
             m = await client.broker.direct_get_last(names.leases_stream, names.lease(run_id))
-            return m is not None and msgspec.json.decode(m.data, type=LeaseHolder).owner is None
+            return m is not None and decode_lease_holder(m.data).owner is None
 
         await wait_for(released, timeout=10, what="worker B to release the run")
         last_lease = await client.broker.direct_get_last(names.leases_stream, names.lease(run_id))
         assert last_lease is not None
-        lease_seq = int(header(last_lease, "Nats-Sequence"))
+        lease_seq = int(header(last_lease, h.SEQUENCE))
         before = await client.history(run_id)
 
-        async def on_event(m: Msg) -> None:
+        async def on_event(m: Delivery) -> None:
             seen_events.append(m)
 
-        async def on_lease(m: Msg) -> None:
+        async def on_lease(m: Delivery) -> None:
             seen_leases.append(m)
 
         # Core subscriptions see what A publishes, whether or not the streams take it.
-        subs.append(await client.broker.nc.subscribe(names.events(run_id), cb=on_event))
-        subs.append(await client.broker.nc.subscribe(names.lease(run_id), cb=on_lease))
-        await client.broker.nc.flush()
+        subs.append(await client.broker.subscribe(names.events(run_id), cb=on_event))
+        subs.append(await client.broker.subscribe(names.lease(run_id), cb=on_lease))
+        await client.broker.flush()
 
         os.kill(a.proc.pid, signal.SIGCONT)
         stopped = False
@@ -264,17 +262,17 @@ async def test_a_stopped_worker_is_refused_after_another_took_over(
 
         await wait_for(a_step_finished, timeout=30, what="A's step body to finish")
 
-        def from_a(m: Msg) -> bool:
-            return (m.headers or {}).get("Sojourn-Writer") == writer_a
+        def from_a(m: Delivery) -> bool:
+            return m.header(h.WRITER) == writer_a
 
         async def a_tried_to_append() -> bool:
             return any(from_a(m) for m in seen_events)
 
         await wait_for(a_tried_to_append, timeout=30, what="A's late append")
 
-        def stale_release(m: Msg) -> bool:
-            body = msgspec.json.decode(m.data, type=LeaseHolder)
-            expected = int((m.headers or {}).get("Nats-Expected-Last-Subject-Sequence", "0"))
+        def stale_release(m: Delivery) -> bool:
+            body = decode_lease_holder(m.data)
+            expected = int(m.header(h.EXPECTED_LAST_SUBJECT_SEQUENCE, "0"))
             return body.owner is None and expected < lease_seq
 
         async def a_activation_over() -> bool:

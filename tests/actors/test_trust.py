@@ -22,7 +22,8 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.broker import Broker, EmbeddedServer, Names
+from sojourn.broker import Broker, Delivery, EmbeddedServer, Names
+from sojourn.broker import headers as h
 from sojourn.schemas import decode_dead_letter
 from sojourn.schemas.config import Settings
 from sojourn.schemas.events import RunResumed, SignalReceived
@@ -77,10 +78,10 @@ class Deployment:
 
     async def ask(self, subject: str, data: bytes, **headers: str) -> dict[str, Any]:
         """Publish with a proper reply inbox and return the intake's answer (within 5 s)."""
-        inbox = self.broker.nc.new_inbox()
-        sub = await self.broker.nc.subscribe(inbox, max_msgs=1)
+        inbox = self.broker.new_inbox()
+        sub = await self.broker.subscribe(inbox, max_msgs=1)
         try:
-            await self.broker.publish(subject, data, {"Sojourn-Reply-To": inbox, **headers})
+            await self.broker.publish(subject, data, {h.REPLY_TO: inbox, **headers})
             msg = await sub.next_msg(timeout=5)
         finally:
             await sub.unsubscribe()
@@ -134,14 +135,14 @@ async def test_a_reply_subject_naming_a_sojourn_or_api_subject_is_never_answered
     ]
     seen: list[tuple[str, bytes]] = []
 
-    async def note(m: Any) -> None:
+    async def note(m: Delivery) -> None:
         seen.append((m.subject, m.data))
 
-    sniff = await dep.broker.nc.subscribe(">", cb=note)  # everything, $JS.API and _INBOX too
+    sniff = await dep.broker.subscribe(">", cb=note)  # everything, $JS.API and _INBOX too
     try:
         for i, target in enumerate(targets):
             body = json.dumps({"input": None, "run_id": f"inj-{i}"}).encode()
-            await dep.publish(n.start("victim"), body, {"Sojourn-Reply-To": target})
+            await dep.publish(n.start("victim"), body, {h.REPLY_TO: target})
 
         async def all_rejected() -> bool:
             return len(await dep.dead_letters("start")) >= len(targets)
@@ -151,7 +152,7 @@ async def test_a_reply_subject_naming_a_sojourn_or_api_subject_is_never_answered
         await sniff.unsubscribe()
     records = await dep.dead_letters("start")
     assert {r.code for r in records} == {"invalid_reply_to"}
-    assert sorted(r.headers["Sojourn-Reply-To"] for r in records) == sorted(targets)
+    assert sorted(r.headers[h.REPLY_TO] for r in records) == sorted(targets)
     assert await dep.client.store.last_seq("v1") == before  # the victim is untouched
     for i in range(len(targets)):
         assert await dep.client.store.last_seq(f"inj-{i}") == 0  # nothing was created
@@ -270,12 +271,12 @@ async def test_a_message_that_keeps_failing_is_dead_lettered_at_max_deliveries(
     dep: Deployment, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="sojourn")
-    inbox = dep.broker.nc.new_inbox()
-    sub = await dep.broker.nc.subscribe(inbox, max_msgs=1)
+    inbox = dep.broker.new_inbox()
+    sub = await dep.broker.subscribe(inbox, max_msgs=1)
     await dep.publish(
         dep.names.start("broken"),
         b'{"input": {"n": 1}, "run_id": "b1"}',
-        {"Sojourn-Reply-To": inbox},
+        {h.REPLY_TO: inbox},
     )
     msg = await sub.next_msg(timeout=60)  # about 10 deliveries a second apart
     answer = json.loads(msg.data)

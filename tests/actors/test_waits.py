@@ -23,7 +23,8 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import Client, Context, RunFailedError, RunState, Worker, agent, current_step
-from sojourn.broker import Broker, EmbeddedServer, Names
+from sojourn.broker import Broker, Delivery, EmbeddedServer, Names
+from sojourn.broker import headers as h
 from sojourn.schemas import (
     InvalidName,
     RunEvent,
@@ -152,10 +153,10 @@ async def send_raw(
     broker: Broker, subject: str, data: bytes, *, timeout: float = 15.0, **headers: str
 ) -> dict[str, Any]:
     """Publish like a foreign client (raw bytes, ``Sojourn-Reply-To``); return the answer."""
-    inbox = broker.nc.new_inbox()
-    sub = await broker.nc.subscribe(inbox, max_msgs=1)
+    inbox = broker.new_inbox()
+    sub = await broker.subscribe(inbox, max_msgs=1)
     try:
-        await broker.publish(subject, data, {"Sojourn-Reply-To": inbox, **headers})
+        await broker.publish(subject, data, {h.REPLY_TO: inbox, **headers})
         msg = await sub.next_msg(timeout=timeout)
     finally:
         await sub.unsubscribe()
@@ -314,9 +315,7 @@ async def test_sleep_fires_while_no_worker_process_exists(
 
         async def fired() -> bool:
             m = await client.broker.direct_get_last(names.wake_stream, names.wake(run_id))
-            return m is not None and (m.headers or {}).get("Nats-Scheduler") == names.timer(
-                run_id, "0"
-            )
+            return m is not None and m.header(h.SCHEDULER) == names.timer(run_id, "0")
 
         await wait_for(fired, timeout=15, what="the broker to fire the timer")
         assert time.time() >= st.deadline - 0.05
@@ -501,10 +500,10 @@ async def test_same_signal_id_counts_once(nats_server: EmbeddedServer, settings:
         # Publish the same signal id again until the broker's dedup window has passed, so the
         # intake itself sees it a second time.
         broker, names = client.broker, client.names
-        inbox = broker.nc.new_inbox()
-        sub = await broker.nc.subscribe(inbox, max_msgs=1)
+        inbox = broker.new_inbox()
+        sub = await broker.subscribe(inbox, max_msgs=1)
         try:
-            headers = {"Nats-Msg-Id": "vote-1", "Sojourn-Reply-To": inbox}
+            headers = {h.MSG_ID: "vote-1", h.REPLY_TO: inbox}
 
             async def stored() -> bool:
                 ack = await broker.publish_raw(names.signal(run_id, "vote"), b'"yes"', headers)
@@ -702,10 +701,10 @@ async def test_client_refuses_invalid_signal_names_before_publishing(
     names = Names(settings.prefix)
     seen: list[str] = []
 
-    async def on_msg(msg: Any) -> None:
+    async def on_msg(msg: Delivery) -> None:
         seen.append(msg.subject)
 
-    sub = await client.broker.nc.subscribe(f"{settings.prefix}.signal.>", cb=on_msg)
+    sub = await client.broker.subscribe(f"{settings.prefix}.signal.>", cb=on_msg)
     try:
         for bad in ("bad name!", "docs..signed", "docs.", "x.*", ">", "", "a" * 300):
             with pytest.raises(InvalidName, match="invalid signal name"):
@@ -715,8 +714,8 @@ async def test_client_refuses_invalid_signal_names_before_publishing(
         # A sentinel (not captured by the inbox stream): whatever was published before it
         # would have arrived first.
         sentinel = f"{settings.prefix}.signal.sentinel"
-        await client.broker.nc.publish(sentinel, b"")
-        await client.broker.nc.flush()
+        await client.broker.publish_core(sentinel, b"")
+        await client.broker.flush()
 
         async def got_sentinel() -> bool:
             return sentinel in seen

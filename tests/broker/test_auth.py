@@ -22,7 +22,8 @@ import pytest
 import pytest_asyncio
 import trustme
 
-from sojourn.broker import Broker, EmbeddedServer, Names
+from sojourn.broker import Broker, Delivery, EmbeddedServer, Names
+from sojourn.broker import headers as h
 from sojourn.broker.auth import AuthUser, default_users, permissions_for, render_accounts
 from sojourn.broker.connection import ConnectOptions, CredentialsError
 from sojourn.broker.timers import schedule_timer
@@ -159,12 +160,13 @@ async def test_client_publishes_its_own_inbox_forms(client: Broker, admin: Broke
 
 
 async def test_client_reads_runs_and_health(client: Broker, admin: Broker) -> None:
-    seq = await admin.publish(NAMES.events("read-1"), b"[]")
+    ack = await admin.publish(NAMES.events("read-1"), b"[]")
+    assert ack.stream == NAMES.events_stream and not ack.duplicate
     await admin.publish(NAMES.lease("read-1"), b"{}")
     await admin.publish(NAMES.wedge("read-1"), b"{}")
     await admin.publish(NAMES.agent("greeter"), b"{}")
     last = await client.direct_get_last(NAMES.events_stream, NAMES.events("read-1"))
-    assert last is not None and int(last.headers["Nats-Sequence"]) == seq  # type: ignore[index]
+    assert last is not None and last.seq == ack.seq and last.header(h.SEQUENCE) == str(ack.seq)
     assert len(await client.direct_get_range(NAMES.events_stream, NAMES.events("read-1"))) == 1
     nxt = await client.direct_get_next(NAMES.events_stream, NAMES.events("read-1"), 1)
     assert nxt is not None
@@ -181,22 +183,22 @@ async def test_client_reads_runs_and_health(client: Broker, admin: Broker) -> No
 async def test_client_watches_a_run_with_a_core_subscription(client: Broker, admin: Broker) -> None:
     got: asyncio.Queue[bytes] = asyncio.Queue()
 
-    async def on_msg(msg: Any) -> None:
+    async def on_msg(msg: Delivery) -> None:
         await got.put(msg.data)
 
-    sub = await client.nc.subscribe(NAMES.events("watch-1"), cb=on_msg)
-    await client.nc.flush()
+    sub = await client.subscribe(NAMES.events("watch-1"), cb=on_msg)
+    await client.flush()
     try:
         await admin.publish(NAMES.events("watch-1"), b'["x"]')
         assert await asyncio.wait_for(got.get(), 30) == b'["x"]'
     finally:
         await sub.unsubscribe()
     t0 = time.monotonic()
-    denied = await client.nc.subscribe(NAMES.lease("watch-1"))
+    denied = await client.subscribe(NAMES.lease("watch-1"))
     deadline = t0 + 30
     while not client.denied(NAMES.lease("watch-1"), since=t0):  # reported after the SUB
         assert time.monotonic() < deadline, "the refused subscription was not reported"
-        await client.nc.flush()
+        await client.flush()
     await denied.unsubscribe()
 
 
@@ -290,7 +292,7 @@ async def test_worker_starts_against_existing_streams_without_reconfiguring(
 
 async def test_worker_appends_wakes_and_purges_timers(worker: Broker, admin: Broker) -> None:
     events = await state_of(admin, NAMES.events_stream)
-    await worker.publish(NAMES.events("w-1"), b"[]", {"Nats-Expected-Last-Subject-Sequence": "0"})
+    await worker.publish(NAMES.events("w-1"), b"[]", {h.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"})
     assert (await state_of(admin, NAMES.events_stream))["messages"] == events["messages"] + 1
     await worker.publish(NAMES.wake("w-1"), b"")
     await schedule_timer(worker, NAMES, "w-1", "3", time.time() + 3600)
@@ -378,7 +380,7 @@ async def test_watchdog_reads_and_wakes_only(watchdog: Broker, admin: Broker) ->
     assert await watchdog.direct_get_last(NAMES.events_stream, NAMES.events("wd-1")) is not None
     msgs, _ = await watchdog.direct_get_batch(NAMES.events_stream, NAMES.events_all, 1, 10)
     assert msgs
-    await watchdog.publish(NAMES.wake("wd-1"), b"", {"Sojourn-Wake-Reason": "watchdog:test"})
+    await watchdog.publish(NAMES.wake("wd-1"), b"", {h.WAKE_REASON: "watchdog:test"})
     await watchdog.publish(NAMES.watch("wd-1"), b"{}")
     await ensure_topology(watchdog, NAMES, SETTINGS, consumers=False)
     before = await states(admin)
@@ -512,7 +514,7 @@ async def test_tls_with_client_certificates_works(
     try:
         assert b.user == "admin"
         await ensure_topology(b, NAMES, SETTINGS)
-        assert await b.publish(NAMES.events("tls-1"), b"[]") >= 1
+        assert (await b.publish(NAMES.events("tls-1"), b"[]")).seq >= 1
     finally:
         await b.close()
     c = await Broker.connect(tls_options(tls_server, certs, "client"))

@@ -12,10 +12,11 @@ import pytest_asyncio
 from sojourn.broker import Broker, EmbeddedServer, EventStore, LeaseStore, Names
 from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision
-from sojourn.broker.leases import Lease, LeaseHolder
+from sojourn.broker.leases import Lease
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas import ConcurrencyConflict, RunStarted, StepCompleted, StepStarted, to_raw
 from sojourn.schemas.config import Settings
+from sojourn.schemas.wire import LeaseHolder
 
 
 @pytest_asyncio.fixture

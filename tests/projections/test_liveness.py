@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.broker.leases import LeaseHolder
 from sojourn.projections.liveness import Thresholds, classify
 from sojourn.projections.summary import CHILD_SIGNAL, PendingSignal, RunSummary
 from sojourn.schemas.health import WedgeRecord
+from sojourn.schemas.wire import LeaseHolder
 
 LIMITS = Thresholds(stall_after=15.0, overdue_after=60.0)
 NOW = 1_000_000.0

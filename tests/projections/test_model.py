@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
+from sojourn.broker import headers as h
+from sojourn.broker.delivery import StoredMessage
 from sojourn.broker.names import Names
 from sojourn.projections.model import RunModel, gauge_families
 from sojourn.schemas.codec import encode_events, to_raw
@@ -27,11 +26,12 @@ class _Seq:
     n = 0
 
 
-def msg(run_id: str, events: list[RunEvent] | bytes) -> Any:
+def msg(run_id: str, events: list[RunEvent] | bytes) -> StoredMessage:
     _Seq.n += 1
     data = events if isinstance(events, bytes) else encode_events(events)
-    headers = {"Nats-Subject": NAMES.events(run_id), "Nats-Sequence": str(_Seq.n)}
-    return SimpleNamespace(headers=headers, data=data)
+    subject = NAMES.events(run_id)
+    headers = {h.SUBJECT: subject, h.SEQUENCE: str(_Seq.n)}
+    return StoredMessage(subject=subject, seq=_Seq.n, data=data, headers=headers)
 
 
 def model() -> RunModel:

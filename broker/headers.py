@@ -1,0 +1,91 @@
+"""Message header names, in one place: JetStream's own and sojourn's.
+
+JetStream reads the ``Nats-`` headers a publisher sets (deduplication, the sequence fence, per
+message TTLs, message schedules) and sets others on what it stores or delivers (a direct get's
+``Nats-Sequence``, ``Nats-Subject``, ``Nats-Time-Stamp``; a fired schedule's
+``Nats-Scheduler``). The ``Sojourn-`` headers are sojourn's own (docs/wire.md).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "DESCRIPTION",
+    "DLQ_NOTE",
+    "EXPECTED_LAST_SUBJECT_SEQUENCE",
+    "MSG_ID",
+    "NUM_PENDING",
+    "REPLY_TO",
+    "SCHEDULE",
+    "SCHEDULER",
+    "SCHEDULE_TARGET",
+    "SEQUENCE",
+    "SIGNAL_ID",
+    "STATUS",
+    "SUBJECT",
+    "TIME_STAMP",
+    "TTL",
+    "WAKE_REASON",
+    "WRITER",
+]
+
+# --- set by a publisher, read by JetStream ------------------------------------------------------
+
+MSG_ID: Final = "Nats-Msg-Id"
+"""Deduplication id: a second publish with the same id within the stream's duplicate window is
+acknowledged as a duplicate and not stored again."""
+
+EXPECTED_LAST_SUBJECT_SEQUENCE: Final = "Nats-Expected-Last-Subject-Sequence"
+"""The fence: the publish is stored only if the subject's last message has this stream sequence
+(``0``: the subject has no message yet)."""
+
+TTL: Final = "Nats-TTL"
+"""How long the stream keeps this message (``24h``); the stream must allow message TTLs."""
+
+SCHEDULE: Final = "Nats-Schedule"
+"""A message schedule (``@at <RFC 3339>``): the stream publishes a message when it is due."""
+
+SCHEDULE_TARGET: Final = "Nats-Schedule-Target"
+"""The subject a due schedule publishes to."""
+
+# --- set by JetStream on what it stores, delivers or answers ------------------------------------
+
+SEQUENCE: Final = "Nats-Sequence"
+"""A direct get's answer: the stream sequence of the message."""
+
+SUBJECT: Final = "Nats-Subject"
+"""A direct get's answer: the subject the message was stored on."""
+
+TIME_STAMP: Final = "Nats-Time-Stamp"
+"""A direct get's answer: when the message was stored (RFC 3339, nanoseconds)."""
+
+NUM_PENDING: Final = "Nats-Num-Pending"
+"""A batched direct get's end marker: how many more messages match."""
+
+SCHEDULER: Final = "Nats-Scheduler"
+"""On a message a schedule published (a fired timer): the schedule's subject."""
+
+STATUS: Final = "Status"
+"""A status answer's code (``404``, ``503``, ``204``...)."""
+
+DESCRIPTION: Final = "Description"
+"""A status answer's text."""
+
+# --- sojourn's own ------------------------------------------------------------------------------
+
+REPLY_TO: Final = "Sojourn-Reply-To"
+"""On an inbox message: where the intake answers (only a request/reply inbox, ``_INBOX.<...>``,
+is ever answered)."""
+
+SIGNAL_ID: Final = "Sojourn-Signal-Id"
+"""On a signal: its id, which makes a retried send count once."""
+
+WRITER: Final = "Sojourn-Writer"
+"""On an event message: the activation (or intake) that appended it."""
+
+WAKE_REASON: Final = "Sojourn-Wake-Reason"
+"""On a wake or a timer: why the run was woken (``start``, ``signal``, ``timer``...)."""
+
+DLQ_NOTE: Final = "Sojourn-Dlq-Note"
+"""In a dead-letter record's headers: that the original headers were cut to fit."""
