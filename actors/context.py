@@ -7,63 +7,74 @@ these calls must be deterministic and side-effect free: it runs again on every r
 Replay hazards (they raise ``NondeterminismError`` at the next journaled call, or corrupt
 nothing but behave differently): reading the wall clock or ``random`` directly, iterating a
 ``set`` whose order depends on hashing of str, branching on environment variables or on the
-current time, or calling steps in a different order after a deploy.
+current time, or calling steps in a different order after a deploy (guard such a change with
+``ctx.patched``; ``sojourn replay`` finds the ones that were not guarded).
+
+``Context`` is a façade. What to record and what to do next is decided by the run machine
+(``machine.py``, no I/O); the ``Driver`` (an ``Activation`` when live) stores events, sets
+timers and publishes; this module runs the agent's step functions and turns the machine's
+answers into return values and exceptions.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import inspect
 import random as _random
 import time
-import traceback
-import typing
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 import msgspec
 
 from sojourn.broker.names import validate_signal_name
 from sojourn.schemas import wire as _wire
-from sojourn.schemas.codec import from_raw, to_raw
-from sojourn.schemas.errors import (
-    ChildRunError,
-    NondeterminismError,
-    PayloadTooLarge,
-    RetryableError,
-    StepError,
-    TerminalError,
-)
-from sojourn.schemas.events import (
-    ChildStarted,
-    ErrorInfo,
-    StepCompleted,
-    StepFailed,
-    StepStarted,
-    ValueRecorded,
-    WaitStarted,
-)
-from sojourn.schemas.wire import ChildOutcome
+from sojourn.schemas.codec import encode, from_raw, to_raw
+from sojourn.schemas.errors import ChildRunError, PayloadTooLarge
+from sojourn.schemas.events import RunEvent, RunSuspended
+from sojourn.schemas.vocabulary import WaitKey
+from sojourn.schemas.wire import ChildOutcome, child_signal
 
 from . import metrics as _metrics
 from . import patterns as _patterns
 from .faults import fault
-from .journal import Execute, OpenWait, Recorded, RecordedFailure, RecordedWait
+from .journal import RecordedWait
+from .machine import (
+    Attempt,
+    Backoff,
+    InDoubtPolicy,
+    LookupChildren,
+    Machine,
+    Park,
+    Parked,
+    Raise,
+    Reconcile,
+    Return,
+    StepTurn,
+    Suspend,
+    WaitTurn,
+)
 from .patterns import ApprovalDecision
-from .retry import DEFAULT_RETRYABLE, NOT_DONE, RetryPolicy, StepOptions, step_options
-
-if TYPE_CHECKING:
-    from .executor import Activation
+from .retry import NOT_DONE, step_options
+from .steps import (
+    StepInfo,
+    current_info,
+    current_step,
+    heartbeat,
+    idempotency_headers,
+    is_async,
+    return_type,
+    step_name,
+)
 
 __all__ = [
     "ChildHandle",
     "Context",
+    "Driver",
+    "Duration",
     "Parked",
     "Selected",
     "StepInfo",
@@ -75,15 +86,15 @@ __all__ = [
 HEARTBEAT_DETAILS_MAX = 8 * 1024
 """Largest ``ctx.heartbeat(details)`` in bytes of JSON: it rides on every lease renewal."""
 
+PATCH_ID_MAX = 200
+"""Characters of a ``ctx.patched`` change id (it is stored in every run that passes it)."""
+
 Duration = float | int | timedelta
 """Seconds as a number, or a ``timedelta``."""
 
-
-class Parked(BaseException):
-    """Unwinds agent code when the run parks on a wait (not catchable by ``except Exception``).
-
-    The run's position and wake condition are recorded; no coroutine is kept anywhere.
-    """
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,201 +109,73 @@ def _seconds(d: Duration) -> float:
     return d.total_seconds() if isinstance(d, timedelta) else float(d)
 
 
-_RUN_AGAIN: Any = object()
+class Driver(Protocol):
+    """The I/O a ``Context`` needs, done by an ``Activation`` (or refused by ``sojourn
+    replay``, whose journal stops before any of it is needed)."""
+
+    @property
+    def agent_name(self) -> str: ...
+
+    @property
+    def metric_agent(self) -> str: ...
+
+    def check_live(self) -> None:
+        """Raise if the activation cannot write any more (fenced, an append refused)."""
+
+    def report(self, details: msgspec.Raw) -> None:
+        """A step's progress details (thread-safe)."""
+
+    def running(self, step: str | None) -> None:
+        """The step now running (shown by liveness and ``sojourn status``), or none."""
+
+    async def commit(self, events: list[RunEvent]) -> None:
+        """Store what the machine has pending plus ``events``, as one decision."""
+
+    async def backoff(self, position: int, retry_at: float) -> None:
+        """Set the retry's timer, store the failure, then sleep briefly or park."""
+
+    async def park(self, action: Park) -> None:
+        """Set the wait's timer, then store the wait (and what is pending)."""
+
+    async def suspend(self, event: RunSuspended) -> None:
+        """Store ``event`` and park (raises ``Parked``)."""
+
+    async def start_child(self, agent: str, body: bytes, child_id: str) -> None:
+        """Publish a child's start (idempotent by its run id)."""
+
+    async def child_outcome(self, child_id: str) -> ChildOutcome | None:
+        """The outcome of a child if its history says it ended."""
+
+    def cancel_timer(self, position: int) -> None:
+        """Drop the timer of the wait at ``position`` (in the background)."""
 
 
-ERROR_TEXT_MAX = 4000
-"""Characters of an error message (and of a traceback's tail) kept in history: a failure
-recorded as data stays small, and so does the end notice of a failed child."""
-
-
-def clip_text(text: str, limit: int = ERROR_TEXT_MAX) -> str:
-    """``text``, cut to ``limit`` characters with a note saying so."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... [{len(text) - limit} more characters cut]"
-
-
-def error_info(e: BaseException) -> ErrorInfo:
-    """An exception as recorded data: its type name, message (clipped) and traceback tail."""
-    return ErrorInfo(
-        type=clip_text(type(e).__name__, 200),
-        message=clip_text(str(e)),
-        traceback="".join(traceback.format_exception(e))[-ERROR_TEXT_MAX:],
-    )
-
-
-def _failure_text(name: str, attempts: int, err: ErrorInfo) -> str:
-    """The ``StepError`` message: built from recorded data only, so replay says the same."""
-    return f"step '{name}' failed after {attempts} attempt(s): {err.type}: {err.message}"
-
-
-def child_run_id(parent: str, position: int) -> str:
-    """``<parent>-c<position>``; hashed when that would pass the 128-character id limit (deep
-    nesting), so a child id is always valid and always the same for the same parent and call."""
-    plain = f"{parent}-c{position}"
-    if len(plain) <= 128:
-        return plain
-    digest = hashlib.blake2b(parent.encode(), digest_size=12).hexdigest()
-    return f"{parent[:80]}-h{digest}-c{position}"
-
-
-def _retry_delay(e: Exception, policy: RetryPolicy | None, attempt: int) -> float | None:
-    """Seconds until the next attempt, or ``None`` when the failure is final."""
-    if isinstance(e, TerminalError):
-        return None
-    if isinstance(e, RetryableError):
-        p = policy or DEFAULT_RETRYABLE
-        if attempt >= p.attempts:
-            return None
-        return e.retry_after if e.retry_after is not None else p.delay(attempt)
-    if policy is None or attempt >= policy.attempts or not isinstance(e, policy.retry_on):
-        return None
-    return policy.delay(attempt)
-
-
-CHILD_SIGNAL = _wire.CHILD_SIGNAL
-
-P = ParamSpec("P")
-R = TypeVar("R")
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class StepInfo:
-    """What a running step may know about itself.
-
-    ``idempotency_key`` is ``<run_id>/<position>``: the same on every attempt, on every worker,
-    after every restart. Pass it to external APIs (``Idempotency-Key`` header, a unique column)
-    so that a step re-run after a crash does not act twice.
-    """
-
-    run_id: str
-    position: int
-    name: str
-    attempt: int
-    idempotency_key: str
-    in_doubt: bool
-    report: Callable[[Any], None] | None = None
-
-    def heartbeat(self, details: Any = None) -> None:
-        """Report this step's progress (see ``heartbeat``)."""
-        if self.report is not None:
-            self.report(details)
-
-
-_current: ContextVar[StepInfo | None] = ContextVar("sojourn_current_step", default=None)
-
-
-def current_step() -> StepInfo:
-    """The step being executed by the calling code (inside a step function only).
-
-    Raises:
-        RuntimeError: called outside a step.
-    """
-    info = _current.get()
-    if info is None:
-        raise RuntimeError("current_step() is only available inside a function run by ctx.step")
-    return info
-
-
-def heartbeat(details: Any = None) -> None:
-    """Report the progress of the step being executed (from inside a step function, also from
-    a sync one running in a thread): ``details`` (JSON, at most 8 KiB) is shown by
-    ``sojourn status`` and rides on the run's next heartbeat, sent within a second.
-
-    A step's heartbeat needs no call: its worker heartbeats for it while it runs. Call this to
-    say how far a long step has got.
-
-    Raises:
-        RuntimeError: called outside a step.
-        PayloadTooLarge: ``details`` encodes to more than 8 KiB.
-    """
-    current_step().heartbeat(details)
-
-
-def idempotency_headers(header: str = "Idempotency-Key") -> dict[str, str]:
-    """HTTP headers carrying the current step's idempotency key, for APIs that deduplicate on
-    it (Stripe, most payment and email providers): a step re-run after a crash sends the same
-    key, so the provider acts once.
-
-    Example:
-        >>> async def charge(card: str, cents: int) -> str:          # doctest: +SKIP
-        ...     r = await http.post("https://api.example.com/charges",
-        ...                         json={"card": card, "amount": cents},
-        ...                         headers=idempotency_headers())
-        ...     return r.json()["id"]
-
-    Raises:
-        RuntimeError: called outside a step.
-    """
-    return {header: current_step().idempotency_key}
-
-
-def _memo(compute: Callable[[Callable[..., Any]], T]) -> Callable[[Callable[..., Any]], T]:
-    """Cache a per-function fact; unhashable callables are computed each time."""
-    cached = functools.lru_cache(maxsize=4096)(compute)
-
-    def lookup(fn: Callable[..., Any]) -> T:
-        try:
-            return cached(fn)
-        except TypeError:  # unhashable callable
-            return compute(fn)
-
-    return lookup
-
-
-def _hinted_return(fn: Callable[..., Any]) -> Any:
-    try:
-        return typing.get_type_hints(fn).get("return", Any)
-    except Exception:
-        return Any
-
-
-def _coroutine_function(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004
-    )
-
-
-_return_type = _memo(_hinted_return)
-_is_async = _memo(_coroutine_function)
-
-
-def step_name(fn: Callable[..., Any]) -> str:
-    """The journaled name of a step function (its ``__name__``, or ``@step(name=...)``)."""
-    explicit = getattr(fn, "__sojourn_step_name__", None)
-    if isinstance(explicit, str):
-        return explicit
-    inner = getattr(fn, "func", None)  # functools.partial
-    if inner is not None and not hasattr(fn, "__name__"):
-        return step_name(inner)
-    return str(getattr(fn, "__name__", type(fn).__name__))
+def _in_doubt_policy(opt: object) -> InDoubtPolicy:
+    if opt == "retry" or opt == "ask":
+        return opt
+    return "reconcile"
 
 
 class Context:
     """The handle an agent run gets as its first argument."""
 
-    def __init__(self, activation: Activation) -> None:
-        self._act = activation
-        self._loop = asyncio.get_running_loop()
-        self._spent_usd = 0.0
-        self._spent_tokens = 0
-        self._journal = activation.journal
-        self._polls = 0
+    def __init__(self, machine: Machine, driver: Driver, max_payload: int = 1024 * 1024) -> None:
+        self._m = machine
+        self._driver = driver
+        self._max_payload = max_payload
 
     @property
     def run_id(self) -> str:
-        return self._act.run_id
+        return self._m.run_id
 
     @property
     def agent(self) -> str:
-        return self._act.agent.name
+        return self._driver.agent_name
 
     @property
     def replaying(self) -> bool:
         """True while the code re-executes recorded history (e.g. to skip logging)."""
-        return self._journal.replaying
+        return self._m.replaying
 
     def heartbeat(self, details: Any = None) -> None:
         """Report progress (``details``: JSON, at most 8 KiB): shown by ``sojourn status`` and
@@ -312,17 +195,9 @@ class Context:
                 f"heartbeat details are {len(raw)} bytes; the limit is {HEARTBEAT_DETAILS_MAX}",
                 run_id=self.run_id,
             )
-        progress = self._act.progress
-        progress.details = raw
-        progress.changed = True
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            self._act.poke_heartbeat()
-        else:
-            self._loop.call_soon_threadsafe(self._act.poke_heartbeat)
+        self._driver.report(raw)
+
+    # --- steps ------------------------------------------------------------------------------
 
     @overload
     async def step(
@@ -344,65 +219,53 @@ class Context:
             StepError: ``fn`` raised (recorded; replay raises the same error).
             NondeterminismError: history recorded a different operation at this position.
         """
-        self._act.check_cancelled()
+        self._driver.check_live()
         name = step_name(fn)
-        try:
-            plan = self._journal.step(name)
-        except NondeterminismError as e:
-            self._act.note_nondeterminism(e)
-            raise
-        rtype = _return_type(fn)
-        if isinstance(plan, Recorded):
-            fault("replay")
-            return from_raw(plan.result, rtype)
-        if isinstance(plan, RecordedFailure):
-            raise StepError(
-                _failure_text(name, plan.attempts, plan.error),
-                error_type=plan.error.type,
-                run_id=self.run_id,
-                step=name,
-            )
-        assert isinstance(plan, Execute)
         opts = step_options(fn)
-        policy = opts.retry or self._act.agent.retry
+        turn = self._m.step(name, _in_doubt_policy(opts.in_doubt), opts.retry)
+        rtype = return_type(fn)
+        if isinstance(turn, Return):
+            fault("replay")
+            return from_raw(turn.result, rtype)
+        if turn.plan.in_doubt and not self._m.replaying:
+            _metrics.STEPS_IN_DOUBT.labels(*self._labels(name)).inc()
         while True:
-            if plan.retry_at is not None:
-                await self._act.backoff(plan.position, plan.retry_at)
-            elif plan.in_doubt:
-                if not self._journal.replaying:
-                    _metrics.STEPS_IN_DOUBT.labels(*self._labels(name)).inc()
-                settled = await self._settle_in_doubt(fn, name, plan, opts, rtype)
-                if settled is not _RUN_AGAIN:
-                    return settled
-            outcome = await self._attempt(fn, name, plan, args, kwargs, policy)
-            if isinstance(outcome, Execute):
-                plan = outcome  # a retry is due
-                continue
-            return from_raw(outcome, rtype)
+            action = turn.next(time.time())
+            if isinstance(action, Return):
+                return from_raw(action.result, rtype)
+            if isinstance(action, Raise):
+                raise action.error
+            if isinstance(action, Attempt):
+                done = await self._attempt(fn, turn, action, args, kwargs)
+                if done is not None:
+                    return from_raw(done.result, rtype)
+            elif isinstance(action, Backoff):
+                await self._driver.backoff(action.position, action.retry_at)
+            elif isinstance(action, Suspend):
+                await self._driver.suspend(action.event)
+            else:
+                await self._reconcile(opts.in_doubt, turn, action)
 
     async def _attempt(
         self,
         fn: Callable[..., Any],
-        name: str,
-        plan: Execute,
+        turn: StepTurn,
+        action: Attempt,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        policy: RetryPolicy | None,
-    ) -> msgspec.Raw | Execute:
-        """One recorded attempt: start, run, record the result or the failure."""
-        await self._act.commit(
-            [StepStarted(position=plan.position, name=name, attempt=plan.attempt, at=time.time())]
-        )
-        labels = self._labels(name)
+    ) -> Return | None:
+        """One recorded attempt: start, run, record the result or the failure. Returns the
+        result when the step succeeded (else the turn knows what comes next)."""
+        await self._driver.commit([action.started])
+        labels = self._labels(turn.name)
         _metrics.TOOL_CALLS.labels(labels[0]).inc()
-        if plan.attempt > 1 and not plan.in_doubt:
+        if action.attempt > 1 and not action.in_doubt:
             _metrics.STEP_RETRIES.labels(*labels).inc()
-        progress = self._act.progress
-        progress.step, progress.step_started_at, progress.details = name, time.time(), None
-        token = _current.set(self._info(name, plan))
+        self._driver.running(turn.name)
+        token = current_info.set(self._info(turn, action.attempt, action.in_doubt))
         t0 = time.perf_counter()
         try:
-            if _is_async(fn):
+            if is_async(fn):
                 result: Any = await fn(*args, **kwargs)
             else:
                 result = await asyncio.to_thread(fn, *args, **kwargs)
@@ -411,181 +274,87 @@ class Context:
             raw = to_raw(result)
             fault("after_step")
         except Exception as e:
-            delay = _retry_delay(e, policy, plan.attempt)
-            return self._failed(name, plan, e, delay, time.perf_counter() - t0, labels)
+            spent = time.perf_counter() - t0
+            failed = turn.raised(e, spent, time.time())
+            _metrics.STEP_DURATION.labels(*labels).observe(spent)
+            _metrics.STEPS.labels(*labels, "retry_scheduled" if failed is None else "failed").inc()
+            return None
         finally:
-            _current.reset(token)
-            progress.step = progress.step_started_at = progress.details = None
+            current_info.reset(token)
+            self._driver.running(None)
         spent = time.perf_counter() - t0
-        too_big = self._act.oversized(raw, f"the result of step '{name}'")
-        if too_big is not None:
-            # Not retried: another attempt would most likely return the same data.
-            return self._failed(name, plan, too_big, None, spent, labels)
+        done = turn.returned(raw, spent, time.time())
         _metrics.STEP_DURATION.labels(*labels).observe(spent)
-        _metrics.STEPS.labels(*labels, "completed").inc()
-        self._act.buffer(
-            StepCompleted(
-                position=plan.position,
-                name=name,
-                attempt=plan.attempt,
-                result=raw,
-                duration=spent,
-                at=time.time(),
-            )
-        )
-        return raw
+        if isinstance(done, Return):
+            _metrics.STEPS.labels(*labels, "completed").inc()
+            return done
+        _metrics.STEPS.labels(*labels, "failed").inc()
+        return None
 
-    def _failed(
-        self,
-        name: str,
-        plan: Execute,
-        e: Exception,
-        delay: float | None,
-        spent: float,
-        labels: tuple[str, str],
-    ) -> Execute:
-        """Record a failed attempt; return the next attempt's plan, or raise ``StepError``."""
-        err = error_info(e)
-        retry_at = None if delay is None else time.time() + delay
-        _metrics.STEP_DURATION.labels(*labels).observe(spent)
-        outcome = "failed" if retry_at is None else "retry_scheduled"
-        _metrics.STEPS.labels(*labels, outcome).inc()
-        self._act.buffer(
-            StepFailed(
-                position=plan.position,
-                name=name,
-                attempt=plan.attempt,
-                error=err,
-                duration=spent,
-                retry_at=retry_at,
-                at=time.time(),
-            )
-        )
-        if retry_at is not None:
-            return Execute(
-                position=plan.position,
-                attempt=plan.attempt + 1,
-                in_doubt=False,
-                retry_at=retry_at,
-            )
-        raise StepError(
-            _failure_text(name, plan.attempt, err),
-            error_type=err.type,
-            run_id=self.run_id,
-            step=name,
-        ) from e
-
-    def _labels(self, step: str) -> tuple[str, str]:
-        agent = self._act.metric_agent
-        return agent, _metrics.step_label(agent, step)
-
-    def _info(self, name: str, plan: Execute) -> StepInfo:
-        return StepInfo(
-            run_id=self.run_id,
-            position=plan.position,
-            name=name,
-            attempt=plan.attempt,
-            idempotency_key=f"{self.run_id}/{plan.position}",
-            in_doubt=plan.in_doubt,
-            report=self.heartbeat,
-        )
-
-    async def _settle_in_doubt(
-        self, fn: Callable[..., Any], name: str, plan: Execute, opts: StepOptions, rtype: Any
-    ) -> Any:
-        """A step that may have run: apply its in-doubt policy before running it again.
-
-        A step cut off ``Settings.crash_loop_limit`` times in a row is probably what kills its
-        worker (a segfault, running out of memory): running it again would take down worker
-        after worker. Whatever its policy, it then waits for a human, like ``in_doubt="ask"``.
-        """
-        limit = self._act.store.settings.crash_loop_limit
-        crash_loop = 0 < limit <= plan.interrupted
-        policy = "ask" if crash_loop else opts.in_doubt
-        if policy == "retry":
-            return _RUN_AGAIN
-        if policy == "ask":
-            decision = self._act.take_decision(plan.position, plan.attempt - 1)
-            if decision is None:
-                decide = (
-                    f"decide with `sojourn decide {self.run_id} {plan.position} "
-                    "retry|skip|fail [--result JSON]`"
-                )
-                if crash_loop:
-                    await self._act.suspend(
-                        "crash_loop",
-                        f"step '{name}' at position {plan.position} (key "
-                        f"{self.run_id}/{plan.position}) was cut off {plan.interrupted} times in "
-                        "a row: it may be what kills its worker; " + decide,
-                    )
-                await self._act.suspend(
-                    "in_doubt",
-                    f"step '{name}' at position {plan.position} (key "
-                    f"{self.run_id}/{plan.position}) started but its end was never recorded; "
-                    + decide,
-                )
-            assert decision is not None
-            if decision.action == "retry":
-                return _RUN_AGAIN
-            if decision.action == "skip":
-                return self._record_without_running(name, plan, decision.result, rtype)
-            err = ErrorInfo(
-                type="InDoubtFailed",
-                message=f"failed by decision of {decision.by or 'an operator'}",
-            )
-            raise self._fail_in_doubt(name, plan, err)
-        # A reconcile function: ask the external system, by idempotency key.
-        token = _current.set(self._info(name, plan))
+    async def _reconcile(self, policy: Any, turn: StepTurn, action: Reconcile) -> None:
+        """Ask the step's reconcile function, by idempotency key, whether the in-doubt attempt
+        did the work; like a sync step, a sync function runs off the event loop."""
+        token = current_info.set(self._info(turn, turn.plan.attempt, True))
         try:
-            key = f"{self.run_id}/{plan.position}"
-            if _is_async(policy):
-                found = await policy(key)
-            else:  # like a sync step: off the event loop, so heartbeats keep going
-                found = await asyncio.to_thread(policy, key)
+            if is_async(policy):
+                found = await policy(action.key)
+            else:
+                found = await asyncio.to_thread(policy, action.key)
                 if inspect.isawaitable(found):
                     found = await found
         finally:
-            _current.reset(token)
-        if found is NOT_DONE:
-            return _RUN_AGAIN
-        return self._record_without_running(name, plan, to_raw(found), rtype)
+            current_info.reset(token)
+        turn.reconciled(None if found is NOT_DONE else to_raw(found), time.time())
 
-    def _fail_in_doubt(self, name: str, plan: Execute, err: ErrorInfo) -> StepError:
-        """Record the earlier, in-doubt attempt of a step as failed with ``err``; return the
-        ``StepError`` the agent's code gets (the same on replay)."""
-        self._act.buffer(
-            StepFailed(
-                position=plan.position,
-                name=name,
-                attempt=plan.attempt - 1,
-                error=err,
-                at=time.time(),
-            )
-        )
-        return StepError(
-            _failure_text(name, plan.attempt - 1, err),
-            error_type=err.type,
+    def _labels(self, step: str) -> tuple[str, str]:
+        agent = self._driver.metric_agent
+        return agent, _metrics.step_label(agent, step)
+
+    def _info(self, turn: StepTurn, attempt: int, in_doubt: bool) -> StepInfo:
+        return StepInfo(
             run_id=self.run_id,
-            step=name,
+            position=turn.plan.position,
+            name=turn.name,
+            attempt=attempt,
+            idempotency_key=turn.key,
+            in_doubt=in_doubt,
+            report=self.heartbeat,
         )
 
-    def _record_without_running(
-        self, name: str, plan: Execute, raw: msgspec.Raw, rtype: Any
-    ) -> Any:
-        """Settle an in-doubt step with a known result: its earlier attempt did the work."""
-        too_big = self._act.oversized(raw, f"the result of step '{name}'")
-        if too_big is not None:
-            raise self._fail_in_doubt(name, plan, error_info(too_big)) from too_big
-        self._act.buffer(
-            StepCompleted(
-                position=plan.position,
-                name=name,
-                attempt=plan.attempt - 1,
-                result=raw,
-                at=time.time(),
-            )
-        )
-        return from_raw(raw, rtype)
+    # --- versioning -------------------------------------------------------------------------
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the new branch of a code change: ``True`` for runs that reach
+        this point under code that has it (a marker is recorded), ``False`` for runs whose
+        history passed this point before the change. Wrap the change, keep the old branch::
+
+            if ctx.patched("send-sms-too"):
+                await ctx.step(send_sms, user)      # new code
+            await ctx.step(send_email, user)        # both
+
+        The answer is the same for every call with the same id in one run. When no run that
+        took the old branch is left (``sojourn replay --all-live`` says so), replace the call
+        by ``ctx.deprecate_patch(change_id)`` and drop the old branch; see the guide.
+
+        Raises:
+            ValueError: ``change_id`` is empty or longer than 200 characters.
+        """
+        self._check_patch_id(change_id)
+        self._driver.check_live()
+        return self._m.patched(change_id, time.time())
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """The second step of retiring ``ctx.patched(change_id)``: the old branch is gone, and
+        runs that recorded the change's marker still replay. Remove this call too once those
+        runs have ended."""
+        self._check_patch_id(change_id)
+        self._driver.check_live()
+        self._m.deprecate_patch(change_id)
+
+    @staticmethod
+    def _check_patch_id(change_id: str) -> None:
+        if not isinstance(change_id, str) or not 0 < len(change_id) <= PATCH_ID_MAX:
+            raise ValueError(f"a patch's change id is a string of 1 to {PATCH_ID_MAX} characters")
 
     # --- durable waits ---------------------------------------------------------------------
 
@@ -602,9 +371,19 @@ class Context:
             raise ValueError("ctx.sleep takes a duration or until=, not both")
         if until is not None and until.tzinfo is None:
             raise ValueError("ctx.sleep(until=...) needs a timezone-aware datetime")
-        await self._wait("sleep", timeout=duration, until=until)
+        await self._wait(WaitKey.sleep(), timeout=duration, until=until)
 
-    async def wait_for(self, name: str, *, timeout: Duration | None = None, type: Any = Any) -> Any:
+    @overload
+    async def wait_for(self, name: str, *, timeout: Duration | None = None) -> Any: ...
+
+    @overload
+    async def wait_for(
+        self, name: str, *, timeout: Duration | None = None, type: type[T]
+    ) -> T | None: ...
+
+    async def wait_for(
+        self, name: str, *, timeout: Duration | None = None, type: Any = None
+    ) -> Any:
         """Wait for the signal ``name`` and return its payload (decoded as ``type``), or
         ``None`` when ``timeout`` passes first.
 
@@ -612,8 +391,8 @@ class Context:
         here, oldest first: none is lost.
         """
         validate_signal_name(name)
-        got = await self._wait(f"signal:{name}", signals=(name,), timeout=timeout)
-        return None if got is None else from_raw(got.payload, type)
+        got = await self._wait(WaitKey.signal(name), signals=(name,), timeout=timeout)
+        return None if got is None else from_raw(got.payload, Any if type is None else type)
 
     async def select(self, *names: str, timeout: Duration | None = None) -> Selected | None:
         """Wait for the first of several signals (and optionally a timeout).
@@ -625,41 +404,100 @@ class Context:
             raise ValueError("ctx.select needs at least one signal name")
         for n in names:
             validate_signal_name(n)
-        got = await self._wait("select:" + "|".join(names), signals=names, timeout=timeout)
+        got = await self._wait(WaitKey.select(*names), signals=names, timeout=timeout)
         if got is None:
             return None
         return Selected(name=got.signal or "", payload=from_raw(got.payload, Any))
+
+    async def _wait(
+        self,
+        key: WaitKey,
+        *,
+        signals: tuple[str, ...] = (),
+        timeout: Duration | None = None,
+        until: datetime | None = None,
+        children: tuple[str, ...] = (),
+    ) -> RecordedWait | None:
+        """The one wait primitive: returns how the wait ended (``None``: timed out) or parks."""
+        self._driver.check_live()
+
+        def deadline() -> float | None:
+            if until is not None:
+                return until.timestamp()
+            return None if timeout is None else time.time() + _seconds(timeout)
+
+        turn = self._m.wait(key.format(), signals=signals, deadline=deadline, children=children)
+        if not isinstance(turn, WaitTurn):
+            return turn
+        return await self._decide(turn)
+
+    async def _decide(self, turn: WaitTurn) -> RecordedWait | None:
+        looked = False
+        while True:
+            action = turn.next(time.time(), looked=looked)
+            if action is None:
+                return None
+            if isinstance(action, RecordedWait):
+                if action.outcome == "signal" and turn.deadline is not None:
+                    self._driver.cancel_timer(turn.position)
+                return action
+            if isinstance(action, LookupChildren):
+                looked = True
+                for child in action.children:
+                    outcome = await self._driver.child_outcome(child)
+                    if outcome is not None:
+                        return turn.child_ended(to_raw(outcome), outcome.status, time.time())
+                continue
+            await self._driver.park(action)
+            if not turn.signal_waiting():
+                raise Parked()
+            # a signal arrived while the wait was being recorded: take it now
+
+    # --- children --------------------------------------------------------------------------
 
     async def start_child(self, agent: str | Any, input: Any = None) -> ChildHandle:
         """Start a run of another agent as this run's child; returns a handle to await.
 
         The child's run id is ``<run_id>-c<position>``, so a replay or a retry starts it
         once. Cancelling this run cancels its children.
-        """
-        self._act.check_cancelled()
-        name = agent if isinstance(agent, str) else str(agent.name)
-        try:
-            plan = self._journal.child(name)
-        except NondeterminismError as e:
-            self._act.note_nondeterminism(e)
-            raise
-        if isinstance(plan, Recorded):
-            return ChildHandle(self, from_raw(plan.result, str), name)
-        child_id = child_run_id(self.run_id, plan.position)
-        await self._act.start_child_run(name, input, child_id)
-        self._act.buffer(
-            ChildStarted(position=plan.position, child_run_id=child_id, agent=name, at=time.time())
-        )
-        return ChildHandle(self, child_id, name)
 
-    async def child(self, agent: str | Any, input: Any = None, *, type: Any = Any) -> Any:
+        Raises:
+            PayloadTooLarge: the child's input does not fit in one message.
+        """
+        self._driver.check_live()
+        name = agent if isinstance(agent, str) else str(agent.name)
+        got = self._m.child(name)
+        if isinstance(got, Return):
+            return ChildHandle(self, from_raw(got.result, str), name)
+        body = encode(
+            _wire.StartTrigger(input=to_raw(input), run_id=got.child_id, parent_run_id=self.run_id)
+        )
+        if len(body) > self._max_payload:
+            raise PayloadTooLarge(
+                f"child run input is {len(body)} bytes; the limit is {self._max_payload}",
+                run_id=self.run_id,
+            )
+        await self._driver.start_child(name, body, got.child_id)
+        self._m.child_started(got, name, time.time())
+        return ChildHandle(self, got.child_id, name)
+
+    @overload
+    async def child(self, agent: str | Any, input: Any = None) -> Any: ...
+
+    @overload
+    async def child(self, agent: str | Any, input: Any = None, *, type: type[T]) -> T: ...
+
+    async def child(self, agent: str | Any, input: Any = None, *, type: Any = None) -> Any:
         """Run another agent as a child and return its output (the run parks meanwhile)."""
         handle = await self.start_child(agent, input)
-        return await handle.result(type=type)
+        return await handle.result(type=Any if type is None else type)
 
     async def _await_child(self, handle: ChildHandle, tp: Any) -> Any:
-        name = f"{CHILD_SIGNAL}.{handle.run_id}"
-        got = await self._wait(f"child:{handle.run_id}", signals=(name,), children=(handle.run_id,))
+        got = await self._wait(
+            WaitKey.child(handle.run_id),
+            signals=(child_signal(handle.run_id),),
+            children=(handle.run_id,),
+        )
         assert got is not None
         outcome: ChildOutcome = from_raw(got.payload, ChildOutcome)
         if outcome.status != "completed":
@@ -741,130 +579,37 @@ class Context:
         )
 
     async def _count_poll(self, what: str) -> None:
-        self._polls += 1
-        cap = self._act.agent.poll_cap
-        allowance = cap * (1 + self._act.state.cap_resumes)
-        if self._polls > allowance and not self._journal.replaying:
-            await self._act.suspend(
-                "cap",
-                f"poll cap of {cap} checks reached (polling {what}); "
-                "`sojourn resume RUN` allows another {cap}".replace("{cap}", str(cap)),
-            )
+        suspend = self._m.count_poll(what, time.time())
+        if suspend is not None:
+            await self._driver.suspend(suspend.event)
 
-    async def _wait(
-        self,
-        key: str,
-        *,
-        signals: tuple[str, ...] = (),
-        timeout: Duration | None = None,
-        until: datetime | None = None,
-        children: tuple[str, ...] = (),
-    ) -> RecordedWait | None:
-        """The one wait primitive: returns how the wait ended (``None``: timed out) or parks."""
-        self._act.check_cancelled()
-        try:
-            plan = self._journal.wait(key)
-        except NondeterminismError as e:
-            self._act.note_nondeterminism(e)
-            raise
-        if isinstance(plan, RecordedWait):
-            return None if plan.outcome == "timeout" else plan
-        assert isinstance(plan, OpenWait)
-        p = plan.position
-        if plan.recorded is not None:
-            deadline = plan.recorded.deadline
-        elif until is not None:
-            deadline = until.timestamp()
-        elif timeout is not None:
-            deadline = time.time() + _seconds(timeout)
-        else:
-            deadline = None
-        record = plan.recorded is None
-        while True:
-            done = self._act.resolve_wait(p, key, signals, deadline)
-            if done is None and children:
-                done = await self._act.resolve_child_wait(p, key, children)
-            if done is not None:
-                return None if done.outcome == "timeout" else done
-            event = None
-            if record:
-                event = WaitStarted(
-                    position=p,
-                    key=key,
-                    signals=signals,
-                    deadline=deadline,
-                    children=children,
-                    at=time.time(),
-                )
-            if await self._act.park(p, deadline, event, signals):
-                record = False
-                continue  # a signal arrived while we recorded the wait: take it now
-            raise Parked()
+    # --- journaled values --------------------------------------------------------------------
 
     def _value(self, kind: str, make: Callable[[], Any], tp: Any) -> Any:
-        self._act.check_cancelled()
-        try:
-            plan = self._journal.value(kind)
-        except NondeterminismError as e:
-            self._act.note_nondeterminism(e)
-            raise
-        if isinstance(plan, Recorded):
-            return from_raw(plan.result, tp)
-        raw = to_raw(make())
-        too_big = self._act.oversized(raw, f"the value of ctx.{kind}()")
-        if too_big is not None:
-            self._act.note_fatal(too_big)
-            raise too_big
-        self._act.buffer(
-            ValueRecorded(
-                position=plan.position,
-                kind=kind,
-                value=raw,
-                at=time.time(),
-            )
-        )
-        return from_raw(raw, tp)
+        self._driver.check_live()
+        return from_raw(self._m.value(kind, make, time.time()).result, tp)
 
     async def spend(self, *, usd: float = 0.0, tokens: int = 0) -> None:
         """Record what the run just spent (an LLM call's cost and tokens), journaled.
 
-        Totals appear in ``sojourn status`` and ``sojourn_spend_total``. When the agent has a
-        ``Budget`` and the run's total reaches it, the run is suspended (reason ``budget``)
-        before it can spend more; ``sojourn resume RUN`` grants the same budget again.
+        Totals are counted in ``sojourn_spend_total``. When the agent has a ``Budget`` and the
+        run's total reaches it, the run is suspended (reason ``budget``) before it can spend
+        more; ``sojourn resume RUN`` grants the same budget again.
 
         Raises:
             ValueError: a negative amount.
         """
         if usd < 0 or tokens < 0:
             raise ValueError("ctx.spend amounts must not be negative")
-        replaying = self._journal.replaying
-        self._value("spend", lambda: {"usd": usd, "tokens": tokens}, dict)
-        self._spent_usd += usd
-        self._spent_tokens += tokens
-        agent = self._act.metric_agent
-        if not replaying:
+        self._driver.check_live()
+        live, over = self._m.spend(usd, tokens, time.time())
+        agent = self._driver.metric_agent
+        if live:
             _metrics.SPEND.labels(agent, "usd").inc(usd)
             _metrics.SPEND.labels(agent, "tokens").inc(tokens)
-        budget = self._act.agent.budget
-        if budget is None:
-            return
-        grants = 1 + self._act.state.budget_resumes
-        over = [
-            (unit, spent, limit * grants)
-            for unit, spent, limit in (
-                ("usd", self._spent_usd, budget.usd),
-                ("tokens", self._spent_tokens, budget.tokens),
-            )
-            if limit is not None and spent >= limit * grants
-        ]
-        if over and not self._journal.replaying:
-            unit, spent, allowed = over[0]
-            _metrics.BUDGET_BREACHES.labels(agent, unit).inc()
-            await self._act.suspend(
-                "budget",
-                f"spent {spent:g} {unit} of a budget of {allowed:g}; "
-                "`sojourn resume RUN` grants the same budget again",
-            )
+        if over is not None:
+            _metrics.BUDGET_BREACHES.labels(agent, over.unit or "usd").inc()
+            await self._driver.suspend(over.event)
 
     def now(self) -> datetime:
         """The current time (UTC), journaled: replay returns the recorded instant."""
@@ -890,13 +635,19 @@ class ChildHandle:
         self.run_id = run_id
         self.agent = agent
 
-    async def result(self, *, type: Any = Any) -> Any:
+    @overload
+    async def result(self) -> Any: ...
+
+    @overload
+    async def result(self, *, type: type[T]) -> T: ...
+
+    async def result(self, *, type: Any = None) -> Any:
         """Wait (durably: the run parks) until the child ends; return its output.
 
         Raises:
             ChildRunError: the child failed, was cancelled, or its trigger was rejected.
         """
-        return await self._ctx._await_child(self, type)
+        return await self._ctx._await_child(self, Any if type is None else type)
 
     def __repr__(self) -> str:
         return f"ChildHandle({self.agent!r}, {self.run_id!r})"

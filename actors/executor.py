@@ -33,9 +33,10 @@ import msgspec
 
 from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision, EventStore
+from sojourn.broker.headers import MSG_ID
 from sojourn.broker.leases import Progress
 from sojourn.broker.timers import cancel_timers, schedule_timer
-from sojourn.schemas.codec import decode_decision, decode_events, encode, encode_events, to_raw
+from sojourn.schemas.codec import decode_events, encode, encode_events, to_raw
 from sojourn.schemas.config import VALUE_ENVELOPE
 from sojourn.schemas.errors import (
     BrokerUnavailable,
@@ -60,17 +61,18 @@ from sojourn.schemas.events import (
     WaitCompleted,
     WaitStarted,
 )
-from sojourn.schemas.wire import DECIDE_SIGNAL, ChildOutcome, ErrorBody, InDoubtDecision
+from sojourn.schemas.vocabulary import TerminalStatus
+from sojourn.schemas.wire import CancelBody, ChildOutcome, ErrorBody
 
 from .agent import Agent
-from .context import Context, Parked, clip_text, error_info
-from .journal import Journal, RecordedWait
+from .context import Context
+from .machine import Limits, Machine, Park, Parked, RunCancelledInterrupt, clip_text, error_info
 from .metrics import APPENDS, EVENTS_APPENDED, agent_label
-from .state import RunState, SignalRecord, fold
+from .state import RunState, fold
 
 __all__ = ["Activation", "AppendRefused", "Outcome", "RunCancelledInterrupt", "fit_prefix"]
 
-Outcome = Literal["completed", "failed", "cancelled", "suspended", "waiting", "fenced", "noop"]
+Outcome = TerminalStatus | Literal["suspended", "waiting", "fenced", "noop"]
 
 EXTERNAL_EVENTS = (CancelRequested, SignalReceived)
 """Events other parties append to a run without owning it; they commute with our decisions."""
@@ -129,10 +131,6 @@ def fit_prefix(sizes: list[int], limit: int) -> int:
     return len(sizes)
 
 
-class RunCancelledInterrupt(BaseException):
-    """Unwinds agent code when a cancel was requested (not catchable by ``except Exception``)."""
-
-
 class Activation:
     """Executes one run from its history until it completes, fails, parks or is fenced."""
 
@@ -159,30 +157,85 @@ class Activation:
         self.writer = writer
         self.flush_delay = flush_delay
         self.last_seq = history[-1].seq if history else 0
-        self.state: RunState = fold(e for d in history for e in d.events)
-        self.journal = Journal(self.state)
-        self.pending: list[RunEvent] = []
+        settings = store.settings
+        limit = min(settings.max_value, store.max_decision - VALUE_ENVELOPE)
+        budget = agent.budget
+        self.machine = Machine(
+            fold(e for d in history for e in d.events),
+            run_id=run_id,
+            limits=Limits(
+                max_value=limit,
+                max_value_why=(
+                    f"the server's max_payload less {VALUE_ENVELOPE} bytes"
+                    if limit < settings.max_value
+                    else "Settings.max_value"
+                ),
+                crash_loop_limit=settings.crash_loop_limit,
+                poll_cap=agent.poll_cap,
+                budget_usd=None if budget is None else budget.usd,
+                budget_tokens=None if budget is None else budget.tokens,
+                retry=agent.retry,
+            ),
+            on_record=self._arm_flush,
+        )
         self.fenced = False
         self.appends = 0
         self.timers_used = False
         self._lock = asyncio.Lock()
         self._flush_handle: asyncio.TimerHandle | None = None
-        self._nondeterminism: NondeterminismError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.refused: Exception | None = None
         """Why an append failed for good, once one did (see ``AppendRefused``)."""
         self._unacked: list[RunEvent] = []
         """A decision whose append may have landed (its ack was lost in an outage): the next
         decision sends it first, unchanged, so the store can tell whether it landed."""
-        self._fatal: PayloadTooLarge | None = None
-        self.consumed: set[str] = set()
-        self.children: list[str] = list(self.state.children)
         self._background: set[asyncio.Task[None]] = set()
 
-    # --- used by Context ----------------------------------------------------------------------
+    @property
+    def state(self) -> RunState:
+        """The run as folded: its history when loaded, plus what others appended since."""
+        return self.machine.state
 
-    def buffer(self, event: RunEvent) -> None:
-        """Queue an event for the next append; make sure it is flushed soon if nothing follows."""
-        self.pending.append(event)
+    @state.setter
+    def state(self, value: RunState) -> None:
+        self.machine.state = value
+
+    @property
+    def pending(self) -> list[RunEvent]:
+        """Events the machine recorded that are not stored yet."""
+        return self.machine.pending
+
+    @pending.setter
+    def pending(self, value: list[RunEvent]) -> None:
+        self.machine.pending = value
+
+    # --- the Driver of Context ----------------------------------------------------------------
+
+    @property
+    def agent_name(self) -> str:
+        return self.agent.name
+
+    def report(self, details: msgspec.Raw) -> None:
+        """A step's progress details, from the loop or from a step's thread."""
+        progress = self.progress
+        progress.details = details
+        progress.changed = True
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop or self._loop is None:
+            self.poke_heartbeat()
+        else:
+            self._loop.call_soon_threadsafe(self.poke_heartbeat)
+
+    def running(self, step: str | None) -> None:
+        progress = self.progress
+        progress.step, progress.details = step, None
+        progress.step_started_at = None if step is None else time.time()
+
+    def _arm_flush(self) -> None:
+        """Events were queued: make sure they are flushed soon if no decision follows."""
         if self._flush_handle is None:
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(self.flush_delay, self._flush_soon)
@@ -212,48 +265,12 @@ class Activation:
             if self.refused is None:
                 self.refused = e
 
-    @property
-    def max_value(self) -> int:
-        """The largest value (in bytes of JSON) this run may store: ``Settings.max_value``,
-        and at most what one message can carry with ``VALUE_ENVELOPE`` to spare."""
-        return min(self.store.settings.max_value, self.store.max_decision - VALUE_ENVELOPE)
-
-    def oversized(self, raw: bytes, what: str) -> PayloadTooLarge | None:
-        """The error to record if ``raw`` is too large to store, else ``None``."""
-        limit = self.max_value
-        if len(raw) <= limit:
-            return None
-        if limit < self.store.settings.max_value:
-            why = f"the server's max_payload less {VALUE_ENVELOPE} bytes"
-        else:
-            why = "Settings.max_value"
-        return PayloadTooLarge(
-            f"{what} is {len(raw)} bytes; the limit for one stored value is {limit} bytes "
-            f"({why}): store large data elsewhere and pass a reference",
-            run_id=self.run_id,
-        )
-
-    def note_fatal(self, e: PayloadTooLarge) -> None:
-        """A journaled value could not be stored: the run fails with ``e``, even if the agent's
-        code catches it (its position is taken but nothing was recorded there)."""
-        if self._fatal is None:
-            self._fatal = e
-
-    def note_nondeterminism(self, e: NondeterminismError) -> None:
-        """Remember a divergence even if the agent's code catches the exception."""
-        if self._nondeterminism is None:
-            self._nondeterminism = e
-
-    def check_cancelled(self) -> None:
-        """Called before every journaled operation: stop if the run cannot go on."""
+    def check_live(self) -> None:
+        """Called before every journaled operation: stop if nothing more may be written."""
         if self.fenced:
             raise Fenced(self.run_id)
         if self.refused is not None:
             raise AppendRefused()
-        if self._fatal is not None:
-            raise self._fatal
-        if self.state.cancel_requested is not None:
-            raise RunCancelledInterrupt()
 
     async def commit(self, events: list[RunEvent]) -> None:
         """Append the buffered events plus ``events`` as one decision, fenced.
@@ -371,75 +388,28 @@ class Activation:
         self.state = fold((e for d in newer for e in d.events), self.state)
         self.last_seq = newer[-1].seq
 
-    # --- waits (used by Context) -------------------------------------------------------------
+    # --- waits, backoffs, suspensions and children (the Driver of Context) ---------------------
 
-    def _find_signal(self, names: tuple[str, ...]) -> SignalRecord | None:
-        for rec in self.state.signals:
-            if rec.name in names and rec.signal_id not in self.consumed:
-                return rec
-        return None
-
-    def resolve_wait(
-        self, p: int, key: str, signals: tuple[str, ...], deadline: float | None
-    ) -> RecordedWait | None:
-        """Decide a wait from what is known now: a buffered signal, else a passed deadline."""
-        sig = self._find_signal(signals)
-        if sig is not None:
-            self.consumed.add(sig.signal_id)
-            self.buffer(
-                WaitCompleted(
-                    position=p,
-                    key=key,
-                    outcome="signal",
-                    payload=sig.payload,
-                    signal=sig.name,
-                    signal_id=sig.signal_id,
-                    at=time.time(),
-                )
-            )
-            if deadline is not None:
-                self._later(self._cancel_timer(p))
-            return RecordedWait(position=p, outcome="signal", payload=sig.payload, signal=sig.name)
-        if deadline is not None and time.time() >= deadline:
-            self.buffer(
-                WaitCompleted(position=p, key=key, outcome="timeout", payload=_NULL, at=time.time())
-            )
-            return RecordedWait(position=p, outcome="timeout", payload=_NULL, signal=None)
-        return None
-
-    async def resolve_child_wait(
-        self, p: int, key: str, children: tuple[str, ...]
-    ) -> RecordedWait | None:
-        """A child may have ended without its notification reaching us: look at its history."""
-        for child in children:
-            outcome = await self._io(child_outcome(self.store, child))
-            if outcome is not None:
-                payload = to_raw(outcome)
-                self.buffer(
-                    WaitCompleted(
-                        position=p,
-                        key=key,
-                        outcome="child",
-                        payload=payload,
-                        child_status=outcome.status,
-                        at=time.time(),
-                    )
-                )
-                return RecordedWait(position=p, outcome="child", payload=payload, signal=None)
-        return None
-
-    async def park(
-        self, p: int, deadline: float | None, event: WaitStarted | None, signals: tuple[str, ...]
-    ) -> bool:
+    async def park(self, action: Park) -> None:
         """Record the wait (timer first, then the event: a recorded wait never lacks its timer)
-        and flush; return True if a matching signal turned up meanwhile."""
-        if deadline is not None:
+        and flush what is pending with it."""
+        if action.deadline is not None:
             await self._io(
-                schedule_timer(self.store.broker, self.store.names, self.run_id, str(p), deadline)
+                schedule_timer(
+                    self.store.broker,
+                    self.store.names,
+                    self.run_id,
+                    str(action.position),
+                    action.deadline,
+                )
             )
             self.timers_used = True
-        await self.commit([event] if event is not None else [])
-        return self._find_signal(signals) is not None
+        await self.commit([action.event] if action.event is not None else [])
+
+    def cancel_timer(self, position: int) -> None:
+        """Drop a wait's timer in the background: a timer left behind only wakes the run for
+        nothing (its wake finds the wait ended)."""
+        self._later(self._cancel_timer(position))
 
     async def _cancel_timer(self, p: int) -> None:
         names = self.store.names
@@ -454,14 +424,16 @@ class Activation:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def backoff(self, p: int, retry_at: float) -> None:
+    async def backoff(self, position: int, retry_at: float) -> None:
         """Wait until a retry is due: on a broker timer (a crash or deploy meanwhile loses
         nothing), in this process too when it is short."""
         left = retry_at - time.time()
         if left <= 0:
             return
         await self._io(
-            schedule_timer(self.store.broker, self.store.names, self.run_id, str(p), retry_at)
+            schedule_timer(
+                self.store.broker, self.store.names, self.run_id, str(position), retry_at
+            )
         )
         self.timers_used = True
         await self.commit([])  # the failed attempt, with its retry_at
@@ -469,40 +441,23 @@ class Activation:
             raise Parked()
         await asyncio.sleep(left)
 
-    def take_decision(self, p: int, attempt: int) -> InDoubtDecision | None:
-        """An operator's decision about attempt ``attempt`` of the in-doubt step at ``p``
-        (signal ``sojourn-decide.<p>.<attempt>``: a later attempt in doubt asks again)."""
-        name = f"{DECIDE_SIGNAL}.{p}.{attempt}"
-        for rec in reversed(self.state.signals):
-            if rec.name == name:
-                try:
-                    return decode_decision(bytes(rec.payload))
-                except msgspec.MsgspecError:
-                    return None
-        return None
-
-    async def suspend(self, reason: str, detail: str) -> None:
+    async def suspend(self, event: RunSuspended) -> None:
         """Park the run visibly for a human (``sojourn resume`` lifts it)."""
-        await self.commit([RunSuspended(reason=reason, detail=detail, at=time.time())])
+        await self.commit([event])
         raise Parked()
 
-    async def start_child_run(self, agent: str, input: Any, child_id: str) -> None:
-        names = self.store.names
-        body = encode({"input": input, "run_id": child_id, "parent_run_id": self.run_id})
-        limit = self.store.settings.max_payload
-        if len(body) > limit:
-            raise PayloadTooLarge(
-                f"child run input is {len(body)} bytes; the limit is {limit}",
-                run_id=self.run_id,
-            )
+    async def start_child(self, agent: str, body: bytes, child_id: str) -> None:
+        """Publish a child's start on the spawn subject, idempotent by the child's run id."""
         await self._io(
             self.store.broker.publish(
-                names.spawn(agent, self.sender),
+                self.store.names.spawn(agent, self.sender),
                 body,
-                {"Nats-Msg-Id": f"start:{agent}:{child_id}"},
+                {MSG_ID: f"start:{agent}:{child_id}"},
             )
         )
-        self.children.append(child_id)
+
+    async def child_outcome(self, child_id: str) -> ChildOutcome | None:
+        return await self._io(child_outcome(self.store, child_id))
 
     @property
     def sender(self) -> str:
@@ -514,6 +469,7 @@ class Activation:
 
     async def run(self) -> Outcome:
         """Drive the agent to its next resting point and record it."""
+        self._loop = asyncio.get_running_loop()
         s = self.state
         if s.terminal:
             await self._after_end()  # redo the end's side jobs: a crash may have cut them off
@@ -527,20 +483,21 @@ class Activation:
         try:
             if s.cancel_requested is not None:
                 raise RunCancelledInterrupt()
-            ctx = Context(self)
+            ctx = Context(self.machine, self, self.store.settings.max_payload)
             arg = self.agent.decode_input(bytes(s.input or b"null"))
             if self.agent.takes_input:
                 output = await self.agent.fn(ctx, arg)
             else:
                 output = await self.agent.fn(ctx)  # type: ignore[call-arg]
-            if self._nondeterminism is None:
-                self.journal.finish()
+            m = self.machine
+            if m.nondeterminism is None:
+                m.journal.finish()
             else:
-                raise self._nondeterminism
-            if self._fatal is not None:
-                raise self._fatal
+                raise m.nondeterminism
+            if m.fatal is not None:
+                raise m.fatal
             raw = to_raw(output)
-            too_big = self.oversized(raw, "the run's output")
+            too_big = m.oversized(raw, "the run's output")
             if too_big is not None:
                 raise too_big
             await self.commit([RunCompleted(output=raw, at=time.time())])
@@ -572,9 +529,10 @@ class Activation:
         except NondeterminismError as e:
             return await self._suspend_nondeterminism(e)
         except Exception as e:
-            if self._nondeterminism is not None:
-                return await self._suspend_nondeterminism(self._nondeterminism)
-            err = error_info(self._fatal if self._fatal is not None else e)
+            m = self.machine
+            if m.nondeterminism is not None:
+                return await self._suspend_nondeterminism(m.nondeterminism)
+            err = error_info(m.fatal if m.fatal is not None else e)
             return await self._end([RunFailed(error=err, at=time.time())], "failed")
         finally:
             if self._flush_handle is not None:
@@ -617,12 +575,12 @@ class Activation:
         s = self.state
         broker, names = self.store.broker, self.store.names
         if s.status == "cancelled":
-            for child in dict.fromkeys([*s.children, *self.children]):
+            for child in dict.fromkeys([*s.children, *self.machine.children]):
                 if await child_outcome(self.store, child) is None:
                     await broker.publish(
                         names.cancel(child, self.sender),
-                        encode({"reason": f"parent {self.run_id} cancelled"}),
-                        {"Nats-Msg-Id": f"cascade:{child}"},
+                        encode(CancelBody(reason=f"parent {self.run_id} cancelled")),
+                        {MSG_ID: f"cascade:{child}"},
                     )
         if not s.terminal:
             return  # a suspension is not an end: the parent keeps waiting, timers stay
@@ -631,7 +589,7 @@ class Activation:
             await broker.publish(
                 names.child_end(s.parent_run_id, self.run_id, self.sender),
                 encode(outcome),
-                {"Nats-Msg-Id": f"child-end:{self.run_id}"},
+                {MSG_ID: f"child-end:{self.run_id}"},
             )
         if self.timers_used or any(
             op.kind == "wait" or (op.kind == "step" and op.attempts > 1) for op in s.ops

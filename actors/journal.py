@@ -10,15 +10,38 @@ and the code now calls ``compose`` at position 3, that is a ``NondeterminismErro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
+from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import ErrorInfo
 
 from .state import OpRecord, RunState
 
-__all__ = ["Execute", "Journal", "OpenWait", "Recorded", "RecordedFailure", "RecordedWait"]
+__all__ = [
+    "Execute",
+    "Journal",
+    "OpenWait",
+    "Recorded",
+    "RecordedFailure",
+    "RecordedWait",
+    "ReplayFrontier",
+    "describe_op",
+]
+
+PATCH_KIND = "patch"
+"""The value kind of a ``ctx.patched`` marker: its value is the change id."""
+
+
+class ReplayFrontier(BaseException):
+    """Raised by a journal that stops at the frontier (``sojourn replay``): the code reached
+    an operation history has not decided, so everything before it replayed."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.position = position
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +91,23 @@ class OpenWait:
     recorded: OpRecord | None
 
 
+_Open = TypeVar("_Open", Execute, OpenWait)
+_NULL = to_raw(None)
+
+
 class Journal:
     """Hands out positions in call order and checks them against recorded history."""
 
-    def __init__(self, state: RunState) -> None:
+    def __init__(self, state: RunState, *, stop_at_frontier: bool = False) -> None:
         self._ops = state.ops
         self._run_id = state.run_id
+        self._stop = stop_at_frontier
         self.position = 0
+
+    @property
+    def recorded(self) -> int:
+        """How many operations history records."""
+        return len(self._ops)
 
     @property
     def replaying(self) -> bool:
@@ -86,8 +119,18 @@ class Journal:
         self.position += 1
         return p, (self._ops[p] if p < len(self._ops) else None)
 
+    def _new(self, p: int) -> Execute:
+        if self._stop:
+            raise ReplayFrontier(p)
+        return Execute(position=p, attempt=1, in_doubt=False)
+
+    def _open(self, plan: _Open) -> _Open:
+        if self._stop:
+            raise ReplayFrontier(plan.position)
+        return plan
+
     def _mismatch(self, p: int, rec: OpRecord, wanted: str) -> NondeterminismError:
-        was = _describe(rec)
+        was = describe_op(rec)
         return NondeterminismError(
             f"run {self._run_id}: operation {p} was recorded as {was} but the code now "
             f"calls {wanted}; the agent's code changed in a way that does not replay "
@@ -100,7 +143,7 @@ class Journal:
     def step(self, name: str) -> Recorded | RecordedFailure | Execute:
         p, rec = self._take()
         if rec is None:
-            return Execute(position=p, attempt=1, in_doubt=False)
+            return self._new(p)
         if rec.kind != "step" or rec.name != name:
             raise self._mismatch(p, rec, f"step '{name}'")
         if rec.status == "completed":
@@ -109,18 +152,20 @@ class Journal:
         if rec.status == "failed":
             assert rec.error is not None
             if rec.deadline is not None:  # a retry is due at ``deadline``
-                return Execute(
+                retry = Execute(
                     position=p, attempt=rec.attempts + 1, in_doubt=False, retry_at=rec.deadline
                 )
+                return self._open(retry)
             return RecordedFailure(position=p, error=rec.error, attempts=rec.attempts)
-        return Execute(
+        doubt = Execute(
             position=p, attempt=rec.attempts + 1, in_doubt=True, interrupted=rec.interrupted + 1
         )
+        return self._open(doubt)
 
     def value(self, kind: str) -> Recorded | Execute:
         p, rec = self._take()
         if rec is None:
-            return Execute(position=p, attempt=1, in_doubt=False)
+            return self._new(p)
         if rec.kind != kind:
             raise self._mismatch(p, rec, f"ctx.{kind}()")
         assert rec.result is not None
@@ -129,11 +174,11 @@ class Journal:
     def wait(self, key: str) -> RecordedWait | OpenWait:
         p, rec = self._take()
         if rec is None:
-            return OpenWait(position=p, recorded=None)
+            return self._open(OpenWait(position=p, recorded=None))
         if rec.kind != "wait" or rec.name != key:
             raise self._mismatch(p, rec, f"a wait on {key}")
         if rec.status == "waiting":
-            return OpenWait(position=p, recorded=rec)
+            return self._open(OpenWait(position=p, recorded=rec))
         assert rec.result is not None
         # ``detail`` is the signal's name for a signal outcome but the child's status for a
         # child outcome; live (``Activation.resolve_child_wait``) the latter has no signal.
@@ -142,10 +187,31 @@ class Journal:
             position=p, outcome=rec.outcome or "", payload=rec.result, signal=signal
         )
 
+    def patch(self, change_id: str) -> Recorded | Execute | None:
+        """``ctx.patched(change_id)``: the recorded marker (new branch), a marker to record now
+        (new branch, live code), or ``None`` (old branch: history went on without the marker;
+        no position is taken)."""
+        p = self.position
+        rec = self._ops[p] if p < len(self._ops) else None
+        if rec is None:
+            self.position += 1
+            return self._new(p)
+        if _is_marker(rec, change_id):
+            self.position += 1
+            assert rec.result is not None
+            return Recorded(position=p, result=rec.result)
+        return None
+
+    def skip_patch(self, change_id: str) -> None:
+        """``ctx.deprecate_patch(change_id)``: step over the marker if history has it here."""
+        p = self.position
+        if p < len(self._ops) and _is_marker(self._ops[p], change_id):
+            self.position += 1
+
     def child(self, agent: str) -> Recorded | Execute:
         p, rec = self._take()
         if rec is None:
-            return Execute(position=p, attempt=1, in_doubt=False)
+            return self._new(p)
         if rec.kind != "child" or rec.name != agent:
             raise self._mismatch(p, rec, f"a child run of '{agent}'")
         assert rec.result is not None
@@ -155,7 +221,7 @@ class Journal:
         """The code returned: every recorded operation must have been replayed."""
         if self.position < len(self._ops):
             rec = self._ops[self.position]
-            was = _describe(rec)
+            was = describe_op(rec)
             raise NondeterminismError(
                 f"run {self._run_id}: the code finished after {self.position} operations but "
                 f"history records {len(self._ops)} (next: {was} at {self.position})",
@@ -164,7 +230,22 @@ class Journal:
             )
 
 
-def _describe(rec: OpRecord) -> str:
+def _is_marker(rec: OpRecord, change_id: str) -> bool:
+    if rec.kind != PATCH_KIND or rec.result is None:
+        return False
+    try:
+        return bool(from_raw(rec.result, str) == change_id)
+    except msgspec.MsgspecError:
+        return False
+
+
+def describe_op(rec: OpRecord) -> str:
+    if rec.kind == PATCH_KIND:
+        try:
+            change: str | None = from_raw(rec.result or _NULL, str)
+        except msgspec.MsgspecError:
+            change = None
+        return f"ctx.patched({change!r})"
     if rec.kind == "step":
         return f"step '{rec.name}'"
     if rec.kind == "wait":

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import msgspec
 
-from sojourn.projections.summary import POLL_WAIT
 from sojourn.schemas.errors import SojournError
+from sojourn.schemas.vocabulary import WaitKey
 
 from .metrics import IDLE_POLLS, agent_label
 
@@ -162,7 +162,7 @@ async def poll(
         else:
             pause = interval
         # Its own wait key, so that history (and the watchdog) can count idle polls.
-        await ctx._wait(POLL_WAIT, timeout=pause)
+        await ctx._wait(WaitKey.poll(), timeout=pause)
         interval *= backoff
         if cap_interval is not None:
             interval = min(interval, cap_interval)

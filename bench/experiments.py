@@ -18,7 +18,8 @@ constructor, or a subclass defined here, on its own deployment prefix of one emb
 - ``both``.
 
 Plus an in-memory measurement of the executor's own Python cost per step (an ``Activation``
-over a store whose ``append`` returns at once), for several run lengths.
+over a store whose ``append`` returns at once), for several run lengths, and how many
+recorded decisions per second ``sojourn replay`` checks against those histories.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 from sojourn.actors import Client, Worker
 from sojourn.actors.executor import Activation
+from sojourn.actors.replay import replay_run
 from sojourn.broker import Broker, EmbeddedServer
 from sojourn.broker.connection import PullConsumer
 from sojourn.broker.eventstore import Decision
@@ -63,11 +65,18 @@ class ConcurrentIntakeWorker(Worker):
 
 
 class _InstantStore:
-    """An event store whose appends succeed at once (encoding included, no broker)."""
+    """An event store whose appends succeed at once (encoding included, no broker). It keeps
+    what was appended, for the replay measurement."""
+
+    settings = Settings()
+    max_decision = 1024 * 1024
+    broker = None  # the benchmark agent ends without children or timers: no broker call
+    names = None
 
     def __init__(self) -> None:
         self.seq = 1
         self.appends = 0
+        self.events: list[RunEvent] = []
 
     async def append(
         self,
@@ -80,33 +89,42 @@ class _InstantStore:
         timeout: float | None = None,
     ) -> int:
         encode_events(events)
+        self.events.extend(events)
         self.seq += 1
         self.appends += 1
         return self.seq
 
 
-async def in_memory_step_cost(n: int) -> float:
-    """Seconds of executor + context + fold work per step, with no broker at all."""
+async def in_memory_run(n: int) -> tuple[float, list[RunEvent]]:
+    """Seconds of executor + context + machine + fold work per step with no broker at all,
+    and the history the run wrote."""
     store = _InstantStore()
-    history = [
-        Decision(
-            seq=1,
-            events=(RunStarted(run_id="r", agent="chain", input=to_raw(n), at=time.time()),),
-            writer="i",
-            msg_id="m",
-        )
-    ]
+    started = RunStarted(run_id="r", agent="chain", input=to_raw(n), at=time.time())
+    history = [Decision(seq=1, events=(started,), writer="i", msg_id="m")]
     act = Activation(
         agent=chain,
         run_id="r",
-        store=store,
-        history=history,  # type: ignore[arg-type]
+        store=store,  # type: ignore[arg-type]
+        history=history,
         writer="w",
     )
     t0 = time.perf_counter()
     outcome = await act.run()
     assert outcome == "completed", outcome
-    return (time.perf_counter() - t0) / n
+    return (time.perf_counter() - t0) / n, [started, *store.events]
+
+
+async def in_memory_step_cost(n: int) -> float:
+    return (await in_memory_run(n))[0]
+
+
+def replay_rate(events: list[RunEvent]) -> float:
+    """Recorded decisions per second that ``sojourn replay`` checks (fold included)."""
+    t0 = time.perf_counter()
+    result = replay_run(chain, events)
+    elapsed = time.perf_counter() - t0
+    assert result.ok and result.checked > 0, result.describe()
+    return result.checked / elapsed
 
 
 VARIANTS: list[tuple[str, type[Worker], dict[str, Any]]] = [
@@ -121,9 +139,17 @@ async def amain(a: argparse.Namespace) -> None:
     steps, runs, m, reps = (500, 200, 10, 1) if a.quick else (2000, 200, 50, 2)
     print("## In-memory executor cost per step (no broker)\n")
     print("| steps in the run | µs per step |\n|---|---|")
+    histories: dict[int, list[RunEvent]] = {}
     for n in (100, 1000, 2000, 10000):
         await in_memory_step_cost(n)
-        print(f"| {n} | {median([await in_memory_step_cost(n) for _ in range(3)]) * 1e6:.1f} |")
+        runs = [await in_memory_run(n) for _ in range(3)]
+        histories[n] = runs[0][1]
+        print(f"| {n} | {median([cost for cost, _ in runs]) * 1e6:.1f} |")
+    print("\n## `sojourn replay`: recorded decisions checked per second (offline)\n")
+    print("| steps in the history | decisions/s |\n|---|---|")
+    for n, events in histories.items():
+        replay_rate(events)
+        print(f"| {n} | {median([replay_rate(events) for _ in range(5)]):,.0f} |")
     with tempfile.TemporaryDirectory(prefix="sojourn-exp-") as tmp:
         async with EmbeddedServer(store_dir=tmp, port=0, sync_interval=a.sync_interval) as srv:
             rb = await Broker.connect(srv.url, name="exp-raw")

@@ -22,8 +22,8 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import Client, RunFailedError, Worker
-from sojourn.actors.context import error_info
 from sojourn.actors.executor import Activation, child_outcome, outcome_of
+from sojourn.actors.machine import error_info
 from sojourn.actors.state import fold
 from sojourn.broker import EmbeddedServer
 from sojourn.broker.topology import ensure_topology, stream_configs
@@ -279,7 +279,7 @@ async def test_a_decision_larger_than_one_message_is_split_in_order(
     await client.signal(run_id, "go")
     assert await client.result(run_id, timeout=60) == n * size
     history = await client.history(run_id)
-    limit = client.broker.nc.max_payload
+    limit = client.broker.max_payload
     assert all(len(encode_events(d.events)) <= limit for d in history)
     carrying = [d for d in history if any(isinstance(e, WaitCompleted) for e in d.events)]
     assert len(carrying) >= 2
