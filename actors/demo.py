@@ -33,7 +33,8 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import StepStarted
 
-from .cli import bounded, clock, describe_event, out
+from .cli._common import bounded
+from .cli._render import clock, describe_event, out
 from .client import Client
 from .state import RunState, fold
 

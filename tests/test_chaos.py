@@ -1,5 +1,5 @@
-"""The chaos harness (bench/chaos.py) at CI size, its self-test, and its checker on made-up
-histories.
+"""The chaos harness (bench/chaos.py) at CI size, its self-test, and its checker
+(bench/chaos_check.py) on made-up histories.
 
 ``test_chaos_small`` is the proof the issue asks for: 50 runs, 2 worker processes, 20 injected
 faults (SIGKILL and SIGSTOP of workers, SIGKILL and restart of the nats-server) plus the
@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.chaos import Report, check_effects, check_run
+from bench.chaos_check import Report, check_effects, check_run
 from bench.chaos_store import open_db
 from sojourn.broker.eventstore import Decision
 from sojourn.schemas.events import (

@@ -11,11 +11,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from sojourn.actors import Client
+from sojourn.actors import Client, Worker
 from sojourn.broker import EmbeddedServer
+from sojourn.schemas.codec import encode
 from sojourn.schemas.config import Settings
+from sojourn.schemas.events import RunCompleted, RunEvent, RunStarted, StepCompleted, StepStarted
+from tests.apps.cli_agents import cli_echo, cli_slow
 from tests.conftest import PYTHON, ROOT, subprocess_env, wait_for
 
 APP = "tests.apps.cli_agents"
@@ -394,3 +398,110 @@ async def test_dev_with_nats_starts_only_a_worker(
         assert await dev.stop(signal.SIGINT) == 0
         assert not any("nats-server" in line for line in dev.lines)
     assert not exists(tmp_path / "data")
+
+
+# --- sojourn replay ----------------------------------------------------------------------------
+
+REPLAY = ("replay", "--app", APP)
+
+
+def write_history(
+    path: Path, *, run_id: str = "g1", agent: str = "cli_echo", step: str = "shout"
+) -> Path:
+    """A history as ``sojourn history RUN --json`` prints it: one cli_echo run, completed."""
+    events: list[RunEvent] = [
+        RunStarted(run_id=run_id, agent=agent, input=msgspec.Raw(b'{"text": "hi"}')),
+        StepStarted(position=0, name=step, attempt=1),
+        StepCompleted(position=0, name=step, attempt=1, result=msgspec.Raw(b'"HI"')),
+        RunCompleted(output=msgspec.Raw(b'{"echo": "hi", "loud": "HI"}')),
+    ]
+    path.write_bytes(encode([{"seq": 1, "writer": "test", "events": events}]))
+    return path
+
+
+async def test_replay_help_exits_0() -> None:
+    res = await sojourn("replay", "--help")
+    assert res.rc == 0 and res.err == "", res
+    for flag in ("--app MODULE", "--run ID", "--all-live", "--from-file FILE", "--agent", "--json"):
+        assert flag in res.out, res.out
+    assert "replay" in (await sojourn("--help")).out
+
+
+async def test_replay_argument_errors_exit_2(tmp_path: Path) -> None:
+    """Each is refused before anything is read or connected to (the server is dead)."""
+    not_json = tmp_path / "not-json.json"
+    not_json.write_text("{not json")
+    wrong_shape = tmp_path / "shape.json"
+    wrong_shape.write_text('{"seq": 1, "events": []}')
+    missing = tmp_path / "missing.json"
+    cases = [
+        ((), "nothing to replay: give --run ID, --all-live or --from-file FILE"),
+        (("--run", "r1", "--all-live"), "--run and --all-live exclude each other"),
+        (("--from-file", str(missing)), f"--from-file {missing}: cannot read"),
+        (("--from-file", str(not_json)), f"--from-file {not_json}: "),
+        (("--from-file", str(wrong_shape)), f"--from-file {wrong_shape}: "),
+    ]
+    results = await asyncio.gather(*(sojourn(*REPLAY, *args, "--nats", DEAD) for args, _ in cases))
+    for res, (_, fragment) in zip(results, cases, strict=True):
+        assert_one_line_error(res, 2, fragment)
+
+
+async def test_replay_from_files_needs_no_broker(tmp_path: Path) -> None:
+    good = write_history(tmp_path / "good.json")
+    moved = write_history(tmp_path / "moved.json", run_id="g2", step="whisper")
+    stranger = write_history(tmp_path / "stranger.json", run_id="g3", agent="nobody")
+
+    ok = await sojourn(*REPLAY, "--from-file", str(good), "--nats", DEAD)
+    assert ok.rc == 0 and ok.err == "", ok
+    assert ok.out.splitlines() == ["g1  cli_echo  ok"]
+
+    res = await sojourn(*REPLAY, *(f"--from-file={p}" for p in (good, moved, stranger)))
+    assert res.rc == 1 and res.err == "", res
+    lines = res.out.splitlines()
+    assert len(lines) == 3, res.out
+    assert lines[0].split() == ["g1", "cli_echo", "ok"]
+    assert lines[1].startswith("g2  cli_echo  diverges at position 0: recorded "), lines
+    assert "whisper" in lines[1] and "shout" in lines[1], lines
+    assert lines[2].split(maxsplit=2) == ["g3", "nobody", f"agent 'nobody' is not in {APP}"]
+
+    doc = json.loads((await sojourn(*REPLAY, "--json", f"--from-file={moved}")).out)
+    assert [(d["run_id"], d["agent"], d["ok"]) for d in doc] == [("g2", "cli_echo", False)]
+    assert doc[0]["divergence"]["position"] == 0 and doc[0]["source"] == str(moved)
+
+    only = await sojourn(*REPLAY, "--agent", "nobody", f"--from-file={good}")
+    assert only.rc == 0 and "no histories of agent nobody to replay" in only.out, only
+
+
+async def test_replay_runs_from_the_broker(
+    nats_server: EmbeddedServer, settings: Settings, client: Client, tmp_path: Path
+) -> None:
+    dep = deployment(nats_server, settings)
+    fresh = await sojourn(*REPLAY, "--all-live", *dep)
+    assert_one_line_error(fresh, 1, f"nothing has run with prefix '{settings.prefix}'")
+    async with Worker([cli_echo, cli_slow], nats=nats_server.url, settings=settings):
+        await client.start("cli_echo", {"text": "hi"}, run_id="e1")
+        await client.result("e1", timeout=DEADLINE)
+        await client.trigger("cli_slow", 600, run_id="s1")
+
+        async def steps_done() -> bool:
+            return (await client.state("s1")).steps_completed >= 2
+
+        await wait_for(steps_done, DEADLINE, what="s1 to make progress")
+        named, live, none, unknown = await asyncio.gather(
+            sojourn(*REPLAY, "--run", "e1", "--run", "s1", "--run", "e1", *dep),
+            sojourn(*REPLAY, "--all-live", *dep),
+            sojourn(*REPLAY, "--all-live", "--agent", "cli_echo", *dep),
+            sojourn(*REPLAY, "--run", "nosuchrun", *dep),
+        )
+        await client.cancel("s1")
+    assert named.rc == 0 and named.out.splitlines() == ["e1  cli_echo  ok", "s1  cli_slow  ok"]
+    assert live.rc == 0 and live.out.splitlines() == ["s1  cli_slow  ok"], live
+    assert none.rc == 0 and none.out.splitlines() == ["no live runs of agent cli_echo to replay"]
+    assert_one_line_error(unknown, 1, "no run with id 'nosuchrun'")
+
+    # A golden history saved with `sojourn history --json` replays from the file alike.
+    saved = await sojourn("history", "e1", "--json", *dep)
+    golden = tmp_path / "e1.json"
+    golden.write_text(saved.out)
+    res = await sojourn(*REPLAY, "--from-file", str(golden), "--nats", DEAD)
+    assert res.rc == 0 and res.out.splitlines() == ["e1  cli_echo  ok"], res

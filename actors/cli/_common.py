@@ -1,0 +1,210 @@
+"""Plumbing the commands share: exit codes, settings and connection options from the command
+line, connecting with a bound, reading JSON arguments, stopping on SIGINT/SIGTERM, logging and
+the metrics endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import json
+import logging
+import re
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
+from sojourn.broker.names import validate_token
+from sojourn.broker.server import EmbeddedServer
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import BrokerUnavailable, RunNotFound, SojournError
+
+from ..client import Client
+from ..metrics import serve_metrics
+from ._render import out
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "DEFAULT_PREFIX",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Handler",
+    "StopSignal",
+    "UsageError",
+    "bounded",
+    "cli_sender",
+    "configure_logging",
+    "connect_client",
+    "has_deployment",
+    "options_from",
+    "parse_input",
+    "probe",
+    "require_deployment",
+    "settings_from",
+    "start_metrics",
+]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEFAULT_PREFIX = "sojourn"
+CONNECT_TIMEOUT = 5.0
+
+T = TypeVar("T")
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+class UsageError(Exception):
+    """A bad argument value found after parsing (exit code 2)."""
+
+
+def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
+    """The deployment's ``Settings`` from ``--prefix`` and ``extra``."""
+    prefix = args.prefix or DEFAULT_PREFIX
+    validate_token(prefix, "prefix")
+    return Settings(prefix=prefix, **extra)
+
+
+async def bounded(connect: Awaitable[T], target: str | ConnectOptions | None) -> T:
+    """``connect``, or ``BrokerUnavailable`` after ``CONNECT_TIMEOUT``: a backstop for an
+    address that accepts TCP but never completes the NATS handshake."""
+    opts = target if isinstance(target, ConnectOptions) else ConnectOptions(url=target)
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            return await connect
+    except TimeoutError:
+        raise BrokerUnavailable(
+            f"no NATS server answered at {opts.display_url} within {CONNECT_TIMEOUT:g}s; "
+            "start one with `sojourn dev`, or point --nats / SOJOURN_NATS_URL at yours"
+        ) from None
+
+
+def options_from(args: argparse.Namespace) -> ConnectOptions:
+    """The connection options of the command line (flags; the environment fills the rest when
+    connecting)."""
+    return ConnectOptions(
+        url=args.nats,
+        creds=args.creds,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+
+
+async def connect_client(args: argparse.Namespace) -> Client:
+    opts = options_from(args)
+    return await bounded(Client.connect(opts, settings=settings_from(args)), opts)
+
+
+async def probe(opts: ConnectOptions) -> None:
+    """Fail fast when nothing answers: a worker's own connect would retry forever."""
+    broker = await bounded(Broker.connect(opts, name="sojourn-cli probe", reconnect=False), opts)
+    await broker.close()
+
+
+async def has_deployment(client: Client) -> bool:
+    """Whether anything ever ran under the client's prefix (its events stream exists)."""
+    try:
+        await client.broker.api(f"$JS.API.STREAM.INFO.{client.names.events_stream}")
+    except JetStreamError as e:
+        if e.code != 404:
+            raise
+        return False
+    return True
+
+
+async def require_deployment(client: Client, run_id: str) -> None:
+    """A missing events stream means nothing ever ran under this prefix: say so plainly."""
+    if not await has_deployment(client):
+        raise RunNotFound(
+            f"no run with id '{run_id}': nothing has run with prefix "
+            f"'{client.settings.prefix}' on {client.broker.url} (check --prefix/--nats)",
+            run_id=run_id,
+        )
+
+
+def cli_sender(client: Client) -> str | None:
+    """Who the CLI acts as: the connection's user where it authenticates (``None``: the
+    client fills it in), else ``cli-<login name>`` as a sender token."""
+    if client.identity is not None:
+        return None
+    try:
+        login = getpass.getuser()
+    except Exception:
+        login = ""
+    return ("cli-" + re.sub(r"[^A-Za-z0-9_-]", "_", login))[:128] if login else "cli"
+
+
+def parse_input(text: str, flag: str = "--input") -> Any:
+    """A JSON argument, or ``@FILE`` to read it from a file; ``UsageError`` if it is not JSON."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"{flag} {text}: cannot read: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(
+                f"{flag} {text}: not UTF-8 text (byte {e.start}: {e.reason}); JSON must be UTF-8"
+            ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(
+            f'{flag} is not valid JSON: {e} (quote it: {flag} \'{{"name": "Ada"}}\')'
+        ) from None
+
+
+class StopSignal:
+    """SIGINT/SIGTERM set an event instead of raising, so we can shut down in order."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.name = ""
+        self._loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            self._loop.add_signal_handler(sig, self._fire, sig)
+
+    def _fire(self, sig: int) -> None:
+        if self.event.is_set():
+            print(
+                "still stopping; waiting for running steps to finish", file=sys.stderr, flush=True
+            )
+            return
+        self.name = signal.Signals(sig).name
+        self.event.set()
+
+    async def wait(self, server: EmbeddedServer | None = None) -> None:
+        while not self.event.is_set():
+            if server is not None and not server.running:
+                raise SojournError(f"nats-server exited unexpectedly; see {server.log_file}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.event.wait(), 0.5)
+
+    def remove(self) -> None:
+        for sig in self.SIGNALS:
+            with contextlib.suppress(Exception):
+                self._loop.remove_signal_handler(sig)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def start_metrics(args: argparse.Namespace) -> Any:
+    """Serve Prometheus metrics when ``--metrics-port`` is given; the server, or ``None``."""
+    if args.metrics_port is None:
+        return None
+    server = serve_metrics(args.metrics_port, args.metrics_host)
+    host, port = server.server_address[:2]
+    out(f"metrics: http://{host}:{port}/metrics")
+    return server

@@ -1,0 +1,459 @@
+"""The ``sojourn`` argument parser and its argument types."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+from sojourn.broker.connection import ENV_CREDS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY
+
+from ._common import DEFAULT_PREFIX, Handler
+from ._runs import (
+    cmd_cancel,
+    cmd_decide,
+    cmd_history,
+    cmd_replay,
+    cmd_resume,
+    cmd_schemas,
+    cmd_signal,
+    cmd_start,
+    cmd_status,
+)
+from ._serve import cmd_demo, cmd_dev, cmd_watchdog, cmd_worker
+
+__all__ = ["build_parser"]
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("sojourn")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown"
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _log_level(group: Any, default: str) -> None:
+    group.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=default,
+        help=f"log level on stderr (default: {default})",
+    )
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r} (0-65535)")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sojourn`` argument parser (exposed for tests and docs)."""
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("deployment")
+    g.add_argument(
+        "--nats",
+        metavar="URL",
+        default=None,
+        help="NATS server URL (default: $SOJOURN_NATS_URL or nats://127.0.0.1:4222)",
+    )
+    g.add_argument(
+        "--prefix",
+        metavar="NAME",
+        default=None,
+        help=f"deployment prefix of subjects and streams (default: {DEFAULT_PREFIX})",
+    )
+    c = common.add_argument_group(
+        "credentials and TLS",
+        "A user and password go in the URL (nats://user:password@host:4222).",
+    )
+    c.add_argument(
+        "--creds",
+        metavar="FILE",
+        default=None,
+        help=f"NATS credentials file (JWT + seed) to authenticate with (default: ${ENV_CREDS})",
+    )
+    c.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        default=None,
+        help=f"CA certificate to verify the server's certificate with (default: ${ENV_TLS_CA})",
+    )
+    c.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        default=None,
+        help=f"client certificate, for servers that verify clients (default: ${ENV_TLS_CERT})",
+    )
+    c.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        default=None,
+        help=f"the client certificate's private key (default: ${ENV_TLS_KEY})",
+    )
+
+    observe = argparse.ArgumentParser(add_help=False)
+    o = observe.add_argument_group("monitoring")
+    o.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        type=_port,
+        default=None,
+        help="serve Prometheus metrics on this port at /metrics (default: off; 0 picks one)",
+    )
+    o.add_argument(
+        "--metrics-host",
+        metavar="ADDR",
+        default="127.0.0.1",
+        help="address to serve metrics on (default: 127.0.0.1; 0.0.0.0 for all interfaces)",
+    )
+
+    serve = argparse.ArgumentParser(add_help=False)
+    s = serve.add_argument_group("worker")
+    s.add_argument(
+        "--app",
+        metavar="MODULE",
+        required=True,
+        help="module whose module-level agents to serve, imported with the current "
+        "directory on sys.path (e.g. examples.greeter)",
+    )
+    s.add_argument(
+        "--concurrency",
+        metavar="N",
+        type=_positive_int,
+        default=256,
+        help="runs executed at once (default: 256)",
+    )
+    s.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=30.0,
+        help="seconds before another worker may take over a run of a worker that "
+        "died (default: 30)",
+    )
+    s.add_argument(
+        "--worker-id",
+        metavar="ID",
+        default=None,
+        help="name in logs and history (default: host-pid-random)",
+    )
+    _log_level(s, "info")
+
+    parser = argparse.ArgumentParser(
+        prog="sojourn",
+        formatter_class=_Formatter,
+        description="sojourn: durable, event-sourced AI agents on NATS JetStream.",
+        epilog="examples:\n"
+        "  sojourn demo                                  see a crash recovered\n"
+        "  sojourn dev --app examples.greeter            server + worker, locally\n"
+        '  sojourn start greeter --input \'{"name": "Ada", "email": "a@b.c"}\' --wait\n\n'
+        "user errors print one line and exit 1 (2 for bad arguments).",
+    )
+    parser.add_argument("--version", action="version", version=f"sojourn {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(
+        name: str,
+        handler: Handler,
+        summary: str,
+        example: str,
+        parents: Sequence[argparse.ArgumentParser] = (),
+        detail: str = "",
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            parents=[*parents, common],
+            help=summary,
+            description=summary + (f"\n\n{detail}" if detail else ""),
+            epilog=f"example:\n  {example}",
+            formatter_class=_Formatter,
+        )
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command(
+        "dev",
+        cmd_dev,
+        "Run a local NATS server and a worker for an app, until Ctrl-C.",
+        "sojourn dev --app examples.greeter --port 4222 --metrics-port 9300",
+        parents=[serve, observe],
+        detail="With --nats, no server is started: only the worker, on that server. A "
+        "watchdog runs in the same process (--no-watchdog to leave it out).",
+    )
+    p.add_argument(
+        "--no-watchdog", action="store_true", help="do not run a watchdog in this process"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=4222,
+        help="client port of the local server; 0 picks a free one (default: 4222)",
+    )
+    p.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        default=".sojourn",
+        help="where the local server keeps its data (default: .sojourn)",
+    )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="the local server refuses anonymous connections: one user per role (client, "
+        "worker, watchdog, admin) with a password made once per data dir; each one's URL is "
+        "written to DATA_DIR/auth/<user>.url (mode 0600), for --nats",
+    )
+
+    command(
+        "worker",
+        cmd_worker,
+        "Serve an app's agents on an existing NATS server.",
+        "sojourn worker --app myapp.agents --nats nats://nats:4222 --concurrency 64",
+        parents=[serve, observe],
+        detail="Stops cleanly on SIGINT or SIGTERM: running steps get a "
+        "few seconds to finish, the rest resume on another worker.",
+    )
+
+    p = command(
+        "watchdog",
+        cmd_watchdog,
+        "Judge every live run's liveness; re-wake stalled, orphaned and overdue runs.",
+        "sojourn watchdog --nats nats://nats:4222 --metrics-port 9300",
+        parents=[observe],
+        detail="Runs until Ctrl-C, printing a line whenever a run becomes (or stops being) "
+        "stalled, orphaned, overdue or wedged. Several watchdogs may run at once: each "
+        "problem is acted on by one of them. With --once, prints the flagged runs and exits.",
+    )
+    p.add_argument(
+        "--once", action="store_true", help="read everything, print the flagged runs, exit"
+    )
+    p.add_argument("--all", action="store_true", help="with --once: list every live run")
+    p.add_argument("--json", action="store_true", help="with --once: print a JSON array")
+    p.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=30.0,
+        help="the workers' --lease-ttl; heartbeats come every third of it, at most 5 s "
+        "(default: 30)",
+    )
+    p.add_argument(
+        "--stall-after",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
+        help="silence after which an owner counts as stalled (default: 3 heartbeats, at "
+        "most 2/3 of the lease)",
+    )
+    p.add_argument(
+        "--overdue-after",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
+        help="how long past due a timer or signal may be before its run is overdue (default: 60)",
+    )
+    p.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
+        help="seconds between two judgements (default: half a heartbeat)",
+    )
+    _log_level(p, "warning")
+
+    p = command(
+        "start",
+        cmd_start,
+        "Start a run of an agent and print its run id.",
+        'sojourn start greeter --input \'{"name": "Ada", "email": "a@b.c"}\' --wait',
+        detail="Prints the run id and the intake's answer. Without a worker serving the "
+        "agent the trigger is stored and runs when one starts.",
+    )
+    p.add_argument("agent", metavar="AGENT", help="agent name")
+    p.add_argument(
+        "--input",
+        metavar="JSON",
+        default="null",
+        help="the run's input as JSON, or @FILE to read it from a file (default: null)",
+    )
+    p.add_argument(
+        "--run-id",
+        metavar="ID",
+        default=None,
+        help="idempotency: starting the same run id twice is one run (default: a fresh id)",
+    )
+    p.add_argument(
+        "--wait", action="store_true", help="wait for the run's result and print its output"
+    )
+    p.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
+        help="give up waiting after this long (default: 2 for the intake's answer; "
+        "no limit with --wait)",
+    )
+
+    p = command(
+        "status",
+        cmd_status,
+        "Show a run's status, steps, times, error and output.",
+        "sojourn status 5f0c9e2d --json",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = command(
+        "history",
+        cmd_history,
+        "Show a run's history, one line per event.",
+        "sojourn history 5f0c9e2d",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument(
+        "--json", action="store_true", help="print a JSON array of {seq, writer, events}"
+    )
+
+    p = command(
+        "cancel",
+        cmd_cancel,
+        "Ask a run to stop; it ends before its next step.",
+        "sojourn cancel 5f0c9e2d --reason 'wrong customer'",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("--reason", metavar="TEXT", default="", help="recorded in the history")
+
+    p = command(
+        "signal",
+        cmd_signal,
+        "Send a signal to a run (buffered until the run waits for it).",
+        'sojourn signal 5f0c9e2d docs.signed --payload \'{"by": "ada@example.com"}\'',
+        detail="Durable: the run need not be waiting, nor any worker running. The same "
+        "--signal-id sent twice counts once.",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("name", metavar="NAME", help="signal name, e.g. docs.signed")
+    p.add_argument(
+        "--payload",
+        metavar="JSON",
+        default="null",
+        help="the signal's payload as JSON, or @FILE (default: null)",
+    )
+    p.add_argument(
+        "--signal-id", metavar="ID", default=None, help="idempotency id (default: a fresh one)"
+    )
+    p.add_argument("--sender", metavar="WHO", default=None, help="recorded in the history")
+
+    p = command(
+        "resume",
+        cmd_resume,
+        "Lift a run's suspension (a poll cap or budget reached, a fixed non-determinism).",
+        "sojourn resume 5f0c9e2d --note 'job is slow today'",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("--note", metavar="TEXT", default="", help="recorded in the history")
+
+    p = command(
+        "decide",
+        cmd_decide,
+        "Settle an in-doubt step of a suspended run, then resume it.",
+        "sojourn decide 5f0c9e2d 3 skip --result '\"ch_123\"'",
+        detail='For steps declared @step(in_doubt="ask"), and runs suspended as a crash loop '
+        "(Settings.crash_loop_limit): retry runs the step again with the same idempotency "
+        "key; skip records --result as its result without running it; fail fails the step.",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("position", metavar="POSITION", type=int, help="the step's position")
+    p.add_argument("action", choices=("retry", "skip", "fail"), help="what to do")
+    p.add_argument(
+        "--result",
+        metavar="JSON",
+        default="null",
+        help="the step's result for skip, as JSON (default: null)",
+    )
+
+    p = command(
+        "replay",
+        cmd_replay,
+        "Replay stored histories against an app's code, executing nothing; exit 1 on a divergence.",
+        "sojourn replay --app myapp.agents --all-live --from-file golden/order.json",
+        detail="Prints one line per history: RUN_ID  AGENT  ok, or RUN_ID  AGENT  diverges at "
+        "position N: recorded X, code now calls Y. Exits 0 when every history replays, 1 on "
+        "any divergence (or a history of an agent the app does not define): a gate before a "
+        "deploy. --from-file reads what `sojourn history RUN --json` prints and needs no "
+        "server; --run and --all-live read the deployment's histories.",
+    )
+    p.add_argument(
+        "--app",
+        metavar="MODULE",
+        required=True,
+        help="module whose module-level agents to check, imported as `sojourn worker --app` "
+        "does (e.g. examples.greeter)",
+    )
+    p.add_argument(
+        "--run",
+        metavar="ID",
+        action="append",
+        default=[],
+        dest="runs",
+        help="a run to replay, ended or not (repeatable)",
+    )
+    p.add_argument(
+        "--all-live", action="store_true", help="every run that has not ended (not with --run)"
+    )
+    p.add_argument(
+        "--from-file",
+        metavar="FILE",
+        action="append",
+        default=[],
+        dest="files",
+        help="a history saved with `sojourn history RUN --json > FILE` (repeatable; no "
+        "server needed)",
+    )
+    p.add_argument("--agent", metavar="AGENT", default=None, help="only histories of this agent")
+    p.add_argument("--json", action="store_true", help="print a JSON array, one object per run")
+
+    p = command(
+        "schemas",
+        cmd_schemas,
+        "Write JSON Schemas of the wire messages into a directory.",
+        "sojourn schemas --out ./schemas-json",
+    )
+    p.add_argument("--out", metavar="DIR", required=True, help="directory to write into")
+
+    p = command(
+        "demo",
+        cmd_demo,
+        "Kill a worker in the middle of a step and watch nothing happen twice.",
+        "sojourn demo --keep",
+        detail="Starts a NATS server in a temporary directory (or uses --nats, under a fresh "
+        "prefix unless --prefix is given), two "
+        "worker processes for examples/welcome.py and one run; SIGKILLs the first "
+        "worker mid-step, lets the second finish, and checks every effect.",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    return parser

@@ -1,0 +1,234 @@
+"""What the CLI prints: event timelines, times, one-line texts, a run's status and liveness.
+
+Pure functions of their arguments (and, for "N s ago", of the clock), shared by the commands
+and by ``sojourn demo``; nothing here talks to the broker.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from sojourn.schemas.events import (
+    CancelRequested,
+    RunCancelled,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    RunSuspended,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    ValueRecorded,
+)
+from sojourn.schemas.health import Liveness
+
+from ..state import RunState
+
+__all__ = [
+    "clock",
+    "describe_event",
+    "iso",
+    "liveness_line",
+    "one_line",
+    "out",
+    "public_status",
+    "short",
+    "stamp",
+    "status_json",
+    "status_rows",
+]
+
+
+def out(*parts: object) -> None:
+    print(*parts, flush=True)
+
+
+def clock(at: float) -> str:
+    """``HH:MM:SS.mmm`` (UTC) of a unix time."""
+    return datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def stamp(at: float | None) -> str:
+    """``YYYY-MM-DD HH:MM:SS.mmm UTC`` of a unix time, ``-`` for none."""
+    if not at:
+        return "-"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def iso(at: float | None) -> str | None:
+    """ISO 8601 (UTC, milliseconds) of a unix time, ``None`` for none."""
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds") if at else None
+
+
+def short(raw: Any, limit: int = 60) -> str:
+    """A stored JSON value as text, cut to ``limit`` characters."""
+    text = bytes(raw).decode(errors="replace") if raw is not None else "null"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def one_line(text: str) -> str:
+    return " | ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def describe_event(e: RunEvent) -> tuple[str, str]:
+    """An event's type name and its key fields, for timelines."""
+    match e:
+        case RunStarted():
+            version = f" version={e.code_version}" if e.code_version else ""
+            detail = f"agent={e.agent}{version} input={short(e.input)}"
+        case StepStarted():
+            detail = f"{e.name} pos={e.position} attempt={e.attempt}"
+        case StepCompleted():
+            detail = (
+                f"{e.name} pos={e.position} attempt={e.attempt} took={e.duration:.3f}s"
+                f" -> {short(e.result, 40)}"
+            )
+        case StepFailed():
+            detail = (
+                f"{e.name} pos={e.position} attempt={e.attempt} took={e.duration:.3f}s"
+                f" error={e.error.type}: {one_line(e.error.message)}"
+            )
+        case ValueRecorded():
+            detail = f"ctx.{e.kind}() pos={e.position} = {short(e.value, 40)}"
+        case RunCompleted():
+            detail = f"output={short(e.output)}"
+        case RunFailed():
+            detail = f"error={e.error.type}: {one_line(e.error.message)}"
+        case CancelRequested():
+            detail = f"reason={e.reason!r}" + (f" by={e.by}" if e.by else "")
+        case RunCancelled():
+            detail = f"reason={e.reason!r}"
+        case RunSuspended():
+            detail = f"reason={e.reason}: {one_line(e.detail)}"
+        case RunResumed():
+            detail = (f"by={e.by} " if e.by else "") + (f"note={e.note!r}" if e.note else "")
+        case _:  # waits, signals, children and any later event type: its fields
+            detail = _fields(e)
+    return type(e).__name__, detail.strip()
+
+
+def _fields(e: RunEvent) -> str:
+    """``key=value`` of an event's non-empty fields (JSON payloads shortened)."""
+    parts = []
+    for name in e.__struct_fields__:
+        value = getattr(e, name)
+        if name == "at" or value is None or value == ():
+            continue
+        if isinstance(value, msgspec.Raw):
+            text = short(value, 40)
+        elif isinstance(value, float) and name in ("deadline",):
+            text = clock(value)
+        elif isinstance(value, tuple):
+            text = ",".join(map(str, value))
+        else:
+            text = str(value)
+        parts.append(f"{'pos' if name == 'position' else name}={text}")
+    return " ".join(parts)
+
+
+def public_status(state: RunState) -> str:
+    return "pending" if state.status == "new" else state.status
+
+
+def status_json(state: RunState, run_id: str) -> dict[str, Any]:
+    """``sojourn status --json`` without its ``liveness`` member."""
+    error = state.error
+    return {
+        "run_id": state.run_id or run_id,
+        "agent": state.agent,
+        "status": public_status(state),
+        "steps_completed": state.steps_completed,
+        "step_attempts": state.step_attempts,
+        "events": state.events,
+        "output": state.output,
+        "error": None
+        if error is None
+        else {"type": error.type, "message": error.message, "traceback": error.traceback},
+        "started_at": iso(state.started_at),
+        "ended_at": iso(state.ended_at),
+        "updated_at": iso(state.updated_at),
+        "code_version": state.code_version,
+        "cancel_requested": state.cancel_requested,
+        "waiting_on": list(state.waiting_on),
+        "deadline": iso(state.deadline),
+        "buffered_signals": [r.name for r in state.signals],
+        "children": list(state.children),
+        "parent_run_id": state.parent_run_id,
+        "suspended_reason": state.suspended_reason,
+        "suspended_detail": state.suspended_detail,
+        "anomalies": list(state.anomalies),
+    }
+
+
+def status_rows(state: RunState, liv: Liveness, run_id: str) -> list[tuple[str, str]]:
+    """The rows of ``sojourn status``: (label, value), in display order."""
+    live = liv.state + (f": {one_line(liv.reason)}" if liv.reason else "")
+    if liv.owner:
+        live += f" (owner {liv.owner}"
+        if liv.last_heartbeat:
+            live += f", last heartbeat {time.time() - liv.last_heartbeat:.1f}s ago"
+        live += ")"
+    rows: list[tuple[str, str]] = [
+        ("run", state.run_id or run_id),
+        ("agent", state.agent + (f" (version {state.code_version})" if state.code_version else "")),
+        ("status", public_status(state)),
+        ("liveness", live),
+        ("steps", f"{state.steps_completed} completed, {state.step_attempts} attempts"),
+    ]
+    last = state.ops[-1] if state.ops else None
+    if state.status == "running" and last is not None and last.status == "started":
+        rows.append(("executing", f"{last.name} pos={last.position} attempt={last.attempts}"))
+    if liv.details is not None:
+        rows.append(("progress", short(liv.details, 200)))
+    if state.status == "waiting":
+        rows.append(("waiting on", ", ".join(state.waiting_on) or "-"))
+        if state.deadline is not None:
+            left = state.deadline - time.time()
+            rows.append(("deadline", f"{stamp(state.deadline)} (in {max(left, 0.0):.1f}s)"))
+    if state.signals:
+        rows.append(("signals", "buffered: " + ", ".join(r.name for r in state.signals)))
+    if state.children:
+        rows.append(("children", ", ".join(state.children)))
+    if state.parent_run_id:
+        rows.append(("parent", state.parent_run_id))
+    rows.append(("started", stamp(state.started_at)))
+    ended = stamp(state.ended_at)
+    if state.ended_at and state.started_at:
+        ended += f" (after {state.ended_at - state.started_at:.3f}s)"
+    rows.append(("ended", ended))
+    if state.cancel_requested is not None and state.status != "cancelled":
+        rows.append(("cancel", f"requested: {state.cancel_requested}"))
+    if state.suspended_reason:
+        rows.append(
+            ("suspended", f"{state.suspended_reason}: {one_line(state.suspended_detail or '')}")
+        )
+    rows.append(
+        ("error", f"{state.error.type}: {one_line(state.error.message)}" if state.error else "-")
+    )
+    rows.append(("output", bytes(state.output).decode() if state.output is not None else "-"))
+    return rows
+
+
+def liveness_line(liv: Liveness) -> str:
+    """One line of ``sojourn watchdog``: a run's liveness, owner, step and reason."""
+    parts = [f"{liv.run_id:<24} {liv.agent or '?':<16} {liv.state:<9}"]
+    if liv.owner:
+        beat = (
+            f", last heartbeat {time.time() - liv.last_heartbeat:.1f}s ago"
+            if (liv.last_heartbeat)
+            else ""
+        )
+        parts.append(f"owner {liv.owner}{beat}")
+    if liv.step:
+        parts.append(f"step {liv.step}")
+    if liv.on:
+        parts.append("on " + ", ".join(liv.on))
+    if liv.reason:
+        parts.append(one_line(liv.reason))
+    return "  ".join(parts)

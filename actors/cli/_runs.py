@@ -1,0 +1,382 @@
+"""The commands on runs: ``start``, ``status``, ``history``, ``cancel``, ``signal``, ``resume``,
+``decide``, ``schemas`` (the wire schemas) and ``replay`` (histories against code)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sojourn.broker.names import validate_token
+from sojourn.schemas.codec import encode
+from sojourn.schemas.errors import RunNotFound, SojournError, UnknownAgent
+from sojourn.schemas.events import RunEvent, RunStarted
+from sojourn.schemas.export import export_schemas
+
+from ..agent import Agent
+from ..app import load_app
+from ..client import Client, TriggerRejected
+from ..replay import Divergence, decode_history_file, replay_run
+from ..watchdog import Watchdog
+from ._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    UsageError,
+    cli_sender,
+    connect_client,
+    has_deployment,
+    parse_input,
+    require_deployment,
+)
+from ._render import (
+    clock,
+    describe_event,
+    one_line,
+    out,
+    public_status,
+    status_json,
+    status_rows,
+)
+
+__all__ = [
+    "INTAKE_WAIT",
+    "cmd_cancel",
+    "cmd_decide",
+    "cmd_history",
+    "cmd_replay",
+    "cmd_resume",
+    "cmd_schemas",
+    "cmd_signal",
+    "cmd_start",
+    "cmd_status",
+]
+
+INTAKE_WAIT = 2.0
+"""Seconds ``start`` waits for the intake's answer when ``--wait`` is not given."""
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    payload = parse_input(args.input)
+    validate_token(args.agent, "agent name")
+    if args.run_id is not None:
+        validate_token(args.run_id, "run_id")
+    timeout: float | None = args.timeout
+    intake_timeout = (timeout or 86_400.0) if args.wait else (timeout or INTAKE_WAIT)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    run_id = args.run_id or uuid.uuid4().hex
+    async with await connect_client(args) as client:
+        trigger = asyncio.ensure_future(
+            client.trigger(args.agent, payload, run_id=run_id, wait=True, timeout=intake_timeout)
+        )
+        out(f"run_id: {run_id}")
+        if args.wait:
+            done, _ = await asyncio.wait({trigger}, timeout=INTAKE_WAIT)
+            if not done:
+                out(
+                    f"queued: no worker answered yet; waiting for a worker serving "
+                    f"{args.agent} (the trigger is stored: Ctrl-C stops only the waiting)"
+                )
+        try:
+            receipt = await trigger
+        except UnknownAgent as e:
+            raise TriggerRejected("unknown_agent", e.message, run_id=run_id) from None
+        if receipt.queued:
+            out(
+                f"queued: no worker answered yet; the trigger is stored and will run when a "
+                f"worker serving {args.agent} starts"
+            )
+        elif receipt.created:
+            out("accepted: new run")
+        else:
+            out("accepted: a run with this id already exists (it was not started again)")
+        if not args.wait:
+            return EXIT_OK
+        remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+        try:
+            result = await client.result(receipt.run_id, timeout=remaining)
+        except TimeoutError:
+            raise SojournError(
+                f"run {receipt.run_id} did not finish within {timeout:g}s; it keeps going "
+                f"(see `sojourn status {receipt.run_id}`)",
+                run_id=receipt.run_id,
+            ) from None
+        out(f"output: {encode(result).decode()}")
+    return EXIT_OK
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    async with await connect_client(args) as client:
+        await require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)
+        liv = await client.liveness(args.run_id)
+    if args.json:
+        body = status_json(state, args.run_id)
+        body["liveness"] = msgspec.to_builtins(liv)
+        out(encode(body).decode())
+        return EXIT_OK
+    for key, value in status_rows(state, liv, args.run_id):
+        out(f"{key:<10} {value}")
+    return EXIT_OK
+
+
+async def cmd_history(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    async with await connect_client(args) as client:
+        await require_deployment(client, args.run_id)
+        history = await client.history(args.run_id)
+    if not history:
+        raise RunNotFound(f"no run with id '{args.run_id}'", run_id=args.run_id)
+    if args.json:
+        out(
+            encode(
+                [{"seq": d.seq, "writer": d.writer, "events": list(d.events)} for d in history]
+            ).decode()
+        )
+        return EXIT_OK
+    width = max(len("writer"), *(len(d.writer) for d in history))
+    out(f"{'seq':>5}  {'time (UTC)':<12}  {'writer':<{width}}  event")
+    for d in history:
+        for e in d.events:
+            name, detail = describe_event(e)
+            out(f"{d.seq:>5}  {clock(e.at):<12}  {d.writer:<{width}}  {name:<15} {detail}")
+    return EXIT_OK
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    async with await connect_client(args) as client:
+        await require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)
+        if state.terminal:
+            out(f"run {args.run_id} already ended ({state.status}): nothing to cancel")
+            return EXIT_OK
+        by = cli_sender(client)
+        await client.cancel(args.run_id, args.reason, by=by)
+    out(
+        f"cancel requested for run {args.run_id}: it stops before its next step "
+        f"(see `sojourn status {args.run_id}`)"
+    )
+    return EXIT_OK
+
+
+async def cmd_signal(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    payload = parse_input(args.payload, "--payload")
+    async with await connect_client(args) as client:
+        await require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)  # a typo'd run id is an error here, not a DLQ
+        if state.terminal:
+            raise UsageError(f"run {args.run_id} has ended ({state.status}): signal not sent")
+        sid = await client.signal(
+            args.run_id, args.name, payload, signal_id=args.signal_id, sender=args.sender
+        )
+    out(
+        f"signal {args.name} sent to run {args.run_id} (id {sid}); it is buffered until the "
+        "run waits for it"
+    )
+    return EXIT_OK
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    async with await connect_client(args) as client:
+        await require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)
+        if state.status != "suspended":
+            raise UsageError(f"run {args.run_id} is {public_status(state)}, not suspended")
+        by = cli_sender(client)
+        await client.resume(args.run_id, args.note, by=by)
+    out(f"resume requested for run {args.run_id} (it was suspended: {state.suspended_reason})")
+    return EXIT_OK
+
+
+async def cmd_decide(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    result = parse_input(args.result, "--result")
+    async with await connect_client(args) as client:
+        await require_deployment(client, args.run_id)
+        state = await client.state(args.run_id)
+        if state.status != "suspended" or state.suspended_reason not in ("in_doubt", "crash_loop"):
+            raise UsageError(f"run {args.run_id} is not suspended on an in-doubt step")
+        by = cli_sender(client)
+        op = state.op(args.position)
+        if op is None or op.kind != "step" or op.status != "started":
+            raise UsageError(
+                f"position {args.position} of run {args.run_id} is not an in-doubt step"
+                + (f" (it holds a {op.kind} that is {op.status})" if op is not None else "")
+                + "; `sojourn status` names the step that waits for a decision"
+            )
+        await client.decide(args.run_id, args.position, args.action, result, by=by)
+    out(f"decided {args.action} for step {args.position} of run {args.run_id}; it resumes")
+    return EXIT_OK
+
+
+async def cmd_schemas(args: argparse.Namespace) -> int:
+    for path in export_schemas(args.out):
+        out(path)
+    return EXIT_OK
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+REPLAY_READERS = 16
+"""Histories ``replay`` reads from the broker at once."""
+
+
+@dataclass(frozen=True)
+class _History:
+    """A history to replay: its events and where they came from (a file, or ``None``: the
+    deployment)."""
+
+    events: list[RunEvent]
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class _Checked:
+    run_id: str
+    agent: str
+    source: str | None
+    ok: bool
+    checked: int
+    text: str
+    divergence: Divergence | None = None
+
+
+def _read_history_file(path: str) -> _History:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise UsageError(f"--from-file {path}: cannot read: {e.strerror or e}") from None
+    try:
+        events = decode_history_file(data)
+    except ValueError as e:
+        raise UsageError(f"--from-file {path}: {one_line(str(e))}") from None
+    if not any(isinstance(e, RunStarted) for e in events):
+        raise UsageError(
+            f"--from-file {path}: no run.started.v1 event: not the history of a run "
+            "(save one with `sojourn history RUN --json > FILE`)"
+        )
+    return _History(events, source=path)
+
+
+async def _live_run_ids(client: Client, agent: str | None) -> list[str]:
+    """Every run of the deployment that has not ended (of ``agent`` only, if given)."""
+    if not await has_deployment(client):
+        raise SojournError(
+            f"nothing has run with prefix '{client.settings.prefix}' on {client.broker.url} "
+            "(check --prefix/--nats)"
+        )
+    judged = await Watchdog(broker=client.broker, settings=client.settings).survey()
+    return sorted(r for r, liv in judged.items() if agent is None or liv.agent == agent)
+
+
+async def _read_runs(client: Client, run_ids: Sequence[str], *, named: bool) -> list[_History]:
+    """The histories of ``run_ids``; a named run that does not exist is an error."""
+    sem = asyncio.Semaphore(REPLAY_READERS)
+
+    async def read(run_id: str) -> list[RunEvent]:
+        async with sem:
+            return [e for d in await client.history(run_id) for e in d.events]
+
+    found = await asyncio.gather(*(read(r) for r in run_ids))
+    for run_id, events in zip(run_ids, found, strict=True):
+        if named and not events:
+            raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
+    return [_History(events) for events in found if events]
+
+
+def _check(history: _History, agents: dict[str, Agent[Any, Any]], app: str) -> _Checked:
+    start = next((e for e in history.events if isinstance(e, RunStarted)), None)
+    if start is None:  # a stored history that does not begin a run (files are checked earlier)
+        return _Checked("?", "?", history.source, False, 0, "no run.started.v1 event")
+    agent = agents.get(start.agent)
+    if agent is None:
+        text = f"agent '{start.agent}' is not in {app}"
+        return _Checked(start.run_id, start.agent, history.source, False, 0, text)
+    try:
+        result = replay_run(agent, history.events)
+    except Exception as e:  # the replay itself broke: one line, a failure, not a traceback
+        text = f"cannot replay: {type(e).__name__}: {one_line(str(e))}"
+        return _Checked(start.run_id, start.agent, history.source, False, 0, text)
+    return _Checked(
+        result.run_id,
+        result.agent,
+        history.source,
+        result.ok,
+        result.checked,
+        result.describe(),
+        result.divergence,
+    )
+
+
+async def cmd_replay(args: argparse.Namespace) -> int:
+    run_ids = list(dict.fromkeys(args.runs))
+    if run_ids and args.all_live:
+        raise UsageError(
+            "--run and --all-live exclude each other: name the runs, or take every live run"
+        )
+    if not (run_ids or args.all_live or args.files):
+        raise UsageError(
+            "nothing to replay: give --run ID, --all-live or --from-file FILE "
+            "(a `sojourn history RUN --json` output)"
+        )
+    for run_id in run_ids:
+        validate_token(run_id, "run_id")
+    if args.agent is not None:
+        validate_token(args.agent, "agent name")
+    histories = [_read_history_file(path) for path in args.files]
+    app = load_app(args.app)
+    if run_ids or args.all_live:
+        async with await connect_client(args) as client:
+            if run_ids:
+                await require_deployment(client, run_ids[0])
+                stored = await _read_runs(client, run_ids, named=True)
+            else:
+                live = await _live_run_ids(client, args.agent)
+                stored = await _read_runs(client, live, named=False)
+        histories = stored + histories
+    agents = {a.name: a for a in app.agents}
+    results = [
+        _check(h, agents, app.name)
+        for h in histories
+        if args.agent is None or _agent_of(h) == args.agent
+    ]
+    if args.json:
+        out(encode([_replay_json(r) for r in results]).decode())
+    elif not results:
+        what = "live runs" if args.all_live and not args.files else "histories"
+        out(f"no {what}" + (f" of agent {args.agent}" if args.agent else "") + " to replay")
+    else:
+        w_run = max(len(r.run_id) for r in results)
+        w_agent = max(len(r.agent) for r in results)
+        for r in results:
+            out(f"{r.run_id:<{w_run}}  {r.agent:<{w_agent}}  {r.text}")
+    return EXIT_OK if all(r.ok for r in results) else EXIT_ERROR
+
+
+def _agent_of(history: _History) -> str | None:
+    return next((e.agent for e in history.events if isinstance(e, RunStarted)), None)
+
+
+def _replay_json(r: _Checked) -> dict[str, Any]:
+    d = r.divergence
+    return {
+        "run_id": r.run_id,
+        "agent": r.agent,
+        "source": r.source,
+        "ok": r.ok,
+        "checked": r.checked,
+        "result": r.text,
+        "divergence": None
+        if d is None
+        else {"position": d.position, "recorded": d.recorded, "now_calls": d.now_calls},
+    }

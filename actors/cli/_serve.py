@@ -1,0 +1,215 @@
+"""The serving commands: ``dev`` (a local server and a worker), ``worker``, ``watchdog`` and
+``demo``. Each runs until Ctrl-C (or SIGTERM), except ``watchdog --once`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+from sojourn.broker.auth import AuthUser
+from sojourn.broker.connection import ConnectOptions
+from sojourn.broker.server import EmbeddedServer, write_private
+from sojourn.schemas.auth import ROLES
+from sojourn.schemas.codec import encode
+from sojourn.schemas.errors import SojournError
+from sojourn.schemas.health import Liveness
+
+from ..app import load_app
+from ..metrics import stop_metrics
+from ..watchdog import Watchdog
+from ..worker import Worker
+from ._common import (
+    EXIT_OK,
+    StopSignal,
+    UsageError,
+    configure_logging,
+    options_from,
+    probe,
+    settings_from,
+    start_metrics,
+)
+from ._render import liveness_line, out
+
+__all__ = ["cmd_demo", "cmd_dev", "cmd_watchdog", "cmd_worker"]
+
+DEV_AUTH_DIR = "auth"
+DEV_PASSWORDS = "passwords.json"
+
+
+def _dev_users(data_dir: str) -> tuple[Path, list[AuthUser]]:
+    """One user per role, named after it, with a random password made once per data dir and
+    kept in ``<data_dir>/auth/passwords.json`` (mode 0600), so a restart keeps them."""
+    auth_dir = Path(data_dir).absolute() / DEV_AUTH_DIR
+    auth_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    auth_dir.chmod(0o700)
+    path = auth_dir / DEV_PASSWORDS
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        saved = {}
+    except (OSError, ValueError) as e:
+        raise SojournError(f"cannot read {path}: {e}; remove it to make new passwords") from None
+    if not isinstance(saved, dict):
+        saved = {}
+    passwords = {r: saved[r] for r in ROLES if isinstance(saved.get(r), str) and saved[r]}
+    if len(passwords) < len(ROLES):
+        for role in ROLES:
+            passwords.setdefault(role, secrets.token_urlsafe(24))
+        write_private(path, json.dumps(passwords, indent=2) + "\n")
+    return auth_dir, [AuthUser(role, passwords[role], role) for role in ROLES]
+
+
+def _write_dev_urls(server: EmbeddedServer, auth_dir: Path) -> None:
+    """``<auth_dir>/<role>.url``: the URL with that user's password, as ``--nats`` takes it,
+    readable by its owner only."""
+    for user in server.auth:
+        write_private(auth_dir / f"{user.name}.url", server.url_for(user.name))
+
+
+async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
+    configure_logging(args.log_level)
+    app = load_app(args.app)
+    settings = settings_from(args, lease_ttl=args.lease_ttl)
+    auth = dev and args.auth
+    if auth and args.nats is not None:
+        raise UsageError("--auth configures the local server: it cannot be used with --nats")
+    stopper = StopSignal()
+    server: EmbeddedServer | None = None
+    metrics_server = None
+    try:
+        metrics_server = start_metrics(args)
+        if dev and args.nats is None:
+            auth_dir, users = _dev_users(args.data_dir) if auth else (Path(), [])
+            server = EmbeddedServer(
+                store_dir=args.data_dir,
+                port=args.port,
+                auth=users or None,
+                auth_prefix=settings.prefix,
+            )
+            await server.start()
+            version = ".".join(map(str, server.version or ()))
+            out(f"nats: {server.url}")
+            out(f"nats-server {version}, data in {server.store_dir} (log: {server.log_file})")
+            if auth:
+                _write_dev_urls(server, auth_dir)
+                out(
+                    f"auth: users {', '.join(ROLES)}; each one's URL, password included, is in "
+                    f"{auth_dir}/<user>.url (mode 0600)"
+                )
+                out(f'  e.g. sojourn status RUN --nats "$(cat {auth_dir}/client.url)"')
+                opts = ConnectOptions(url=server.url_for("worker"))
+                watch_opts = ConnectOptions(url=server.url_for("watchdog"))
+            else:
+                opts = watch_opts = ConnectOptions(url=server.url)
+        else:
+            opts = watch_opts = options_from(args)
+            await probe(opts)
+            if dev:
+                out(f"nats: {opts.display_url}")
+        worker = Worker(
+            app.agents,
+            nats=opts,
+            settings=settings,
+            concurrency=args.concurrency,
+            worker_id=args.worker_id,
+        )
+        await worker.start()
+        watchdog = None
+        try:
+            if dev and not args.no_watchdog:
+                watchdog = await Watchdog(nats=watch_opts, settings=settings).start()
+            out(
+                f"serving: {', '.join(app.agent_names)} (app {app.name}, prefix "
+                f"{settings.prefix}, worker {worker.worker_id}"
+                + (", with a watchdog)" if watchdog else ")")
+            )
+            out("ready; press Ctrl-C to stop")
+            await stopper.wait(server)
+            out(f"{stopper.name} received: stopping the worker")
+        finally:
+            if watchdog is not None:
+                await watchdog.stop()
+            await worker.stop()
+    finally:
+        try:
+            if server is not None:
+                await server.stop()
+        finally:
+            stopper.remove()
+            if metrics_server is not None:
+                stop_metrics(metrics_server)
+    out("stopped")
+    return EXIT_OK
+
+
+async def cmd_dev(args: argparse.Namespace) -> int:
+    return await _serve(args, dev=True)
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    return await _serve(args, dev=False)
+
+
+async def cmd_watchdog(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    extra: dict[str, Any] = {"lease_ttl": args.lease_ttl}
+    if args.stall_after is not None:
+        extra["stall_after"] = args.stall_after
+    if args.overdue_after is not None:
+        extra["overdue_after"] = args.overdue_after
+    try:
+        settings = settings_from(args, **extra)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    opts = options_from(args)
+    await probe(opts)
+    if args.once:
+        judged = await Watchdog(nats=opts, settings=settings).survey()
+        order = {"wedged": 0, "stalled": 1, "orphaned": 2, "overdue": 3}
+        rows = sorted(judged.values(), key=lambda v: (order.get(v.state, 9), v.run_id))
+        if args.json:
+            out(encode(rows).decode())
+            return EXIT_OK
+        flagged = sum(1 for v in rows if v.flagged)
+        out(f"{len(rows)} live run{'s' if len(rows) != 1 else ''}, {flagged} flagged")
+        for liv in rows if args.all else [v for v in rows if v.flagged]:
+            out(liveness_line(liv))
+        return EXIT_OK
+
+    def report(liv: Liveness, before: Liveness | None) -> None:
+        if liv.flagged or (before is not None and before.flagged):
+            out(liveness_line(liv))
+
+    stopper = StopSignal()
+    metrics_server = None
+    try:
+        metrics_server = start_metrics(args)
+        watchdog = await Watchdog(
+            nats=opts, settings=settings, interval=args.interval, on_change=report
+        ).start()
+        out(
+            f"watching prefix {settings.prefix} on {opts.display_url} (stalled after "
+            f"{settings.stall_threshold:g}s of silence, overdue {settings.overdue_after:g}s "
+            "past due); press Ctrl-C to stop"
+        )
+        try:
+            await stopper.wait()
+        finally:
+            await watchdog.stop()
+    finally:
+        stopper.remove()
+        if metrics_server is not None:
+            stop_metrics(metrics_server)
+    out("stopped")
+    return EXIT_OK
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: the demo uses this package's rendering helpers, and only
+    # this command needs the demo.
+    from ..demo import run_demo
+
+    return await run_demo(nats=args.nats, prefix=args.prefix, keep=args.keep)
