@@ -1,5 +1,8 @@
 """sojourn.actors: write durable agents and run them.
 
+Everything public is exported here (``__all__``); the modules behind it are private (``_name``)
+and may change. ``sojourn.actors.cli`` is the ``sojourn`` command.
+
 Example:
     >>> import msgspec
     >>> from sojourn.actors import agent
@@ -30,9 +33,10 @@ from sojourn.schemas.errors import (
     UnknownAgent,
 )
 
-from .agent import Agent, Budget, agent
-from .client import Client, RunCancelledError, RunFailedError, StartReceipt, TriggerRejected
-from .context import (
+from ._agent import Agent, Budget, agent
+from ._app import load_app
+from ._client import Client, RunCancelledError, RunFailedError, StartReceipt, TriggerRejected
+from ._context import (
     ChildHandle,
     Context,
     Selected,
@@ -41,11 +45,12 @@ from .context import (
     heartbeat,
     idempotency_headers,
 )
-from .patterns import ApprovalDecision, ApprovalTimeout, PollTimeout
-from .retry import NOT_DONE, RetryPolicy, step
-from .state import RunState, evolve, fold
-from .watchdog import Watchdog
-from .worker import Worker
+from ._metrics import serve_metrics, stop_metrics
+from ._patterns import ApprovalDecision, ApprovalTimeout, PollTimeout
+from ._retry import NOT_DONE, RetryPolicy, step
+from ._state import RunState, evolve, fold
+from ._watchdog import Watchdog
+from ._worker import Worker
 
 __all__ = [
     "NOT_DONE",
@@ -86,5 +91,8 @@ __all__ = [
     "fold",
     "heartbeat",
     "idempotency_headers",
+    "load_app",
+    "serve_metrics",
     "step",
+    "stop_metrics",
 ]

@@ -14,7 +14,7 @@ It starts, all on 127.0.0.1 and all its own:
   (``bench/chaos_agents.py``: M steps, each one effect, a durable sleep between steps, random
   transient failures retried by a ``RetryPolicy``), with a short lease, and with
   ``SOJOURN_FAULTS``/``SOJOURN_FAULT_RATE`` arming the runtime's named seams
-  (``sojourn.actors.faults``): a worker SIGKILLs itself there at random. A worker that dies, by
+  (``sojourn.actors._faults``): a worker SIGKILLs itself there at random. A worker that dies, by
   a seam or by the harness, is replaced at once, so K stay up.
 
 Then it starts N runs (at random times over the fault window, ``--faults x --fault-gap``

@@ -34,8 +34,8 @@ import uuid
 from typing import Any
 
 from sojourn.actors import Client, Worker
-from sojourn.actors.executor import Activation
-from sojourn.actors.replay import replay_run
+from sojourn.actors._executor import Activation
+from sojourn.actors._replay import replay_run
 from sojourn.broker import Broker, EmbeddedServer
 from sojourn.broker.connection import PullConsumer
 from sojourn.broker.eventstore import Decision

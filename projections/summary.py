@@ -1,6 +1,6 @@
 """A compact run summary folded from a run's events: what liveness and dashboards need.
 
-The full run state (``sojourn.actors.state``) keeps every operation so replay can hand results
+The full run state (``sojourn.actors._state``) keeps every operation so replay can hand results
 back to the code; a watchdog that follows every run of a deployment needs far less: status,
 what the run waits for and until when, the signals it has not consumed yet, its current step
 and a few counters. This fold keeps exactly that, in constant space per run, and like the full

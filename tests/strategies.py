@@ -46,11 +46,12 @@ from sojourn.schemas.vocabulary import (
     WAIT_OUTCOMES,
     WaitingOn,
     WaitKey,
+    WaitOutcome,
 )
 from sojourn.schemas.wire import CHILD_SIGNAL, child_signal
 
 if TYPE_CHECKING:
-    from sojourn.actors.state import OpRecord, SignalRecord
+    from sojourn.actors._state import OpRecord, SignalRecord
 # The full fold's records are imported where the valid histories are built, not here: the
 # schema tests use this module too, and must not need the actor layer to import.
 
@@ -71,6 +72,7 @@ __all__ = [
     "VALUE_KINDS",
     "WAIT_OUTCOMES",
     "Expected",
+    "OpEvent",
     "any_event",
     "any_histories",
     "arbitrary_histories",
@@ -113,6 +115,16 @@ OP_EVENTS = (
     WaitCompleted,
     ChildStarted,
 )
+OpEvent = (
+    StepStarted
+    | StepCompleted
+    | StepFailed
+    | ValueRecorded
+    | WaitStarted
+    | WaitCompleted
+    | ChildStarted
+)
+"""An event of ``OP_EVENTS``: one that records an operation at a position."""
 NULL = msgspec.Raw(b"null")
 
 raws = st.one_of(st.integers(-3, 3), st.text(max_size=3), st.none(), st.booleans()).map(
@@ -141,7 +153,7 @@ def waiting_on(
 
 
 def signal_record(e: SignalReceived) -> SignalRecord:
-    from sojourn.actors.state import SignalRecord
+    from sojourn.actors._state import SignalRecord
 
     return SignalRecord(
         name=e.name, payload=e.payload, signal_id=e.signal_id, at=e.at, sent_by=e.sent_by
@@ -175,7 +187,7 @@ class Expected:
 @st.composite
 def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
     """A history a correct worker could have written, and the state it must fold to."""
-    from sojourn.actors.state import OpRecord
+    from sojourn.actors._state import OpRecord
 
     events: list[RunEvent] = []
 
@@ -275,6 +287,7 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
         )
         deadline = draw(st.none() | deadlines)
         children: tuple[str, ...] = ()
+        signals: tuple[str, ...]
         if shape == "sleep":
             key, signals, deadline = "sleep", (), draw(deadlines)
         elif shape == "signal":
@@ -296,11 +309,13 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
             # The executor takes the oldest buffered signal the wait listens to, first.
             return next((r for r in exp.signals if r.name in signals), None)
 
-        at_once = [
-            *(["timeout"] if deadline is not None else []),  # the deadline had already passed
-            *(["child"] if children else []),  # the child had already ended
-        ]
+        at_once: list[WaitOutcome] = []
+        if deadline is not None:
+            at_once.append("timeout")  # the deadline had already passed
+        if children:
+            at_once.append("child")  # the child had already ended
         parked = buffered() is None and (not at_once or draw(st.booleans()))
+        outcome: WaitOutcome
         if parked:
             emit(
                 WaitStarted(
@@ -602,7 +617,7 @@ def mutated_histories(draw: st.DrawFn) -> list[RunEvent]:
     return events
 
 
-ARBITRARY_TERMINAL = (
+ARBITRARY_TERMINAL: tuple[RunEvent, ...] = (
     RunCompleted(output=msgspec.Raw(b"0")),
     RunFailed(error=ErrorInfo(type="E", message="m")),
     RunCancelled(),

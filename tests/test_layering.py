@@ -28,7 +28,7 @@ CODEC = "schemas/codec.py"
 # reason; the test fails on any new one and on an entry that no longer applies.
 DECODER_ALLOWED = {
     # The agent's input type is a user annotation, only known to the actor layer.
-    "actors/agent.py",
+    "actors/_agent.py",
 }
 
 # Folders whose code may not import nats-py (only broker/ may).
@@ -43,11 +43,11 @@ NATS_ALLOWED = {
 # Modules that do no I/O. Every module under schemas/ is pure too. A listed module that does
 # not exist (yet) is skipped, never silently dropped: list it here before it is written.
 PURE_MODULES = (
-    "actors/state.py",
-    "actors/journal.py",
-    "actors/machine.py",
-    "actors/replay.py",
-    "actors/retry.py",
+    "actors/_state.py",
+    "actors/_journal.py",
+    "actors/_machine.py",
+    "actors/_replay.py",
+    "actors/_retry.py",
     "projections/summary.py",
     "projections/anomaly.py",
     "projections/liveness.py",
@@ -61,7 +61,7 @@ IMPURE_ALLOWED: dict[tuple[str, str], str] = {}
 
 @dataclass(frozen=True)
 class Imported:
-    file: str  # relative to the project root, e.g. "actors/state.py"
+    file: str  # relative to the project root, e.g. "actors/_state.py"
     line: int
     target: str  # absolute dotted name: "sojourn.schemas.events.RunEvent", "msgspec", ...
     level: int  # 0 for an absolute import
@@ -289,13 +289,13 @@ def test_the_impure_allow_list_names_pure_modules() -> None:
     ("rel", "source"),
     [
         ("schemas/events.py", "from sojourn.broker import names\n"),
-        ("schemas/events.py", "import sojourn.actors.state\n"),
+        ("schemas/events.py", "import sojourn.actors._state\n"),
         ("schemas/sub/x.py", "from ...actors import state\n"),  # relative, escaping schemas
         ("schemas/x.py", "from .. import actors\n"),
-        ("broker/eventstore.py", "from sojourn.actors.state import fold\n"),
+        ("broker/eventstore.py", "from sojourn.actors._state import fold\n"),
         ("broker/eventstore.py", "from sojourn.projections import x\n"),
         ("broker/x.py", "def f():\n    from sojourn.actors import state\n"),
-        ("projections/x.py", "from sojourn.actors.client import Client\n"),
+        ("projections/x.py", "from sojourn.actors._client import Client\n"),
         ("projections/x.py", "from ..actors import client\n"),
         ("projections/x.py", "if TYPE_CHECKING:\n    import sojourn.actors\n"),
         ("actors/x.py", "import schemas\n"),
@@ -368,14 +368,14 @@ def test_nats_reexports_are_caught(source: str, leaks: bool) -> None:
 @pytest.mark.parametrize(
     ("rel", "source"),
     [
-        ("actors/state.py", "import asyncio\n"),
-        ("actors/machine.py", "from asyncio import sleep\n"),
+        ("actors/_state.py", "import asyncio\n"),
+        ("actors/_machine.py", "from asyncio import sleep\n"),
         ("schemas/x.py", "import asyncio.subprocess\n"),
-        ("actors/journal.py", "from sojourn.broker.names import Names\n"),
-        ("actors/replay.py", "if TYPE_CHECKING:\n    from sojourn.broker import Broker\n"),
+        ("actors/_journal.py", "from sojourn.broker.names import Names\n"),
+        ("actors/_replay.py", "if TYPE_CHECKING:\n    from sojourn.broker import Broker\n"),
         ("projections/summary.py", "from ..broker import leases\n"),
         ("projections/liveness.py", "from sojourn import broker\n"),
-        ("actors/retry.py", "def f():\n    import nats\n"),
+        ("actors/_retry.py", "def f():\n    import nats\n"),
     ],
 )
 def test_impure_imports_are_caught(rel: str, source: str) -> None:
@@ -385,10 +385,10 @@ def test_impure_imports_are_caught(rel: str, source: str) -> None:
 @pytest.mark.parametrize(
     ("rel", "source"),
     [
-        ("actors/state.py", "import msgspec\nfrom sojourn.schemas.events import RunEvent\n"),
+        ("actors/_state.py", "import msgspec\nfrom sojourn.schemas.events import RunEvent\n"),
         ("projections/liveness.py", "from sojourn.schemas.wire import LeaseHolder\n"),
-        ("actors/retry.py", "import random\nfrom collections.abc import Awaitable\n"),
-        ("actors/journal.py", "from .state import OpRecord\nimport asyncio_extras\n"),
+        ("actors/_retry.py", "import random\nfrom collections.abc import Awaitable\n"),
+        ("actors/_journal.py", "from .state import OpRecord\nimport asyncio_extras\n"),
     ],
 )
 def test_pure_imports_pass(rel: str, source: str) -> None:

@@ -28,7 +28,7 @@ from sojourn.schemas.events import (
 )
 from sojourn.schemas.health import Liveness
 
-from ..state import RunState
+from .._state import RunState
 
 __all__ = [
     "clock",

@@ -19,11 +19,11 @@ from sojourn.schemas.errors import RunNotFound, SojournError, UnknownAgent
 from sojourn.schemas.events import RunEvent, RunStarted
 from sojourn.schemas.export import export_schemas
 
-from ..agent import Agent
-from ..app import load_app
-from ..client import Client, TriggerRejected
-from ..replay import Divergence, decode_history_file, replay_run
-from ..watchdog import Watchdog
+from .._agent import Agent
+from .._app import load_app
+from .._client import Client, TriggerRejected
+from .._replay import Divergence, decode_history_file, replay_run
+from .._watchdog import Watchdog
 from ._common import (
     EXIT_ERROR,
     EXIT_OK,

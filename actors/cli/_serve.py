@@ -17,10 +17,10 @@ from sojourn.schemas.codec import encode
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import Liveness
 
-from ..app import load_app
-from ..metrics import stop_metrics
-from ..watchdog import Watchdog
-from ..worker import Worker
+from .._app import load_app
+from .._metrics import stop_metrics
+from .._watchdog import Watchdog
+from .._worker import Worker
 from ._common import (
     EXIT_OK,
     StopSignal,
@@ -210,6 +210,6 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
 async def cmd_demo(args: argparse.Namespace) -> int:
     # Imported here, not at the top: the demo uses this package's rendering helpers, and only
     # this command needs the demo.
-    from ..demo import run_demo
+    from .._demo import run_demo
 
     return await run_demo(nats=args.nats, prefix=args.prefix, keep=args.keep)

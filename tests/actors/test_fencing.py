@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.actors import Client, Context, agent
-from sojourn.actors.executor import Activation
-from sojourn.actors.state import fold
+from sojourn.actors._executor import Activation
+from sojourn.actors._state import fold
 from sojourn.broker import Broker, Delivery, EmbeddedServer, EventStore, Names
 from sojourn.broker import headers as h
 from sojourn.broker.connection import header

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from sojourn.actors import Agent
-from sojourn.actors.replay import ReplayResult, decode_history_file, replay_run
-from sojourn.actors.state import fold
+from sojourn.actors._replay import ReplayResult, decode_history_file, replay_run
+from sojourn.actors._state import fold
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 FILES = sorted(GOLDEN.glob("*.json"))

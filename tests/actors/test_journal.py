@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sojourn.actors.journal import (
+from sojourn.actors._journal import (
     Execute,
     Journal,
     OpenWait,
@@ -18,7 +18,7 @@ from sojourn.actors.journal import (
     RecordedFailure,
     RecordedWait,
 )
-from sojourn.actors.state import OpRecord, fold
+from sojourn.actors._state import OpRecord, fold
 from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import (
     ChildStarted,
@@ -386,18 +386,24 @@ def test_finish_names_a_pending_wait_or_child() -> None:
 
 Kind = Literal["step", "value", "wait", "child"]
 Op = tuple[Kind, str]
+
+
+def ops_of(kind: Kind, names: list[str]) -> st.SearchStrategy[Op]:
+    return st.tuples(st.just(kind), st.sampled_from(names))
+
+
 # Names shared across kinds on purpose ("now" is a step name, a value kind, a wait key and a
 # child agent; "sleep" a step and a wait; "fetch" a step and an agent): only kind *and* name
 # match.
 ops = st.one_of(
-    st.tuples(st.just("step"), st.sampled_from(["fetch", "send", "now", "sleep"])),
-    st.tuples(st.just("value"), st.sampled_from(["now", "uuid"])),
-    st.tuples(st.just("wait"), st.sampled_from(["sleep", "signal:approve", "now"])),
-    st.tuples(st.just("child"), st.sampled_from(["mailer", "fetch", "now"])),
+    ops_of("step", ["fetch", "send", "now", "sleep"]),
+    ops_of("value", ["now", "uuid"]),
+    ops_of("wait", ["sleep", "signal:approve", "now"]),
+    ops_of("child", ["mailer", "fetch", "now"]),
 )
 Status = Literal["completed", "failed", "started", "recorded", "waiting"]
 ALL_OPS: list[Op] = [
-    *((k, n) for k in ("step", "value", "wait", "child") for n in ("fetch", "now", "sleep")),  # type: ignore[misc]
+    *((k, n) for k in ("step", "value", "wait", "child") for n in ("fetch", "now", "sleep")),
     ("step", "send"),
     ("value", "uuid"),
     ("wait", "signal:approve"),
@@ -428,7 +434,8 @@ def recordings(draw: st.DrawFn) -> list[Recording]:
             case "child":
                 out.append(Recording(op, "completed"))
             case "wait":
-                status = draw(st.sampled_from(["completed", *(["waiting"] if last else [])]))
+                waits: list[Status] = ["completed", "waiting"] if last else ["completed"]
+                status = draw(st.sampled_from(waits))
                 out.append(
                     Recording(
                         op,
@@ -438,9 +445,10 @@ def recordings(draw: st.DrawFn) -> list[Recording]:
                     )
                 )
             case _:
-                status = draw(
-                    st.sampled_from(["completed", "failed", *(["started"] if last else [])])
+                steps: list[Status] = (
+                    ["completed", "failed", "started"] if last else ["completed", "failed"]
                 )
+                status = draw(st.sampled_from(steps))
                 out.append(Recording(op, status, draw(st.integers(1, 3))))
     return out
 

@@ -389,7 +389,7 @@ async def test_a_run_whose_activations_keep_failing_is_wedged_until_its_history_
     watchers: list[Watchdog],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import sojourn.actors.worker as worker_module
+    import sojourn.actors._worker as worker_module
 
     class Broken(worker_module.Activation):
         async def run(self) -> Any:

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors.journal import RecordedWait, ReplayFrontier
-from sojourn.actors.machine import (
+from sojourn.actors._journal import RecordedWait, ReplayFrontier
+from sojourn.actors._machine import (
     Attempt,
     Backoff,
     ChildStart,
@@ -34,8 +34,8 @@ from sojourn.actors.machine import (
     WaitTurn,
     child_run_id,
 )
-from sojourn.actors.retry import RetryPolicy
-from sojourn.actors.state import RunState, fold
+from sojourn.actors._retry import RetryPolicy
+from sojourn.actors._state import RunState, fold
 from sojourn.schemas.codec import encode, to_raw
 from sojourn.schemas.errors import (
     NondeterminismError,
@@ -150,7 +150,7 @@ def test_a_retryable_failure_backs_off_then_runs_the_next_attempt() -> None:
     assert isinstance(backoff, Backoff) and backoff.retry_at == pytest.approx(T0 + 10.0)
     sim.store()
     op = sim.state.ops[0]
-    assert (op.status, op.deadline) == ("failed", pytest.approx(T0 + 10.0))
+    assert op.status == "failed" and op.deadline == pytest.approx(T0 + 10.0)
     # A new activation after the timer: attempt 2 runs at once (no second backoff).
     sim.now += 10.0
     turn = sim.activate().step("charge", "retry", policy)
@@ -424,7 +424,7 @@ def test_a_child_gets_a_deterministic_id_and_replays_it() -> None:
     ok_step(sim, "before", 1)
     start = sim.machine.child("worker")
     assert start == ChildStart(1, f"{RUN}-c1")
-    sim.machine.child_started(start, "worker", sim.now)  # type: ignore[arg-type]
+    sim.machine.child_started(start, "worker", sim.now)
     sim.store()
     assert sim.state.children == (f"{RUN}-c1",)
     m = sim.activate()

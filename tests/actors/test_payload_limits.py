@@ -22,9 +22,9 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import Client, RunFailedError, Worker
-from sojourn.actors.executor import Activation, child_outcome, outcome_of
-from sojourn.actors.machine import error_info
-from sojourn.actors.state import fold
+from sojourn.actors._executor import Activation, child_outcome, outcome_of
+from sojourn.actors._machine import error_info
+from sojourn.actors._state import fold
 from sojourn.broker import EmbeddedServer
 from sojourn.broker.topology import ensure_topology, stream_configs
 from sojourn.schemas import (

@@ -6,8 +6,8 @@ import asyncio
 from collections import Counter
 
 from sojourn.actors import Context, Worker, agent
-from sojourn.actors.executor import Activation
-from sojourn.actors.state import fold
+from sojourn.actors._executor import Activation
+from sojourn.actors._state import fold
 from sojourn.broker import Broker, EmbeddedServer, EventStore, Names, publish_wake
 from sojourn.schemas import RunCompleted, RunStarted, StepCompleted, StepStarted, to_raw
 from sojourn.schemas.config import Settings

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, get_args
+from typing import get_args
 
 import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors.state import TERMINAL, OpRecord, RunState, SignalRecord, evolve, fold
+from sojourn.actors._state import TERMINAL, OpRecord, RunState, SignalRecord, evolve, fold
 from sojourn.schemas.events import (
     CancelRequested,
     ChildStarted,
@@ -49,6 +49,7 @@ from tests.strategies import (
     OP_EVENTS,
     START,
     Expected,
+    OpEvent,
     any_histories,
     arbitrary_histories,
     child_signal,
@@ -93,7 +94,7 @@ def test_fold_equals_reduce_of_evolve_at_once_or_in_two_chunks(
 
 
 def test_fold_accepts_an_iterator() -> None:
-    events = [
+    events: list[RunEvent] = [
         RunStarted(run_id="r", agent="a", input=msgspec.Raw(b"1")),
         StepStarted(position=0, name="s"),
     ]
@@ -136,7 +137,7 @@ def test_a_valid_history_folds_to_what_was_written(
         assert state.suspended_reason == exp.suspended_reason
 
     # Each position holds its latest event (read from the events, not the bookkeeping above).
-    latest: dict[int, Any] = {}
+    latest: dict[int, OpEvent] = {}
     for e in events:
         if isinstance(e, OP_EVENTS):
             latest[e.position] = e
@@ -830,7 +831,7 @@ def test_a_wait_while_suspended_keeps_the_run_suspended() -> None:
 def test_misplaced_wait_and_child_events_are_anomalies() -> None:
     events: list[RunEvent] = [
         START,
-        *[StepStarted(position=0, name="a"), StepCompleted(position=0, name="a", result=R1)],
+        *(StepStarted(position=0, name="a"), StepCompleted(position=0, name="a", result=R1)),
         signal("approve", "s1"),
         WaitCompleted(  # over a completed step: does not consume the signal either
             position=0,

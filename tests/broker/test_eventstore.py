@@ -14,7 +14,14 @@ from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.leases import Lease
 from sojourn.broker.topology import ensure_topology
-from sojourn.schemas import ConcurrencyConflict, RunStarted, StepCompleted, StepStarted, to_raw
+from sojourn.schemas import (
+    ConcurrencyConflict,
+    RunEvent,
+    RunStarted,
+    StepCompleted,
+    StepStarted,
+    to_raw,
+)
 from sojourn.schemas.config import Settings
 from sojourn.schemas.wire import LeaseHolder
 
@@ -57,7 +64,7 @@ async def test_append_read_and_fence(store: EventStore) -> None:
 async def test_a_retried_append_that_landed_is_not_a_conflict(store: EventStore) -> None:
     """The NATS trap: a retry with both Msg-Id and Expected-seq gets 10071, not duplicate."""
     s1 = await store.append("r2", [started("r2")], expected_seq=0, writer="w")
-    ev = [StepStarted(position=0, name="s")]
+    ev: list[RunEvent] = [StepStarted(position=0, name="s")]
     first, earlier = await store.append_once("r2", ev, expected_seq=s1, writer="w", msg_id="m-1")
     again, earlier2 = await store.append_once("r2", ev, expected_seq=s1, writer="w", msg_id="m-1")
     assert (earlier, earlier2) == (False, True)
@@ -80,7 +87,7 @@ async def test_a_retried_append_that_landed_is_not_a_conflict(store: EventStore)
 async def test_racing_appenders_exactly_one_wins(store: EventStore) -> None:
     seq = await store.append("r3", [started("r3")], expected_seq=0, writer="w")
     for round_no in range(200):
-        ev = [StepStarted(position=round_no, name="s")]
+        ev: list[RunEvent] = [StepStarted(position=round_no, name="s")]
         results = await asyncio.gather(
             store.append("r3", ev, expected_seq=seq, writer="A"),
             store.append("r3", ev, expected_seq=seq, writer="B"),

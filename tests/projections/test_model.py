@@ -50,7 +50,7 @@ def test_ended_runs_are_dropped_and_late_events_do_not_bring_them_back() -> None
     m._on_decision(msg("r1", [StepStarted(position=0, name="s", attempt=1, at=NOW - 9)]))
     m._on_decision(msg("r1", [WaitStarted(position=1, key="sleep", deadline=NOW + 99, at=NOW)]))
     assert m.assess(NOW)["r1"].state == "waiting"
-    done = [
+    done: list[RunEvent] = [
         StepCompleted(position=0, name="s", attempt=1, result=to_raw(1), at=NOW),
         RunCompleted(output=to_raw(1), at=NOW),
     ]

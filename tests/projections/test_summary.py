@@ -9,7 +9,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors.state import fold
+from sojourn.actors._state import fold
 from sojourn.projections.summary import (
     PendingSignal,
     RunSummary,
@@ -153,7 +153,8 @@ def test_twenty_thousand_buffered_signals_are_summarized_in_order() -> None:
         for i in range(n)
     ]
     again = received[:100]  # redelivered: a pending id counts once
-    decisions = [(i + 1, 80, [e]) for i, e in enumerate([start, *received, *again])]
+    history: list[RunEvent] = [start, *received, *again]
+    decisions = [(i + 1, 80, [e]) for i, e in enumerate(history)]
     s = summarize_all(decisions)
     assert [x.signal_id for x in s.signals] == [e.signal_id for e in received]
     assert (s.events, s.decisions, s.bytes) == (n + 101, n + 101, 80 * (n + 101))

@@ -76,10 +76,10 @@ from sojourn.schemas.wire import (
     StartTrigger,
 )
 
-from . import metrics
-from .agent import Agent
-from .faults import fault
-from .state import RunState, fold
+from . import _metrics as metrics
+from ._agent import Agent
+from ._faults import fault
+from ._state import RunState, fold
 
 __all__ = ["REPLY_HEADER", "Intake", "Rejected", "dead_letter"]
 

@@ -38,11 +38,10 @@ from sojourn.schemas.events import RunEvent, RunSuspended
 from sojourn.schemas.vocabulary import WaitKey
 from sojourn.schemas.wire import ChildOutcome, child_signal
 
-from . import metrics as _metrics
-from . import patterns as _patterns
-from .faults import fault
-from .journal import RecordedWait
-from .machine import (
+from . import _metrics, _patterns
+from ._faults import fault
+from ._journal import RecordedWait
+from ._machine import (
     Attempt,
     Backoff,
     InDoubtPolicy,
@@ -57,9 +56,9 @@ from .machine import (
     Suspend,
     WaitTurn,
 )
-from .patterns import ApprovalDecision
-from .retry import NOT_DONE, step_options
-from .steps import (
+from ._patterns import ApprovalDecision
+from ._retry import NOT_DONE, step_options
+from ._steps import (
     StepInfo,
     current_info,
     current_step,

@@ -37,7 +37,7 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import Liveness, WatchClaim
 
-from .metrics import WATCHDOG_ACTIONS, track_watchdog
+from ._metrics import WATCHDOG_ACTIONS, track_watchdog
 
 __all__ = ["REWAKE_STATES", "Watchdog"]
 

@@ -37,12 +37,12 @@ from sojourn.schemas.errors import HistoryError, InvalidName, SojournError
 from sojourn.schemas.health import WedgeRecord, WorkerBeat
 from sojourn.schemas.wire import DeadLetter
 
-from . import metrics
-from .agent import Agent
-from .executor import Activation
-from .faults import fault
-from .intake import HANDBACK_MAX_DELAY, Intake, dead_letter
-from .tenancy import Tenancy, times_delivered
+from . import _metrics as metrics
+from ._agent import Agent
+from ._executor import Activation
+from ._faults import fault
+from ._intake import HANDBACK_MAX_DELAY, Intake, dead_letter
+from ._tenancy import Tenancy, times_delivered
 
 __all__ = ["Worker"]
 

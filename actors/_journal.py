@@ -18,7 +18,7 @@ from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import ErrorInfo
 
-from .state import OpRecord, RunState
+from ._state import OpRecord, RunState
 
 __all__ = [
     "Execute",

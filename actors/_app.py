@@ -5,7 +5,7 @@ its module-level ``Agent`` instances (what ``@agent("name")`` returns). The modu
 with the current working directory on ``sys.path``, the way ``python -m`` would find it.
 
 Example:
-    >>> from sojourn.actors.app import load_app
+    >>> from sojourn.actors import load_app
     >>> app = load_app("examples.greeter")                                 # doctest: +SKIP
     >>> [a.name for a in app.agents]                                       # doctest: +SKIP
     ['greeter']
@@ -24,7 +24,7 @@ from typing import Any
 
 from sojourn.schemas.errors import SojournError
 
-from .agent import Agent
+from ._agent import Agent
 
 __all__ = ["App", "AppError", "load_app", "module_name"]
 

@@ -17,10 +17,10 @@ import msgspec
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.vocabulary import WaitKey
 
-from .metrics import IDLE_POLLS, agent_label
+from ._metrics import IDLE_POLLS, agent_label
 
 if TYPE_CHECKING:
-    from .context import Context, Duration
+    from ._context import Context, Duration
 
 __all__ = [
     "ApprovalDecision",

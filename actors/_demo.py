@@ -33,10 +33,10 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import StepStarted
 
+from ._client import Client
+from ._state import RunState, fold
 from .cli._common import bounded
 from .cli._render import clock, describe_event, out
-from .client import Client
-from .state import RunState, fold
 
 __all__ = ["DemoError", "find_repo_root", "run_demo"]
 

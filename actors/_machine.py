@@ -47,9 +47,17 @@ from sojourn.schemas.events import (
 )
 from sojourn.schemas.wire import InDoubtDecision, decide_signal
 
-from .journal import PATCH_KIND, Execute, Journal, OpenWait, Recorded, RecordedFailure, RecordedWait
-from .retry import DEFAULT_RETRYABLE, RetryPolicy
-from .state import RunState, SignalRecord
+from ._journal import (
+    PATCH_KIND,
+    Execute,
+    Journal,
+    OpenWait,
+    Recorded,
+    RecordedFailure,
+    RecordedWait,
+)
+from ._retry import DEFAULT_RETRYABLE, RetryPolicy
+from ._state import RunState, SignalRecord
 
 __all__ = [
     "ERROR_TEXT_MAX",

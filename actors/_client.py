@@ -57,8 +57,8 @@ from sojourn.schemas.wire import (
     StartTrigger,
 )
 
-from .intake import REPLY_HEADER
-from .state import RunState, fold
+from ._intake import REPLY_HEADER
+from ._state import RunState, fold
 
 __all__ = ["Client", "RunCancelledError", "RunFailedError", "StartReceipt", "TriggerRejected"]
 

@@ -28,11 +28,11 @@ from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import RunEvent
 from sojourn.schemas.wire import ChildOutcome
 
-from .agent import Agent
-from .context import Context
-from .journal import ReplayFrontier, describe_op
-from .machine import Limits, Machine, Park, Parked, RunCancelledInterrupt
-from .state import RunState, fold
+from ._agent import Agent
+from ._context import Context
+from ._journal import ReplayFrontier, describe_op
+from ._machine import Limits, Machine, Park, Parked, RunCancelledInterrupt
+from ._state import RunState, fold
 
 __all__ = ["Divergence", "ReplayResult", "decode_history_file", "replay_run"]
 

@@ -17,10 +17,10 @@ import msgspec
 
 from sojourn.broker.names import validate_token
 
-from .retry import RetryPolicy
+from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from .context import Context
+    from ._context import Context
 
 __all__ = ["Agent", "agent"]
 

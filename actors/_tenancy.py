@@ -24,7 +24,7 @@ from collections.abc import Callable
 from sojourn.broker.delivery import Delivery, NotADelivery
 from sojourn.broker.leases import Lease, LeaseStore, Progress
 
-from .intake import HANDBACK_MAX_DELAY
+from ._intake import HANDBACK_MAX_DELAY
 
 __all__ = ["Tenancy", "times_delivered"]
 

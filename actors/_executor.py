@@ -64,11 +64,11 @@ from sojourn.schemas.events import (
 from sojourn.schemas.vocabulary import TerminalStatus
 from sojourn.schemas.wire import CancelBody, ChildOutcome, ErrorBody
 
-from .agent import Agent
-from .context import Context
-from .machine import Limits, Machine, Park, Parked, RunCancelledInterrupt, clip_text, error_info
-from .metrics import APPENDS, EVENTS_APPENDED, agent_label
-from .state import RunState, fold
+from ._agent import Agent
+from ._context import Context
+from ._machine import Limits, Machine, Park, Parked, RunCancelledInterrupt, clip_text, error_info
+from ._metrics import APPENDS, EVENTS_APPENDED, agent_label
+from ._state import RunState, fold
 
 __all__ = ["Activation", "AppendRefused", "Outcome", "RunCancelledInterrupt", "fit_prefix"]
 
