@@ -28,7 +28,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors import Context, StepError, agent
+from sojourn.actors import Agent, Context, StepError, agent
 from sojourn.actors import _executor as executor_module
 from sojourn.actors._executor import Activation, fit_prefix
 from sojourn.actors._state import fold
@@ -209,12 +209,14 @@ async def drive(ops: list[Op], faults: dict[int, Fault]) -> tuple[FakeStore, lis
     start = RunStarted(run_id=RUN, agent="model", input=to_raw(ops))
     store.decisions.append(Decision(1, (start,), "intake", "start", 0))
     ended_before: list[set[int]] = []  # per activation: step positions already ended
+    # ``Activation`` takes ``Agent[object, object]``; the worker passes its ``Agent[Any, Any]``.
+    any_model: Agent[Any, Any] = model
     for n in range(len(faults) + 3):
         ACTIVATION[0] = n
         history = list(store.decisions)
         ended_before.append(ended_positions([e for d in history for e in d.events]))
         act = Activation(
-            agent=model,  # type: ignore[arg-type]
+            agent=any_model,
             run_id=RUN,
             store=store,
             history=history,

@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import (
+    Agent,
     ChildRunError,
     Client,
     Context,
@@ -125,7 +126,7 @@ async def fickle_kid(ctx: Context, _: None) -> Any:
     return await ctx.wait_for("go")
 
 
-AGENTS = [
+AGENTS: list[Agent[Any, Any]] = [
     kid,
     parent,
     fanout,
@@ -394,6 +395,8 @@ async def intake_idle(client: Client) -> None:
         info = await client.broker.api(
             f"$JS.API.CONSUMER.INFO.{names.inbox_stream}.{names.intake_consumer}"
         )
-        return info["num_pending"] == 0 and info["num_ack_pending"] == 0
+        pending: int = info["num_pending"]
+        unacked: int = info["num_ack_pending"]
+        return pending == 0 and unacked == 0
 
     await wait_for(idle, timeout=30, interval=0.1, what="the intake to drain")

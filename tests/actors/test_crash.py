@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ async def test_sigkill_worker_mid_step_resumes_on_another(
 ) -> None:
     log = tmp_path / "effects.log"
     first = WorkerProc(nats_server.url, settings.prefix, log)
-    second: WorkerProc | None = None
+    second: procs.WorkerProc | None = None
     try:
         await first.ready()
         run_id = await client.start("pipeline", 5, run_id="crash-1", wait=True)
@@ -79,11 +80,11 @@ async def test_sigkill_worker_mid_step_resumes_on_another(
 
 
 @pytest.fixture
-async def own_server(tmp_path: Path) -> EmbeddedServer:
+async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
     server = EmbeddedServer(store_dir=tmp_path / "nats", port=0)
     await server.start()
     try:
-        yield server  # type: ignore[misc]
+        yield server
     finally:
         await server.stop()
 

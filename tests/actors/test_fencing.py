@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from sojourn.actors import Client, Context, agent
+from sojourn.actors import Agent, Client, Context, agent
 from sojourn.actors._executor import Activation
 from sojourn.actors._state import fold
 from sojourn.broker import Broker, Delivery, EmbeddedServer, EventStore, Names
@@ -103,6 +103,8 @@ async def test_two_activations_resuming_one_run_500_times(
     outcomes: Counter[str] = Counter()
     winners: Counter[str] = Counter()
     rounds = 500
+    # ``Activation`` takes ``Agent[object, object]``; the worker passes its ``Agent[Any, Any]``.
+    any_racer: Agent[Any, Any] = fence_racer
     try:
         for round_no in range(rounds):
             variant = VARIANTS[round_no % len(VARIANTS)]
@@ -119,7 +121,7 @@ async def test_two_activations_resuming_one_run_500_times(
             history = await store.load(run_id)
             acts = {
                 w: Activation(
-                    agent=fence_racer, run_id=run_id, store=store, history=history, writer=w
+                    agent=any_racer, run_id=run_id, store=store, history=history, writer=w
                 )
                 for w in ("A", "B")
             }

@@ -390,8 +390,9 @@ async def test_a_run_whose_activations_keep_failing_is_wedged_until_its_history_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import sojourn.actors._worker as worker_module
+    from sojourn.actors._executor import Activation  # what the worker module runs
 
-    class Broken(worker_module.Activation):
+    class Broken(Activation):
         async def run(self) -> Any:
             raise RuntimeError("a bug outside the agent's code")
 

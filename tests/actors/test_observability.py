@@ -14,6 +14,7 @@ from sojourn.actors._metrics import serve_metrics, stop_metrics
 from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import PayloadTooLarge, RunNotFound, SojournError
+from sojourn.schemas.events import StepFailed
 from tests.conftest import PYTHON, ROOT, subprocess_env, wait_for
 
 
@@ -74,9 +75,9 @@ async def test_steps_heartbeats_budgets_and_their_metrics(
 
     # an oversized heartbeat fails the step that sent it, clearly
     history = [e for d in await client.history(run_id) for e in d.events]
-    failed = [e for e in history if type(e).__name__ == "StepFailed"]
-    assert failed and failed[0].error.type == PayloadTooLarge.__name__  # type: ignore[attr-defined]
-    assert "limit is 8192" in failed[0].error.message  # type: ignore[attr-defined]
+    failed = [e for e in history if isinstance(e, StepFailed)]
+    assert failed and failed[0].error.type == PayloadTooLarge.__name__
+    assert "limit is 8192" in failed[0].error.message
 
     assert (
         sample("sojourn_steps_total", agent="observed", step="chatty", outcome="completed")

@@ -16,11 +16,15 @@ async def test_onboarding_survives_a_crash_between_every_stage(
     nats_server: EmbeddedServer, settings: Settings, client: Client, tmp_path: Path
 ) -> None:
     outbox = tmp_path / "outbox"
-    env = {"SOJOURN_ONBOARDING_OUTBOX": str(outbox)}
     procs: list[WorkerProc] = []
 
     async def worker() -> WorkerProc:
-        w = WorkerProc(nats_server.url, settings.prefix, "examples.onboarding", **env)
+        w = WorkerProc(
+            nats_server.url,
+            settings.prefix,
+            "examples.onboarding",
+            SOJOURN_ONBOARDING_OUTBOX=str(outbox),
+        )
         procs.append(w)
         return await w.ready()
 

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from sojourn.actors import Client, RunFailedError, Worker
+from sojourn.actors import Agent, Client, RunFailedError, Worker
 from sojourn.actors._executor import Activation, child_outcome, outcome_of
 from sojourn.actors._machine import error_info
 from sojourn.actors._state import fold
@@ -88,7 +88,14 @@ def assert_too_large(failed: StepFailed | RunFailed, size: int) -> None:
 
 @pytest_asyncio.fixture
 async def worker(nats_server: EmbeddedServer, settings: Settings) -> AsyncIterator[Worker]:
-    agents = [blob_step, blob_step_retrying, blob_output, blob_parent, many_signals, gated]
+    agents: list[Agent[Any, Any]] = [
+        blob_step,
+        blob_step_retrying,
+        blob_output,
+        blob_parent,
+        many_signals,
+        gated,
+    ]
     async with Worker(agents, nats=nats_server.url, settings=settings) as w:
         yield w
 
@@ -252,8 +259,10 @@ async def test_parent_reads_a_limit_sized_output_from_its_childs_last_event(
     )
     found = await child_outcome(store, child)
     assert found is not None and found.output == output
+    # ``Activation`` takes ``Agent[object, object]``; the worker passes its ``Agent[Any, Any]``.
+    any_parent: Agent[Any, Any] = blob_parent
     act = Activation(
-        agent=blob_parent,  # type: ignore[arg-type]
+        agent=any_parent,
         run_id=parent,
         store=store,
         history=await store.load(parent),

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
-from sojourn.actors import Context, Worker, agent
+from sojourn.actors import Agent, Context, Worker, agent
 from sojourn.actors._executor import Activation
 from sojourn.actors._state import fold
 from sojourn.broker import Broker, EmbeddedServer, EventStore, Names, publish_wake
-from sojourn.schemas import RunCompleted, RunStarted, StepCompleted, StepStarted, to_raw
+from sojourn.schemas import RunCompleted, RunEvent, RunStarted, StepCompleted, StepStarted, to_raw
 from sojourn.schemas.config import Settings
 from tests.conftest import wait_for
 
@@ -27,13 +28,13 @@ async def racer(ctx: Context, n: int) -> list[str]:
     return [await ctx.step(touch, f"{ctx.run_id}:{i}") for i in range(n)]
 
 
-def check_history(events: list[object], n: int) -> None:
+def check_history(events: list[RunEvent], n: int) -> None:
     starts = [e for e in events if isinstance(e, StepStarted)]
     dones = [e for e in events if isinstance(e, StepCompleted)]
     assert [e.position for e in dones] == list(range(n))
     assert sorted({e.position for e in starts}) == list(range(n))
     assert sum(isinstance(e, RunCompleted) for e in events) == 1
-    state = fold(events)  # type: ignore[arg-type]
+    state = fold(events)
     assert state.status == "completed" and state.anomalies == ()
 
 
@@ -47,6 +48,8 @@ async def test_two_activations_race_on_one_run(
     await ensure_topology(broker, names, settings)
     store = EventStore(broker, names, settings)
     outcomes: Counter[str] = Counter()
+    # ``Activation`` takes ``Agent[object, object]``; the worker passes its ``Agent[Any, Any]``.
+    any_racer: Agent[Any, Any] = racer
     try:
         for round_no in range(50):
             run_id = f"race-{round_no}"
@@ -57,8 +60,8 @@ async def test_two_activations_race_on_one_run(
                 writer="t",
             )
             history = await store.load(run_id)
-            a = Activation(agent=racer, run_id=run_id, store=store, history=history, writer="A")
-            b = Activation(agent=racer, run_id=run_id, store=store, history=history, writer="B")
+            a = Activation(agent=any_racer, run_id=run_id, store=store, history=history, writer="A")
+            b = Activation(agent=any_racer, run_id=run_id, store=store, history=history, writer="B")
             results = await asyncio.gather(a.run(), b.run())
             outcomes.update(results)
             assert sorted(results) == ["completed", "fenced"], results

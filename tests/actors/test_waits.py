@@ -22,7 +22,16 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from sojourn.actors import Client, Context, RunFailedError, RunState, Worker, agent, current_step
+from sojourn.actors import (
+    Agent,
+    Client,
+    Context,
+    RunFailedError,
+    RunState,
+    Worker,
+    agent,
+    current_step,
+)
 from sojourn.broker import Broker, Delivery, EmbeddedServer, Names
 from sojourn.broker import headers as h
 from sojourn.schemas import (
@@ -251,7 +260,8 @@ async def bad_wait(ctx: Context, _: None) -> Any:
 
 @agent("parked")
 async def parked(ctx: Context, n: int) -> int:
-    got: int = await ctx.wait_for("go", type=int)
+    got = await ctx.wait_for("go", type=int)
+    assert got is not None  # no timeout: the wait ends only with the signal
     return n + got
 
 
@@ -262,7 +272,7 @@ async def hold_then_nap(ctx: Context, seconds: float) -> str:
     return "rested"
 
 
-AGENTS = [
+AGENTS: list[Agent[Any, Any]] = [
     hold_then_nap,
     signed,
     signed_then_work,
@@ -737,6 +747,7 @@ async def accumulator(ctx: Context, rounds: int) -> int:
     total = 0
     for _ in range(rounds):
         n = await ctx.wait_for("add", type=int)
+        assert n is not None  # no timeout: the wait ends only with the signal
         total = await ctx.step(tally, total, n)
     return total
 

@@ -111,7 +111,11 @@ async def many_signals(ctx: Context, n: int) -> int:
     """Takes ``n`` buffered ``data`` signals in a row (no append between them), then a step:
     one decision carrying all ``n`` payloads, larger than one message if they are big."""
     await ctx.wait_for("go")
-    lengths = [len(await ctx.wait_for("data", type=str)) for _ in range(n)]
+    lengths: list[int] = []
+    for _ in range(n):
+        data = await ctx.wait_for("data", type=str)
+        assert data is not None  # no timeout: the wait ends only with the signal
+        lengths.append(len(data))
     result: int = await ctx.step(total, lengths)
     return result
 

@@ -54,7 +54,8 @@ async def napper(ctx: Context, seconds: float) -> str:
 @agent("gated_kid")
 async def gated_kid(ctx: Context, n: int) -> int:
     """A child that waits for the signal ``go`` (an int) and returns ``n * go``."""
-    factor: int = await ctx.wait_for("go", type=int)
+    factor = await ctx.wait_for("go", type=int)
+    assert factor is not None  # no timeout: the wait ends only with the signal
     return await ctx.step(times, n, factor)
 
 

@@ -438,7 +438,7 @@ def test_render_quotes_and_references() -> None:
 
 def test_roles_never_include_destructive_or_foreign_subjects() -> None:
     for role in ("client", "worker", "watchdog"):
-        perms = permissions_for(NAMES, role, role)  # type: ignore[arg-type]
+        perms = permissions_for(NAMES, role, role)
         assert perms is not None
         allowed = " ".join(perms.publish_allow)
         assert "DELETE" not in allowed and f"PURGE.{NAMES.events_stream}" not in allowed
