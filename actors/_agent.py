@@ -11,7 +11,7 @@ import inspect
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import msgspec
 
@@ -28,6 +28,9 @@ I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
 
 AgentFn = Callable[["Context", I], Awaitable[O]]
+"""``async def fn(ctx, input) -> output``."""
+NoInputFn = Callable[["Context"], Awaitable[O]]
+"""``async def fn(ctx) -> output``: an agent that takes no input."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,7 @@ class Agent(Generic[I, O]):
     def __init__(
         self,
         name: str,
-        fn: AgentFn[I, O],
+        fn: AgentFn[I, O] | NoInputFn[O],
         *,
         version: str | None = None,
         poll_cap: int = 1000,
@@ -90,6 +93,13 @@ class Agent(Generic[I, O]):
         self._input_decoder = msgspec.json.Decoder(self.input_type)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+
+    def call(self, ctx: Context, input: I) -> Awaitable[O]:
+        """The agent's coroutine for one activation: ``fn(ctx, input)``, or ``fn(ctx)`` for an
+        agent that takes no input."""
+        if self.takes_input:
+            return cast(AgentFn[I, O], self.fn)(ctx, input)
+        return cast(NoInputFn[O], self.fn)(ctx)
 
     def decode_input(self, raw: bytes) -> I:
         """Decode and validate raw JSON input. Raises ``msgspec.ValidationError``."""
@@ -120,8 +130,9 @@ def agent(
     poll_cap: int = 1000,
     retry: RetryPolicy | None = None,
     budget: Budget | None = None,
-) -> Callable[[AgentFn[I, O]], Agent[I, O]]:
-    """Decorate ``async def fn(ctx, input) -> output`` into an ``Agent``.
+) -> Callable[[AgentFn[I, O] | NoInputFn[O]], Agent[I, O]]:
+    """Decorate ``async def fn(ctx, input) -> output`` (or ``async def fn(ctx) -> output``)
+    into an ``Agent``.
 
     Example:
         >>> from sojourn.actors import agent
@@ -132,7 +143,7 @@ def agent(
         ('echo', <class 'str'>)
     """
 
-    def wrap(fn: AgentFn[I, O]) -> Agent[I, O]:
+    def wrap(fn: AgentFn[I, O] | NoInputFn[O]) -> Agent[I, O]:
         return Agent(name, fn, version=version, poll_cap=poll_cap, retry=retry, budget=budget)
 
     return wrap

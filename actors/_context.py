@@ -376,9 +376,10 @@ class Context:
     async def wait_for(self, name: str, *, timeout: Duration | None = None) -> Any: ...
 
     @overload
-    async def wait_for(
-        self, name: str, *, timeout: Duration | None = None, type: type[T]
-    ) -> T | None: ...
+    async def wait_for(self, name: str, *, type: type[T]) -> T: ...
+
+    @overload
+    async def wait_for(self, name: str, *, timeout: Duration | None, type: type[T]) -> T | None: ...
 
     async def wait_for(
         self, name: str, *, timeout: Duration | None = None, type: Any = None

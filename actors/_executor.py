@@ -137,7 +137,7 @@ class Activation:
     def __init__(
         self,
         *,
-        agent: Agent[object, object],
+        agent: Agent[Any, Any],
         run_id: str,
         store: EventStore,
         history: list[Decision],
@@ -485,10 +485,7 @@ class Activation:
                 raise RunCancelledInterrupt()
             ctx = Context(self.machine, self, self.store.settings.max_payload)
             arg = self.agent.decode_input(bytes(s.input or b"null"))
-            if self.agent.takes_input:
-                output = await self.agent.fn(ctx, arg)
-            else:
-                output = await self.agent.fn(ctx)  # type: ignore[call-arg]
+            output = await self.agent.call(ctx, arg)
             m = self.machine
             if m.nondeterminism is None:
                 m.journal.finish()

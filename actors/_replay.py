@@ -146,7 +146,7 @@ def replay_run(agent: Agent[Any, Any], events: Sequence[RunEvent]) -> ReplayResu
         arg = agent.decode_input(bytes(state.input or b"null"))
     except Exception as e:
         return result(Divergence(0, "the run's input", f"rejects it: {type(e).__name__}: {e}"))
-    coro = agent.fn(ctx, arg) if agent.takes_input else agent.fn(ctx)  # type: ignore[call-arg]
+    coro = agent.call(ctx, arg)
     try:
         _drive(coro)
     except ReplayFrontier:

@@ -41,8 +41,7 @@ class Poisoned(msgspec.Struct, frozen=True):
         raise RuntimeError("this input type is broken on purpose")
 
 
-# No input: the worker supports it (``Agent.takes_input``), ``agent()``'s type does not.
-@agent("victim")  # type: ignore[arg-type]
+@agent("victim")
 async def victim(ctx: Context) -> str:
     got = await ctx.wait_for("go")
     return f"went {got}"

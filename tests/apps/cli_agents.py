@@ -40,7 +40,6 @@ async def cli_slow(ctx: Context, n: int) -> int:
     return total
 
 
-# No input: the worker supports it (``Agent.takes_input``), ``agent()``'s type does not.
-@agent("cli_fail")  # type: ignore[arg-type]
+@agent("cli_fail")
 async def cli_fail(ctx: Context) -> str:
     return await ctx.step(explode)
