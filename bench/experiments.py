@@ -142,9 +142,9 @@ async def amain(a: argparse.Namespace) -> None:
     histories: dict[int, list[RunEvent]] = {}
     for n in (100, 1000, 2000, 10000):
         await in_memory_step_cost(n)
-        runs = [await in_memory_run(n) for _ in range(3)]
-        histories[n] = runs[0][1]
-        print(f"| {n} | {median([cost for cost, _ in runs]) * 1e6:.1f} |")
+        samples = [await in_memory_run(n) for _ in range(3)]
+        histories[n] = samples[0][1]
+        print(f"| {n} | {median([cost for cost, _ in samples]) * 1e6:.1f} |")
     print("\n## `sojourn replay`: recorded decisions checked per second (offline)\n")
     print("| steps in the history | decisions/s |\n|---|---|")
     for n, events in histories.items():
