@@ -118,6 +118,10 @@ class Driver(Protocol):
     @property
     def metric_agent(self) -> str: ...
 
+    @property
+    def tool_calls(self) -> _metrics.Incrementable:
+        """This agent's ``sojourn_tool_calls`` series."""
+
     def check_live(self) -> None:
         """Raise if the activation cannot write any more (fenced, an append refused)."""
 
@@ -227,7 +231,7 @@ class Context:
             fault("replay")
             return from_raw(turn.result, rtype)
         if turn.plan.in_doubt and not self._m.replaying:
-            _metrics.STEPS_IN_DOUBT.labels(*self._labels(name)).inc()
+            _metrics.step_metrics(self._driver.metric_agent, name).in_doubt.inc()
         while True:
             action = turn.next(time.time())
             if isinstance(action, Return):
@@ -256,10 +260,10 @@ class Context:
         """One recorded attempt: start, run, record the result or the failure. Returns the
         result when the step succeeded (else the turn knows what comes next)."""
         await self._driver.commit([action.started])
-        labels = self._labels(turn.name)
-        _metrics.TOOL_CALLS.labels(labels[0]).inc()
+        self._driver.tool_calls.inc()
+        series = _metrics.step_metrics(self._driver.metric_agent, turn.name)
         if action.attempt > 1 and not action.in_doubt:
-            _metrics.STEP_RETRIES.labels(*labels).inc()
+            series.retries.inc()
         self._driver.running(turn.name)
         token = current_info.set(self._info(turn, action.attempt, action.in_doubt))
         t0 = time.perf_counter()
@@ -275,19 +279,19 @@ class Context:
         except Exception as e:
             spent = time.perf_counter() - t0
             failed = turn.raised(e, spent, time.time())
-            _metrics.STEP_DURATION.labels(*labels).observe(spent)
-            _metrics.STEPS.labels(*labels, "retry_scheduled" if failed is None else "failed").inc()
+            series.duration.observe(spent)
+            (series.retry_scheduled if failed is None else series.failed).inc()
             return None
         finally:
             current_info.reset(token)
             self._driver.running(None)
         spent = time.perf_counter() - t0
         done = turn.returned(raw, spent, time.time())
-        _metrics.STEP_DURATION.labels(*labels).observe(spent)
+        series.duration.observe(spent)
         if isinstance(done, Return):
-            _metrics.STEPS.labels(*labels, "completed").inc()
+            series.completed.inc()
             return done
-        _metrics.STEPS.labels(*labels, "failed").inc()
+        series.failed.inc()
         return None
 
     async def _reconcile(self, policy: Any, turn: StepTurn, action: Reconcile) -> None:
@@ -304,10 +308,6 @@ class Context:
         finally:
             current_info.reset(token)
         turn.reconciled(None if found is NOT_DONE else to_raw(found), time.time())
-
-    def _labels(self, step: str) -> tuple[str, str]:
-        agent = self._driver.metric_agent
-        return agent, _metrics.step_label(agent, step)
 
     def _info(self, turn: StepTurn, attempt: int, in_doubt: bool) -> StepInfo:
         return StepInfo(

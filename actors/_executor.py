@@ -67,7 +67,7 @@ from sojourn.schemas.wire import CancelBody, ChildOutcome, ErrorBody
 from ._agent import Agent
 from ._context import Context
 from ._machine import Limits, Machine, Park, Parked, RunCancelledInterrupt, clip_text, error_info
-from ._metrics import APPENDS, EVENTS_APPENDED, agent_label
+from ._metrics import APPENDS, EVENTS_APPENDED, TOOL_CALLS, agent_label
 from ._state import RunState, fold
 
 __all__ = ["Activation", "AppendRefused", "Outcome", "RunCancelledInterrupt", "fit_prefix"]
@@ -152,6 +152,7 @@ class Activation:
         self.metric_agent = agent_label(agent.name)
         self._appends_metric = APPENDS.labels(self.metric_agent)
         self._events_metric = EVENTS_APPENDED.labels(self.metric_agent)
+        self.tool_calls = TOOL_CALLS.labels(self.metric_agent)
         self.run_id = run_id
         self.store = store
         self.writer = writer

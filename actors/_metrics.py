@@ -41,9 +41,12 @@ __all__ = [
     "TOOL_CALLS",
     "WATCHDOG_ACTIONS",
     "BoundedLabel",
+    "Incrementable",
+    "StepMetrics",
     "agent_label",
     "serve_metrics",
     "step_label",
+    "step_metrics",
     "stop_metrics",
     "track_watchdog",
     "track_worker",
@@ -111,6 +114,46 @@ TOOL_CALLS = Counter(
     "Step attempts started (every step is a tool call): the anomaly signal for runaway loops.",
     ["agent"],
 )
+
+
+class Incrementable(Protocol):
+    """A counter series (``Counter.labels(...)``), or anything that counts like one."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class StepMetrics:
+    """The labelled series one step name updates, looked up once: ``labels()`` takes a lock
+    and hashes the label values, several times per step otherwise."""
+
+    __slots__ = ("completed", "duration", "failed", "in_doubt", "retries", "retry_scheduled")
+
+    def __init__(self, agent: str, step: str) -> None:
+        self.duration = STEP_DURATION.labels(agent, step)
+        self.completed = STEPS.labels(agent, step, "completed")
+        self.failed = STEPS.labels(agent, step, "failed")
+        self.retry_scheduled = STEPS.labels(agent, step, "retry_scheduled")
+        self.retries = STEP_RETRIES.labels(agent, step)
+        self.in_doubt = STEPS_IN_DOUBT.labels(agent, step)
+
+
+_step_metrics: dict[tuple[str, str], StepMetrics] = {}
+_STEP_METRICS_MAX = 10_000
+
+
+def step_metrics(agent: str, step: str) -> StepMetrics:
+    """The series of step ``step`` of agent label ``agent`` (its name capped by
+    ``step_label``). The cache is keyed by the raw name and emptied past 10,000 entries, so
+    code that invents step names cannot grow it without bound."""
+    key = (agent, step)
+    found = _step_metrics.get(key)
+    if found is None:
+        if len(_step_metrics) >= _STEP_METRICS_MAX:
+            _step_metrics.clear()
+        found = _step_metrics[key] = StepMetrics(agent, step_label(agent, step))
+    return found
+
+
 IDLE_POLLS = Counter(
     "sojourn_idle_polls",
     "ctx.poll checks that found the job not done yet (the idle-time cost of polling).",

@@ -83,6 +83,11 @@ def decode_history_file(data: bytes) -> list[RunEvent]:
     return events
 
 
+class _NoCount:
+    def inc(self, amount: float = 1) -> None:
+        return None
+
+
 class _ReplayDriver:
     """The I/O side of a replay: there is none. The machine's journal stops at the frontier
     before any of these could be needed; reaching one is a bug, said loudly."""
@@ -90,6 +95,7 @@ class _ReplayDriver:
     def __init__(self, agent: str) -> None:
         self.agent_name = agent
         self.metric_agent = agent
+        self.tool_calls = _NoCount()
 
     def check_live(self) -> None:
         return None
