@@ -17,7 +17,7 @@ event loop. What it reports:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +39,12 @@ __all__ = ["Divergence", "ReplayResult", "decode_history_file", "replay_run"]
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
-    """Where code and history part: what history recorded at ``position``, what the code does."""
+    """Where code and history part: what history recorded at ``position``, and what the code
+    does there now (``calls step 'x'``, ``finishes``, ``raises ValueError: ...``)."""
 
     position: int
     recorded: str
-    now_calls: str
+    code_now: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ class ReplayResult:
         d = self.divergence
         if d is None:
             return "ok"
-        return f"diverges at position {d.position}: recorded {d.recorded}, code now {d.now_calls}"
+        return f"diverges at position {d.position}: recorded {d.recorded}, code now {d.code_now}"
 
 
 def decode_history_file(data: bytes) -> list[RunEvent]:
@@ -146,6 +147,8 @@ def replay_run(agent: Agent[Any, Any], events: Sequence[RunEvent]) -> ReplayResu
 
     def result(divergence: Divergence | None = None) -> ReplayResult:
         checked = min(machine.journal.position, machine.journal.recorded)
+        if divergence is not None:
+            checked = min(checked, divergence.position)  # the operations before it replayed
         return ReplayResult(state.run_id, state.agent, checked, divergence)
 
     try:
@@ -164,16 +167,14 @@ def replay_run(agent: Agent[Any, Any], events: Sequence[RunEvent]) -> ReplayResu
     except _Awaited as e:
         position = machine.journal.position
         return result(Divergence(position, _recorded(state, position), str(e)))
-    except Exception as e:
-        caught = _caught(machine)
-        if caught is not None:
-            return result(caught)
+    except RuntimeError as e:
+        if "event loop" not in str(e):
+            return _failed(machine, state, e, result)
         position = machine.journal.position
-        if position < machine.journal.recorded or state.status == "completed":
-            return result(
-                Divergence(position, _recorded(state, position), f"raises {type(e).__name__}: {e}")
-            )
-        return result()
+        what = "awaits something outside ctx that needs an event loop, which replay cannot follow"
+        return result(Divergence(position, _recorded(state, position), what))
+    except Exception as e:
+        return _failed(machine, state, e, result)
     caught = _caught(machine)
     if caught is not None:
         return result(caught)
@@ -185,6 +186,24 @@ def replay_run(agent: Agent[Any, Any], events: Sequence[RunEvent]) -> ReplayResu
         position = machine.journal.position
         return result(Divergence(position, "the run's failure", "completes"))
     return result()
+
+
+def _failed(
+    machine: Machine,
+    state: RunState,
+    e: Exception,
+    result: Callable[[Divergence | None], ReplayResult],
+) -> ReplayResult:
+    """The code raised ``e``: fine where history ends with the run's failure (it failed the
+    same way), a divergence where history went on or the run completed."""
+    caught = _caught(machine)
+    if caught is not None:
+        return result(caught)
+    position = machine.journal.position
+    if position < machine.journal.recorded or state.status == "completed":
+        what = f"raises {type(e).__name__}: {e}"
+        return result(Divergence(position, _recorded(state, position), what))
+    return result(None)
 
 
 class _Awaited(Exception):

@@ -378,5 +378,5 @@ def _replay_json(r: _Checked) -> dict[str, Any]:
         "result": r.text,
         "divergence": None
         if d is None
-        else {"position": d.position, "recorded": d.recorded, "now_calls": d.now_calls},
+        else {"position": d.position, "recorded": d.recorded, "code_now": d.code_now},
     }

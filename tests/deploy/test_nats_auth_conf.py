@@ -37,7 +37,9 @@ def users_block(text: str) -> str:
 
 
 def env_with_passwords() -> dict[str, str]:
-    return {password_env_var(role): secrets.token_urlsafe(16) for role in ROLES}
+    """As the file's header says to make them: a letter first (nats-server reads a variable's
+    value as a config value: ``-x...`` would parse as a number and be refused)."""
+    return {password_env_var(role): "s" + secrets.token_urlsafe(16) for role in ROLES}
 
 
 def test_the_users_are_what_the_code_renders() -> None:
