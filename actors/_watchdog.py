@@ -82,6 +82,7 @@ class Watchdog:
         self._broker = broker
         self._owns_broker = broker is None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._last: dict[str, Liveness] = {}
         self._acted: dict[tuple[str, str, int], float] = {}
         self._scanned = asyncio.Event()
@@ -112,6 +113,7 @@ class Watchdog:
 
     async def stop(self) -> None:
         track_watchdog(self, on=False)
+        self._stopping = True  # the loop also ends on this: a cancel can be lost (see _loop)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):
@@ -139,7 +141,12 @@ class Watchdog:
     # --- the loop ----------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        while True:
+        """Scan every ``interval`` until stopped. A cancel that lands while nats-py waits on a
+        subscription's inner task can be swallowed there (``asyncio.wait_for`` in Python 3.11
+        returns a result that raced the cancel), so the loop also checks the stop flag and
+        whether its task was asked to cancel; otherwise a stop could wait forever."""
+        me = asyncio.current_task()
+        while not self._stopping and not (me is not None and me.cancelling()):
             started = time.monotonic()
             try:
                 await self.scan()

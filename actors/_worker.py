@@ -176,13 +176,13 @@ class Worker:
         self._stopping.set()
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await _settle(self._tasks, grace)
         active = list(self._active.values())
         if active:
             _, still = await asyncio.wait(active, timeout=grace)
             for t in still:
                 t.cancel()
-            await asyncio.gather(*still, return_exceptions=True)
+            await _settle(still, grace)
         metrics.track_worker(self, on=False)
         with contextlib.suppress(Exception):
             await self._beat(stopped=True)  # a graceful stop: not "down"
@@ -528,6 +528,21 @@ class Worker:
         first = history[0].events[0] if history and history[0].events else None
         name = getattr(first, "agent", None)
         return self.agents.get(name) if isinstance(name, str) else None
+
+
+async def _settle(tasks: Iterable[asyncio.Task[Any]], grace: float) -> None:
+    """Wait for cancelled tasks to end, at most ``grace`` seconds: a cancel can be swallowed
+    inside a library (``asyncio.wait_for`` in Python 3.11 may return a result that raced it),
+    and a stop must not wait forever for such a task. One still running is logged and left."""
+    pending = [t for t in tasks if not t.done()]
+    if not pending:
+        return
+    _, still = await asyncio.wait(pending, timeout=grace)
+    for t in still:
+        log.warning("task %s did not end within %.0fs of being cancelled", t.get_name(), grace)
+    for t in pending:
+        if t.done() and not t.cancelled():
+            t.exception()  # retrieved: not reported as never retrieved
 
 
 class FailureCounts:
