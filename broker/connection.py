@@ -338,6 +338,17 @@ def _connect_failure(
                 f"TLS handshake with {url} failed ({e.reason or e}): if the server verifies "
                 f"clients, pass --tls-cert and --tls-key (${ENV_TLS_CERT}, ${ENV_TLS_KEY})"
             )
+    if opts.wants_tls and not opts.tls_cert:
+        # With TLS 1.3 a server that verifies clients checks the certificate after the
+        # handshake and closes the connection: the client sees a reset or a broken pipe, not
+        # an SSL alert, about one time in five.
+        for e in causes:
+            if isinstance(e, (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError)):
+                return CredentialsError(
+                    f"TLS handshake with {url} failed (the server closed the connection: "
+                    f"{type(e).__name__}): if the server verifies clients, pass --tls-cert "
+                    f"and --tls-key (${ENV_TLS_CERT}, ${ENV_TLS_KEY})"
+                )
     return BrokerUnavailable(
         f"no NATS server answered at {url} ({type(error).__name__}); start one with "
         "`sojourn dev`, or point --nats / SOJOURN_NATS_URL at yours"
