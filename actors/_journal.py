@@ -17,6 +17,7 @@ import msgspec
 from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import ErrorInfo
+from sojourn.schemas.vocabulary import ValueKind
 
 from ._state import OpRecord, RunState
 
@@ -31,7 +32,7 @@ __all__ = [
     "describe_op",
 ]
 
-PATCH_KIND = "patch"
+PATCH_KIND: ValueKind = "patch"
 """The value kind of a ``ctx.patched`` marker: its value is the change id."""
 
 
@@ -181,7 +182,7 @@ class Journal:
             return self._open(OpenWait(position=p, recorded=rec))
         assert rec.result is not None
         # ``detail`` is the signal's name for a signal outcome but the child's status for a
-        # child outcome; live (``Activation.resolve_child_wait``) the latter has no signal.
+        # child outcome; live (``WaitTurn.child_ended``) the latter has no signal.
         signal = rec.detail if rec.outcome == "signal" else None
         return RecordedWait(
             position=p, outcome=rec.outcome or "", payload=rec.result, signal=signal

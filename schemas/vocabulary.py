@@ -84,9 +84,10 @@ ChildStatus = Literal["completed", "failed", "cancelled", "rejected"]
 or ``rejected`` (the intake refused the child's trigger: it never ran)."""
 CHILD_STATUSES: tuple[ChildStatus, ...] = get_args(ChildStatus)
 
-ValueKind = Literal["now", "uuid", "random", "spend"]
+ValueKind = Literal["now", "uuid", "random", "spend", "patch"]
 """What ``ValueRecorded.kind`` holds today: ``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``,
-``ctx.spend()``. The event field stays a plain string, like ``RunSuspended.reason``."""
+``ctx.spend()``, and a ``ctx.patched`` marker (``patch``, the value is the change id). The
+event field stays a plain string, like ``RunSuspended.reason``."""
 VALUE_KINDS: tuple[ValueKind, ...] = get_args(ValueKind)
 
 WaitOutcome = Literal["signal", "timeout", "child"]
