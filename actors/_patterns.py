@@ -33,9 +33,6 @@ __all__ = [
 
 R = TypeVar("R")
 
-DEFAULT_POLL_CAP = 1000
-"""Checks a run may make across all its ``ctx.poll`` calls before it is suspended."""
-
 
 class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What an approver sends: ``sojourn signal RUN approval.<name> --payload '{...}'``."""

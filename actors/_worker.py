@@ -122,7 +122,6 @@ class Worker:
         self._failures = FailureCounts(FAILURES_KEPT)
         self._rewake: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
-        self._beat_wake = asyncio.Event()
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -176,9 +175,6 @@ class ConnectOptions:
             tls_cert=self.tls_cert or env.get(ENV_TLS_CERT) or None,
             tls_key=self.tls_key or env.get(ENV_TLS_KEY) or None,
         )
-
-    def with_url(self, url: str | None) -> ConnectOptions:
-        return dataclasses.replace(self, url=url)
 
     @property
     def user(self) -> str | None:
@@ -966,6 +962,3 @@ def _publish_result(subject: str, raw: dict[str, Any]) -> PublishAck | JetStream
         seq=int(raw["seq"]),
         duplicate=bool(raw.get("duplicate", False)),
     )
-
-
-OnError = Callable[[BaseException], None]

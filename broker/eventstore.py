@@ -43,7 +43,6 @@ from .names import Names
 __all__ = ["WRONG_LAST_SEQUENCE", "Decision", "EventStore"]
 
 WRONG_LAST_SEQUENCE = 10071
-WRITER_HEADER = h.WRITER
 HEADER_ROOM = 4096
 """Bytes of a server's ``max_payload`` left for an append's headers (the server counts them)."""
 
