@@ -62,41 +62,39 @@ async def _as(server: EmbeddedServer, role: str) -> Broker:
     return await Broker.connect(server.url_for(role), name=f"test {role}")
 
 
-@pytest_asyncio.fixture(scope="module")
-async def admin(auth_server: EmbeddedServer) -> AsyncIterator[Broker]:
-    b = await _as(auth_server, "admin")
-    await ensure_topology(b, NAMES, SETTINGS)
+async def _role(server: EmbeddedServer, role: str) -> AsyncIterator[Broker]:
+    """A connection as ``role`` for the module's tests, closed after them."""
+    b = await _as(server, role)
     try:
+        if role == "admin":
+            await ensure_topology(b, NAMES, SETTINGS)
         yield b
     finally:
         await b.close()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def admin(auth_server: EmbeddedServer) -> AsyncIterator[Broker]:
+    async for b in _role(auth_server, "admin"):
+        yield b
 
 
 @pytest_asyncio.fixture(scope="module")
 async def client(auth_server: EmbeddedServer, admin: Broker) -> AsyncIterator[Broker]:
-    b = await _as(auth_server, "client")
-    try:
+    async for b in _role(auth_server, "client"):
         yield b
-    finally:
-        await b.close()
 
 
 @pytest_asyncio.fixture(scope="module")
 async def worker(auth_server: EmbeddedServer, admin: Broker) -> AsyncIterator[Broker]:
-    b = await _as(auth_server, "worker")
-    try:
+    async for b in _role(auth_server, "worker"):
         yield b
-    finally:
-        await b.close()
 
 
 @pytest_asyncio.fixture(scope="module")
 async def watchdog(auth_server: EmbeddedServer, admin: Broker) -> AsyncIterator[Broker]:
-    b = await _as(auth_server, "watchdog")
-    try:
+    async for b in _role(auth_server, "watchdog"):
         yield b
-    finally:
-        await b.close()
 
 
 async def state_of(admin: Broker, stream: str) -> dict[str, Any]:
