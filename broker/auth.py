@@ -98,6 +98,24 @@ def _streams(names: Names) -> list[str]:
         names.leases_stream,
         names.agents_stream,
         names.health_stream,
+        *_read_side(names),
+    ]
+
+
+def _read_side(names: Names) -> list[str]:
+    """The streams the read side keeps: run views (KV), their changes, runs' output."""
+    return [names.runs_kv_stream, names.changes_stream, names.output_stream]
+
+
+def _following(stream: str) -> list[str]:
+    """Follow a stream with an ordered consumer (a watch, a resumed output stream): create
+    ephemeral consumers on it, answer its flow control; nothing durable, nothing acked (an
+    ephemeral consumer goes away by itself once its reader is gone: no delete is needed)."""
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.FC.{stream}.>",
     ]
 
 
@@ -113,11 +131,16 @@ def _reading(names: Names) -> list[str]:
     out += [f"$JS.API.STREAM.INFO.{s}" for s in _streams(names)]
     for stream in (
         names.events_stream,
+        names.inbox_stream,  # a pending run: its start, stored and not yet taken
         names.leases_stream,
         names.health_stream,
         names.agents_stream,
+        *_read_side(names),
     ):
         out += _direct_get(stream)
+    for stream in _read_side(names):
+        out += _following(stream)
+    out.append(names.query_runs)  # the run listing service (request/reply)
     return out
 
 
@@ -144,12 +167,15 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
     if role == "client":
         publish = [
             names.start("*", user),
+            names.start("*", user, "*"),
             names.signal("*", ">", user),
             names.cancel("*", user),
             *_reading(names),
         ]
-        # Clients watch a run with a core subscription on its event subject.
-        return Permissions(tuple(publish), tuple(_never(names)), (inbox, names.events_all))
+        # Clients watch a run with a core subscription on its event subject, its views on
+        # the change subjects, its output live on the output subject.
+        subscribe = (inbox, names.events_all, f"{p}.runs.>", names.outputs_all)
+        return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     if role == "watchdog":
         publish = [f"{p}.wake.*", names.watch("*"), *_reading(names)]
         return Permissions(tuple(publish), tuple(_never(names)), (inbox,))
@@ -165,10 +191,16 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             names.agent("*"),
             # child runs, the cancel cascade and child runs' end notices, in its own name
             names.start("*", user),
+            names.start("*", user, "*"),
             names.spawn("*", user),
             names.cancel("*", user),
             names.child_end("*", "*", user),
-            inbox,  # the intake's answers
+            # the read side: a projector runs with the worker role; steps write output
+            names.run_keys_all,
+            names.changes_all,
+            names.outputs_all,
+            names.leader("*"),
+            inbox,  # the intake's and the listing service's answers
             "$JS.API.INFO",
             *(f"$JS.API.STREAM.INFO.{s}" for s in streams),
             # A fresh deployment: the first worker creates the streams and may reconfigure
@@ -188,7 +220,9 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
                 f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
                 f"$JS.ACK.{stream}.{consumer}.>",
             ]
-        return Permissions(tuple(publish), tuple(_never(names)), (inbox,))
+        publish += [d for s in _read_side(names) for d in _following(s)]
+        # The listing service listens on its subject (the replies go to the asker's inbox).
+        return Permissions(tuple(publish), tuple(_never(names)), (inbox, names.query_runs))
     raise ValueError(f"unknown role {role!r}")
 
 

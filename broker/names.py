@@ -78,7 +78,8 @@ class InboxSubject:
     """What an inbox subject says, parsed and validated (``Names.parse_inbox``).
 
     ``target`` is the agent of a start, else the run id; ``name`` the signal name of a signal,
-    ``<position>.<attempt>`` of a decision, the child run id of a child notice, else "".
+    ``<position>.<attempt>`` of a decision, the child run id of a child notice, the run id of a
+    start that names one in its subject, else "".
     ``sender`` is the ``as.<sender>`` token: under authentication the broker lets a user
     publish only on its own, so it is who sent the message; ``None`` on the anonymous forms.
     """
@@ -156,8 +157,15 @@ class Names:
     def _inbox(self, sender: str | None) -> str:
         return self.prefix if sender is None else f"{self.prefix}.as.{sender}"
 
-    def start(self, agent: str, sender: str | None = None) -> str:
-        return f"{self._inbox(sender)}.start.{agent}"
+    def start(self, agent: str, sender: str | None = None, run_id: str | None = None) -> str:
+        """A start trigger's subject. With ``run_id`` (the form clients use) a run whose start
+        is stored and not yet taken can be found by its id: it shows ``pending``."""
+        subject = f"{self._inbox(sender)}.start.{agent}"
+        return subject if run_id is None else f"{subject}.{run_id}"
+
+    def pending_starts(self, run_id: str) -> list[str]:
+        """Filters matching the stored start of ``run_id`` in the inbox, in either form."""
+        return [f"{self.prefix}.start.*.{run_id}", f"{self.prefix}.as.*.start.*.{run_id}"]
 
     def signal(self, run_id: str, name: str, sender: str | None = None) -> str:
         return f"{self._inbox(sender)}.signal.{run_id}.{name}"
@@ -189,9 +197,11 @@ class Names:
         p = self.prefix
         return [
             f"{p}.start.*",
+            f"{p}.start.*.*",
             f"{p}.signal.*.>",
             f"{p}.cancel.*",
             f"{p}.as.*.start.*",
+            f"{p}.as.*.start.*.*",
             f"{p}.as.*.signal.*.>",
             f"{p}.as.*.cancel.*",
             f"{p}.as.*.spawn.*",
@@ -217,8 +227,10 @@ class Names:
             sender = validate_token(parts[1], "sender")
             parts = parts[2:]
         kind, rest = (parts[0], parts[1:]) if parts else ("", [])
-        if kind == "start" and len(rest) == 1:
-            return InboxSubject("start", validate_token(rest[0], "agent name"), "", sender)
+        if kind == "start" and len(rest) in (1, 2):
+            agent = validate_token(rest[0], "agent name")
+            run_id = validate_token(rest[1], "run_id") if len(rest) == 2 else ""
+            return InboxSubject("start", agent, run_id, sender)
         if kind == "cancel" and len(rest) == 1:
             return InboxSubject("cancel", validate_token(rest[0], "run_id"), "", sender)
         if kind == "signal" and len(rest) >= 2:
@@ -239,6 +251,65 @@ class Names:
                 parent = validate_token(rest[0], "run_id")
                 return InboxSubject("child", parent, validate_token(rest[1], "run_id"), sender)
         raise InvalidName(f"subject {subject!r} is not a sojourn inbox subject")
+
+    # the read side (docs/wire.md, "The read side")
+    @property
+    def runs_bucket(self) -> str:
+        """The KV bucket of run views (key: run id), kept by the projector."""
+        return self._stream("RUNS")
+
+    @property
+    def runs_kv_stream(self) -> str:
+        """The stream behind ``runs_bucket`` (NATS KV buckets are streams named ``KV_<b>``)."""
+        return f"KV_{self.runs_bucket}"
+
+    def run_key(self, run_id: str) -> str:
+        """The subject of ``run_id``'s entry in the runs bucket."""
+        return f"$KV.{self.runs_bucket}.{run_id}"
+
+    @property
+    def run_keys_all(self) -> str:
+        return f"$KV.{self.runs_bucket}.>"
+
+    @property
+    def changes_stream(self) -> str:
+        """Every view the projector writes, also as a message on ``change``."""
+        return self._stream("CHANGES")
+
+    def change(self, agent: str, run_id: str) -> str:
+        """Where each new view of a run is published: watch one run, one agent
+        (``<prefix>.runs.<agent>.*``) or all of them (``<prefix>.runs.>``)."""
+        return f"{self.prefix}.runs.{agent}.{run_id}"
+
+    def changes_of(self, run_id: str) -> str:
+        """The filter matching ``run_id``'s change messages (its agent unknown)."""
+        return f"{self.prefix}.runs.*.{run_id}"
+
+    @property
+    def changes_all(self) -> str:
+        return f"{self.prefix}.runs.*.*"
+
+    @property
+    def output_stream(self) -> str:
+        """Runs' output chunks (``ctx.stream``, ``ctx.progress``), kept for days."""
+        return self._stream("OUTPUT")
+
+    def output(self, run_id: str) -> str:
+        return f"{self.prefix}.out.{run_id}"
+
+    @property
+    def outputs_all(self) -> str:
+        return f"{self.prefix}.out.*"
+
+    @property
+    def query_runs(self) -> str:
+        """The run listing service (request/reply, answered by a projector)."""
+        return f"{self.prefix}.query.runs"
+
+    def leader(self, role: str) -> str:
+        """Where the processes of ``role`` that elect one to act (projectors) hold the
+        leadership, by compare-and-set, in the health stream."""
+        return f"{self.prefix}.leader.{role}"
 
     def wake(self, run_id: str) -> str:
         return f"{self.prefix}.wake.{run_id}"

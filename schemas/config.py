@@ -55,6 +55,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             so a trigger for an agent no worker serves is dead-lettered after some hours.
         max_buffered_signals: signals a run may hold unconsumed; more are refused
             (``too_many_signals``), so no sender can grow a run's state without bound.
+        output_max_age: seconds a run's output chunks (``ctx.stream``, ``ctx.progress``) are
+            kept: a reader can resume a stream from an offset for this long (default 7 days).
+        changes_max_age: seconds the projector's change messages are kept: ``sojourn watch``
+            shows a run's timeline from them for this long (default 1 day).
     """
 
     prefix: str = "sojourn"
@@ -70,6 +74,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     crash_loop_limit: int = 0
     max_deliveries: int = 1000
     max_buffered_signals: int = 1_000
+    output_max_age: float = 7 * 86_400.0
+    changes_max_age: float = 86_400.0
 
     def __post_init__(self) -> None:
         if not 1024 <= self.max_value <= 64 * 1024 * 1024:
@@ -100,6 +106,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("max_deliveries must be at least 10")
         if self.max_buffered_signals < 1:
             raise ValueError("max_buffered_signals must be at least 1")
+        for name in ("output_max_age", "changes_max_age"):
+            if not getattr(self, name) >= 60:
+                raise ValueError(f"{name} must be at least 60 seconds")
 
     @property
     def max_child_notice(self) -> int:

@@ -69,6 +69,10 @@ class RunStarted(Event, tag="run.started.v1", frozen=True, kw_only=True):
     code_version: str | None = None
     trigger: TriggerInfo = TriggerInfo()
     parent_run_id: str | None = None
+    budget_usd: float | None = None
+    """The agent's budget when the run started (``Agent(budget_usd=...)``), for read models:
+    the code in effect decides, this records what it said."""
+    budget_tokens: int | None = None
 
 
 class RunCompleted(Event, tag="run.completed.v1", frozen=True, kw_only=True):

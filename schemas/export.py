@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from .events import RunEvent
+from .views import Chunk, RunsPage, RunsQuery, RunView
 from .wire import (
     CancelBody,
     ChildOutcome,
@@ -30,6 +31,10 @@ WIRE_SCHEMAS: dict[str, Any] = {
     "resume-body": ResumeBody,
     "run-event": RunEvent,
     "run-event-message": list[RunEvent],
+    "run-view": RunView,
+    "runs-query": RunsQuery,
+    "runs-page": RunsPage,
+    "output-chunk": Chunk,
 }
 """Schema file stem -> type. ``run-event-message`` is the body of one run-event message."""
 

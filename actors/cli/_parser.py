@@ -10,6 +10,8 @@ from typing import Any
 from sojourn.broker.connection import ENV_CREDS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY
 
 from ._common import DEFAULT_PREFIX, Handler
+from ._projector import cmd_projector
+from ._read import cmd_runs, cmd_watch
 from ._runs import (
     cmd_cancel,
     cmd_decide,
@@ -22,6 +24,7 @@ from ._runs import (
     cmd_status,
 )
 from ._serve import cmd_demo, cmd_dev, cmd_watchdog, cmd_worker
+from ._stream import cmd_stream
 
 __all__ = ["build_parser"]
 
@@ -209,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-watchdog", action="store_true", help="do not run a watchdog in this process"
     )
     p.add_argument(
+        "--no-projector",
+        action="store_true",
+        help="do not run a projector in this process (its SQLite model is DATA_DIR/runs.sqlite3)",
+    )
+    p.add_argument(
         "--port",
         type=int,
         default=4222,
@@ -284,6 +292,104 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between two judgements (default: half a heartbeat)",
     )
     _log_level(p, "warning")
+
+    p = command(
+        "projector",
+        cmd_projector,
+        "Keep the read side: run views in KV, change messages, the SQLite model, listings.",
+        "sojourn projector --nats nats://nats:4222 --sqlite /var/lib/sojourn/runs.sqlite3",
+        parents=[observe],
+        detail="Follows the events stream and writes each run's view to the runs KV bucket "
+        "and to <prefix>.runs.<agent>.<run_id>, and the runs and steps of every run into an "
+        "SQLite file that answers `sojourn runs`. Several projectors may run: one writes the "
+        "views, each keeps its own SQLite file and answers listings. Runs until Ctrl-C.",
+    )
+    p.add_argument(
+        "--sqlite",
+        metavar="PATH",
+        default=None,
+        help="the SQLite read model (default: .sojourn/runs-<prefix>.sqlite3)",
+    )
+    p.add_argument(
+        "--no-sqlite",
+        action="store_true",
+        help="keep only the KV views and change messages (no listings from this process)",
+    )
+    p.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="rebuild the read models from the start of the events stream, then go on",
+    )
+    _log_level(p, "info")
+
+    p = command(
+        "runs",
+        cmd_runs,
+        "List runs: by agent, status, liveness and time, most recently updated first.",
+        "sojourn runs --agent greeter --status waiting --since 1h",
+        detail="Asks a projector's read model (`sojourn projector`, also run by `sojourn "
+        "dev`). Prints one line per run: RUN_ID  AGENT  STATUS  LIVENESS  UPDATED  STEP.",
+    )
+    p.add_argument("--agent", metavar="AGENT", default=None, help="only runs of this agent")
+    p.add_argument(
+        "--status",
+        metavar="STATUS",
+        action="append",
+        default=[],
+        help="only runs with this status (repeatable): pending, running, waiting, suspended, "
+        "completed, failed, cancelled",
+    )
+    p.add_argument(
+        "--liveness",
+        metavar="STATE",
+        action="append",
+        default=[],
+        help="only runs judged so (repeatable): stalled, orphaned, overdue, wedged, ...",
+    )
+    p.add_argument(
+        "--since",
+        metavar="AGE",
+        default=None,
+        help="only runs updated within this long: 90s, 30m, 1h, 2d",
+    )
+    p.add_argument(
+        "--limit",
+        metavar="N",
+        type=_positive_int,
+        default=50,
+        help="at most this many runs (default: 50)",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON array of run views")
+
+    p = command(
+        "watch",
+        cmd_watch,
+        "Follow a run live: its waits, retries, signals and timings, until it ends.",
+        "sojourn watch 5f0c9e2d",
+        detail="Prints the run's timeline so far, then each change as it happens; exits 0 "
+        "when the run ends (1 if it never existed).",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("--json", action="store_true", help="print each view as one JSON line")
+
+    p = command(
+        "stream",
+        cmd_stream,
+        "Print a run's output stream (ctx.stream tokens, ctx.progress), resumable by offset.",
+        "sojourn stream 5f0c9e2d --after 120",
+        detail="Prints the chunks after OFFSET, then new ones as they come, until the run "
+        "ends. With --json each chunk is one JSON line with its offset: pass the last one "
+        "to --after to resume exactly where a reader stopped.",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument(
+        "--after",
+        metavar="OFFSET",
+        type=int,
+        default=0,
+        help="resume after this offset (default: 0, from the start)",
+    )
+    p.add_argument("--json", action="store_true", help="print each chunk as one JSON line")
 
     p = command(
         "start",

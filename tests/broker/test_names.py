@@ -41,6 +41,8 @@ def test_a_parsed_subject_names_only_valid_tokens(subject: str) -> None:
         # What the intake builds from it never escapes its run's subject.
         if parsed.kind != "start" and parsed.kind != "spawn":
             assert NAMES.events(parsed.target).count(".") == 2
+        elif parsed.name:  # a start naming its run id
+            assert NAMES.events(parsed.name).count(".") == 2
 
 
 @given(tokens, tokens, st.lists(tokens, min_size=1, max_size=3))
@@ -50,6 +52,8 @@ def test_every_subject_the_client_builds_parses_back(
     name = ".".join(parts)
     for who in (None, sender):
         assert NAMES.parse_inbox(NAMES.start(run, who)).target == run
+        got = NAMES.parse_inbox(NAMES.start(run, who, f"{run}-x"))
+        assert (got.kind, got.target, got.name, got.sender) == ("start", run, f"{run}-x", who)
         assert NAMES.parse_inbox(NAMES.cancel(run, who)).target == run
         got = NAMES.parse_inbox(NAMES.signal(run, name, who))
         assert (got.kind, got.target, got.name, got.sender) == ("signal", run, name, who)
@@ -73,7 +77,9 @@ def test_every_subject_the_client_builds_parses_back(
         "sojourn.as.b*b.start.g",
         "sojourn.as.start",
         "sojourn.start",
-        "sojourn.start.g.v2",
+        "sojourn.start.g.v2.x",
+        "sojourn.start.g.r*1",
+        "sojourn.as.bob.start.g.r.1",
         "sojourn.signal.r1",
         "sojourn.signal.r1.a..b",
         "sojourn.cancel.r1\n",
