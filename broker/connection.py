@@ -540,22 +540,23 @@ class Broker:
         return self._nc.new_inbox()
 
     async def subscribe(
-        self, subject: str, *, cb: OnDelivery | None = None, max_msgs: int = 0
+        self, subject: str, *, cb: OnDelivery | None = None, max_msgs: int = 0, queue: str = ""
     ) -> Subscription:
         """A core subscription to ``subject`` (wildcards allowed): what is published there from
         now on, nothing stored. With ``cb`` each message is handed to it; without, read them
         with ``Subscription.next_msg``. ``max_msgs`` > 0 ends it after that many messages.
+        With ``queue``, each message goes to one member of that queue group (a service).
 
         A subscription the server's permissions refuse is not an error here (the server says
         so later): see ``denied``."""
         if cb is None:
-            return Subscription(await self._nc.subscribe(subject, max_msgs=max_msgs))
+            return Subscription(await self._nc.subscribe(subject, queue, max_msgs=max_msgs))
         on_delivery = cb
 
         async def deliver(m: Msg) -> None:
             await on_delivery(Delivery(m))
 
-        return Subscription(await self._nc.subscribe(subject, cb=deliver, max_msgs=max_msgs))
+        return Subscription(await self._nc.subscribe(subject, queue, cb=deliver, max_msgs=max_msgs))
 
     async def flush(self, timeout: float = 10.0) -> None:
         """Wait until the server has processed everything sent so far (subscriptions

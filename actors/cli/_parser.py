@@ -11,7 +11,7 @@ from sojourn.broker.connection import ENV_CREDS, ENV_TLS_CA, ENV_TLS_CERT, ENV_T
 
 from ._common import DEFAULT_PREFIX, Handler
 from ._projector import cmd_projector
-from ._read import cmd_runs, cmd_watch
+from ._read import cmd_runs
 from ._runs import (
     cmd_cancel,
     cmd_decide,
@@ -25,6 +25,7 @@ from ._runs import (
 )
 from ._serve import cmd_demo, cmd_dev, cmd_watchdog, cmd_worker
 from ._stream import cmd_stream
+from ._watch import cmd_watch
 
 __all__ = ["build_parser"]
 

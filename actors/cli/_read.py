@@ -1,15 +1,11 @@
-"""``sojourn runs`` and ``sojourn watch``: list runs, follow one live."""
+"""``sojourn runs``: list runs from a projector's read model."""
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["cmd_runs", "cmd_watch"]
+__all__ = ["cmd_runs"]
 
 
 async def cmd_runs(args: argparse.Namespace) -> int:
     raise NotImplementedError("sojourn runs is being built")
-
-
-async def cmd_watch(args: argparse.Namespace) -> int:
-    raise NotImplementedError("sojourn watch is being built")
