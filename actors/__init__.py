@@ -46,6 +46,7 @@ from ._context import (
     idempotency_headers,
 )
 from ._metrics import serve_metrics, stop_metrics
+from ._output import OutputChunk, OutputReader, read_output
 from ._patterns import ApprovalDecision, ApprovalTimeout, PollTimeout
 from ._retry import NOT_DONE, RetryPolicy, step
 from ._state import RunState, evolve, fold
@@ -65,6 +66,8 @@ __all__ = [
     "Context",
     "InvalidName",
     "NondeterminismError",
+    "OutputChunk",
+    "OutputReader",
     "PayloadTooLarge",
     "PermissionDenied",
     "PollTimeout",
@@ -92,6 +95,7 @@ __all__ = [
     "heartbeat",
     "idempotency_headers",
     "load_app",
+    "read_output",
     "serve_metrics",
     "step",
     "stop_metrics",

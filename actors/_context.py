@@ -56,6 +56,7 @@ from ._machine import (
     Suspend,
     WaitTurn,
 )
+from ._output import StepOutput
 from ._patterns import ApprovalDecision
 from ._retry import NOT_DONE, step_options
 from ._steps import (
@@ -74,6 +75,7 @@ __all__ = [
     "Context",
     "Driver",
     "Duration",
+    "OpenOutput",
     "Parked",
     "Selected",
     "StepInfo",
@@ -90,6 +92,11 @@ PATCH_ID_MAX = 200
 
 Duration = float | int | timedelta
 """Seconds as a number, or a ``timedelta``."""
+
+OpenOutput = Callable[[int, int], StepOutput]
+"""Makes the output writer of the step execution whose ``StepStarted`` was just stored, from
+its position and attempt (an ``Activation`` knows the rest: the broker, the run, and the
+events-stream sequence of that start, which names the execution)."""
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -162,10 +169,18 @@ def _in_doubt_policy(opt: object) -> InDoubtPolicy:
 class Context:
     """The handle an agent run gets as its first argument."""
 
-    def __init__(self, machine: Machine, driver: Driver, max_payload: int = 1024 * 1024) -> None:
+    def __init__(
+        self,
+        machine: Machine,
+        driver: Driver,
+        max_payload: int = 1024 * 1024,
+        *,
+        output: OpenOutput | None = None,
+    ) -> None:
         self._m = machine
         self._driver = driver
         self._max_payload = max_payload
+        self._open_output = output
 
     @property
     def run_id(self) -> str:
@@ -260,12 +275,16 @@ class Context:
         """One recorded attempt: start, run, record the result or the failure. Returns the
         result when the step succeeded (else the turn knows what comes next)."""
         await self._driver.commit([action.started])
+        # Right after the start is stored (no await in between): the driver's last sequence
+        # is the decision that holds it, which names this execution.
+        opened = self._open_output
+        output = None if opened is None else opened(turn.plan.position, action.attempt)
         self._driver.tool_calls.inc()
         series = _metrics.step_metrics(self._driver.metric_agent, turn.name)
         if action.attempt > 1 and not action.in_doubt:
             series.retries.inc()
         self._driver.running(turn.name)
-        token = current_info.set(self._info(turn, action.attempt, action.in_doubt))
+        token = current_info.set(self._info(turn, action.attempt, action.in_doubt, output))
         t0 = time.perf_counter()
         try:
             if is_async(fn):
@@ -309,7 +328,9 @@ class Context:
             current_info.reset(token)
         turn.reconciled(None if found is NOT_DONE else to_raw(found), time.time())
 
-    def _info(self, turn: StepTurn, attempt: int, in_doubt: bool) -> StepInfo:
+    def _info(
+        self, turn: StepTurn, attempt: int, in_doubt: bool, output: StepOutput | None = None
+    ) -> StepInfo:
         return StepInfo(
             run_id=self.run_id,
             position=turn.plan.position,
@@ -318,7 +339,52 @@ class Context:
             idempotency_key=turn.key,
             in_doubt=in_doubt,
             report=self.heartbeat,
+            output=output,
         )
+
+    # --- output streams ---------------------------------------------------------------------
+
+    async def stream(self, text: str) -> int:
+        """Append ``text`` to the run's output stream (an LLM's tokens, as they come), from
+        inside a step function; returns the chunk's offset.
+
+        Readers (``Client.stream``, ``sojourn stream RUN``) get the chunks in order, live, and
+        can resume after a disconnect from the last offset they handled. The chunk is stored
+        before this returns (a failure raises, failing the attempt like any error of the step).
+        Output is not journaled: a step executed again after a crash streams again, under a
+        new execution that readers can tell apart (``Chunk.execution``, ``attempt``). Keep the
+        final text as the step's result: that is what the run's history records.
+
+        Raises:
+            RuntimeError: called outside a step function (agent code between steps, a
+                reconcile function). It is a coroutine: await it from an async step.
+            PayloadTooLarge: the chunk does not fit one message (stream smaller pieces).
+            BrokerUnavailable / JetStreamError: the chunk could not be stored.
+        """
+        return await self._output("ctx.stream").text(text)
+
+    async def progress(self, value: Any) -> int:
+        """Publish a progress value (any JSON: ``{"done": 3, "of": 10}``) on the run's output
+        stream, from inside a step function; each supersedes the last. Returns its offset.
+        Stored, ordered and resumable like ``stream``'s chunks.
+
+        Raises:
+            RuntimeError: called outside a step function.
+            TypeError: ``value`` is not JSON-encodable.
+            PayloadTooLarge: the chunk does not fit one message.
+            BrokerUnavailable / JetStreamError: the chunk could not be stored.
+        """
+        return await self._output("ctx.progress").progress(value)
+
+    def _output(self, what: str) -> StepOutput:
+        info = current_info.get()
+        if info is None or info.output is None or info.run_id != self.run_id:
+            where = "" if info is None else f" (not in {info.name!r}: it cannot stream here)"
+            raise RuntimeError(
+                f"{what} is only available inside a step function run by ctx.step{where}"
+            )
+        self._driver.check_live()
+        return info.output
 
     # --- versioning -------------------------------------------------------------------------
 

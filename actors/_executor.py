@@ -68,6 +68,7 @@ from ._agent import Agent
 from ._context import Context
 from ._machine import Limits, Machine, Park, Parked, RunCancelledInterrupt, clip_text, error_info
 from ._metrics import APPENDS, EVENTS_APPENDED, TOOL_CALLS, agent_label
+from ._output import StepOutput, chunk_limit
 from ._state import RunState, fold
 
 __all__ = ["Activation", "AppendRefused", "Outcome", "RunCancelledInterrupt", "fit_prefix"]
@@ -460,6 +461,22 @@ class Activation:
     async def child_outcome(self, child_id: str) -> ChildOutcome | None:
         return await self._io(child_outcome(self.store, child_id))
 
+    def step_output(self, position: int, attempt: int) -> StepOutput:
+        """The output writer of the step execution whose ``StepStarted`` was just stored: the
+        decision holding it is ``last_seq``, which names the execution (an in-doubt step run
+        again may keep its attempt number, never its start's sequence)."""
+        settings = self.store.settings
+        return StepOutput(
+            self.store.broker,
+            self.store.names,
+            self.run_id,
+            position=position,
+            attempt=attempt,
+            execution=self.last_seq,
+            limit=chunk_limit(settings.max_payload, self.store.broker.max_payload),
+            retry_for=settings.append_timeout,
+        )
+
     @property
     def sender(self) -> str:
         """The sender token of what this activation publishes on the inbox (child starts and
@@ -484,7 +501,9 @@ class Activation:
         try:
             if s.cancel_requested is not None:
                 raise RunCancelledInterrupt()
-            ctx = Context(self.machine, self, self.store.settings.max_payload)
+            ctx = Context(
+                self.machine, self, self.store.settings.max_payload, output=self.step_output
+            )
             arg = self.agent.decode_input(bytes(s.input or b"null"))
             output = await self.agent.call(ctx, arg)
             m = self.machine

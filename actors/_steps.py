@@ -14,7 +14,10 @@ import typing
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from ._output import StepOutput
 
 __all__ = [
     "StepInfo",
@@ -36,6 +39,9 @@ class StepInfo:
     ``idempotency_key`` is ``<run_id>/<position>``: the same on every attempt, on every worker,
     after every restart. Pass it to external APIs (``Idempotency-Key`` header, a unique column)
     so that a step re-run after a crash does not act twice.
+
+    ``output`` is where this execution's ``ctx.stream`` / ``ctx.progress`` chunks go (``None``
+    where nothing may be streamed: a reconcile function, a replay).
     """
 
     run_id: str
@@ -45,6 +51,7 @@ class StepInfo:
     idempotency_key: str
     in_doubt: bool
     report: Callable[[Any], None] | None = None
+    output: StepOutput | None = None
 
     def heartbeat(self, details: Any = None) -> None:
         """Report this step's progress (see ``heartbeat``)."""

@@ -151,6 +151,9 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True):
         kind: ``text`` (``ctx.stream(text)``: tokens, to be concatenated) or ``progress``
             (``ctx.progress(...)``: a JSON value, each superseding the last).
         index: 0, 1, 2... within one execution.
+        value: a progress chunk's JSON value; ``null`` on a text chunk. (Not ``Raw | None``:
+            msgspec cannot decode a ``Raw`` inside a union, so that type refused every
+            progress chunk. The wire form is the same.)
     """
 
     run_id: str
@@ -160,5 +163,5 @@ class Chunk(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     kind: ChunkKind = "text"
     text: str = ""
-    value: msgspec.Raw | None = None
+    value: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
     at: float = 0.0

@@ -46,13 +46,14 @@ async def record(url: str, scratch: Path) -> None:
     os.environ["SOJOURN_DEMO_OUTBOX"] = str(scratch / "welcome")
     os.environ["SOJOURN_DEMO_STEP_SECONDS"] = "0"
     os.environ["SOJOURN_ONBOARDING_OUTBOX"] = str(scratch / "onboarding")
-    from examples import greeter, onboarding, welcome
+    from examples import greeter, onboarding, streaming, welcome
 
     agents: list[Agent[Any, Any]] = [
         greeter.greeter,
         welcome.welcome,
         onboarding.onboarding,
         onboarding.it_provision,
+        streaming.answerer,
     ]
     settings = Settings(prefix="golden")
     worker = Worker(agents, nats=url, settings=settings)
@@ -86,6 +87,11 @@ async def record(url: str, scratch: Path) -> None:
         await client.signal(run, "docs.signed", {"by": "hr@example.com"})
         await client.result(run, timeout=60)
         await save(client, "examples.onboarding--escalated", run)
+
+        question = {"question": "What is durable execution?", "tokens": 12, "delay": 0}
+        run = await client.start("answerer", question)
+        await client.result(run, timeout=60)
+        await save(client, "examples.streaming--completed", run)
     finally:
         await client.close()
         await worker.stop()
