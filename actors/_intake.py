@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Literal
 
 import msgspec
 
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, header
-from sojourn.broker.delivery import Delivery
+from sojourn.broker.delivery import Delivery, StoredMessage
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.names import (
     CHILD_RUN_ID,
@@ -81,7 +82,7 @@ from ._agent import Agent
 from ._faults import fault
 from ._state import RunState, fold
 
-__all__ = ["REPLY_HEADER", "Intake", "Rejected", "dead_letter"]
+__all__ = ["REPLY_HEADER", "Intake", "PendingRun", "Rejected", "dead_letter", "find_pending"]
 
 log = logging.getLogger("sojourn.intake")
 
@@ -94,11 +95,27 @@ HANDBACK_MAX_DELAY = 30.0
 """Longest pause before a handed-back trigger (its agent is served elsewhere) is looked at
 again: the pause grows by a second per delivery up to this."""
 
+
+def handback_delay(delivered: int) -> float:
+    """The pause before a message handed back for another worker is delivered again: a second
+    per delivery so far (at most ``HANDBACK_MAX_DELAY``), plus up to a second at random.
+
+    The random part matters: intakes pull once a second, and a whole-second pause lands the
+    message when the same intake's pull is again the oldest one waiting, so the worker that
+    handed it back would take it every time and one that serves its agent never would.
+    """
+    return min(HANDBACK_MAX_DELAY, float(delivered)) + random.random()
+
+
 DEAD_LETTER_HEADERS_MAX = 16 * 1024
 """Header bytes a dead-letter record keeps; beyond it the headers are summarised."""
 
 _RECORD_OVERHEAD = 64 * 1024
 """Room left in a dead-letter message for everything but the body."""
+
+INBOX_SCAN = 16
+"""Stored messages looked at per filter when the inbox is searched for a run's start or
+cancels: enough for any real run, and a bound on what a flood of junk can cost."""
 
 OnCreated = Callable[[str, Decision, Delivery], Awaitable[bool]]
 """Called with a freshly created run: return True to run it at once (then the callee settles
@@ -237,6 +254,21 @@ class Intake:
         except msgspec.DecodeError as e:
             raise Rejected("invalid_json", f"trigger is not valid JSON: {e}") from e
         parent = trigger.parent_run_id
+        if inbox.name:  # the subject names the run (``start.<agent>.<run_id>``): it decides
+            if CHILD_RUN_ID.fullmatch(inbox.name):
+                raise Rejected(
+                    "invalid_run_id",
+                    f"run id {inbox.name!r} in the subject has the form of a child run's id "
+                    "(<parent>-c<number>), which only a run starting its child may use",
+                )
+            if trigger.run_id is None:
+                trigger = msgspec.structs.replace(trigger, run_id=inbox.name)
+            elif trigger.run_id != inbox.name:
+                raise Rejected(
+                    "invalid_run_id",
+                    f"the subject names run {inbox.name!r} but the body's run_id is "
+                    f"{trigger.run_id[:200]!r}",
+                )
         if inbox.kind == "spawn":
             if parent is None or trigger.run_id is None:
                 raise Rejected("invalid_trigger", "a spawn names its parent and the child's id")
@@ -288,7 +320,7 @@ class Intake:
                 # Another worker serves it. Pauses grow, so a trigger waiting hours for its
                 # agent's worker costs little, and is dead-lettered at max_deliveries.
                 n = msg.num_delivered
-                await msg.nak(delay=min(HANDBACK_MAX_DELAY, float(n)))
+                await msg.nak(delay=handback_delay(n))
                 return None
             raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
         inbox_seq = msg.stream_seq
@@ -303,6 +335,7 @@ class Intake:
             raise Rejected(
                 "invalid_input", f"input does not match agent '{agent_name}': {e}"
             ) from e
+        budget = agent.budget
         started = RunStarted(
             run_id=run_id,
             agent=agent_name,
@@ -314,12 +347,18 @@ class Intake:
                 msg_id=msg.header(h.MSG_ID) or None,
                 received_at=time.time(),
             ),
+            budget_usd=None if budget is None else budget.usd,
+            budget_tokens=None if budget is None else budget.tokens,
             at=time.time(),
         )
+        # A cancel sent while the run was pending waits in the inbox behind its start: record
+        # it with the start, so the run ends cancelled before it runs anything.
+        queued_cancel = await self._queued_cancel(run_id)
+        events: list[RunEvent] = [started] if queued_cancel is None else [started, queued_cancel]
         msg_id = f"{run_id}:start:{inbox_seq}"
         try:
             seq, earlier = await self.store.append_once(
-                run_id, [started], expected_seq=0, writer=self.writer, msg_id=msg_id
+                run_id, events, expected_seq=0, writer=self.writer, msg_id=msg_id
             )
         except ConcurrencyConflict:
             first = await self.store.first(run_id)
@@ -334,8 +373,45 @@ class Intake:
             return IntakeOk(run_id=run_id, created=ours), None, ours
         if earlier:  # we created it before and crashed or lost the ack: history may have grown
             return IntakeOk(run_id=run_id, created=True), None, True
-        created = Decision(seq=seq, events=(started,), writer=self.writer, msg_id=msg_id)
+        created = Decision(seq=seq, events=tuple(events), writer=self.writer, msg_id=msg_id)
         return IntakeOk(run_id=run_id, created=True), created, True
+
+    async def _queued_cancel(self, run_id: str) -> CancelRequested | None:
+        """The oldest cancel of ``run_id`` stored in the inbox that the intake would accept,
+        as the event it would record (its sender is its subject's), or ``None``.
+
+        When that cancel message is delivered later, ``_cancel`` finds the run cancelled from
+        its first decision and records nothing more.
+        """
+        names = self.names
+        found: list[tuple[int, CancelRequested]] = []
+        for subject in (names.cancel(run_id), names.cancel(run_id, "*")):
+            async for m in _scan(self.broker, names.inbox_stream, subject):
+                event = self._stored_cancel(m, run_id)
+                if event is not None:
+                    found.append((m.seq, event))
+                    break
+        return min(found, key=lambda f: f[0])[1] if found else None
+
+    def _stored_cancel(self, m: StoredMessage, run_id: str) -> CancelRequested | None:
+        """The event a stored cancel message records when it is delivered, ``None`` if the
+        intake would refuse it (the checks of ``handle`` and ``_cancel``, in their order)."""
+        try:
+            inbox = self.names.parse_inbox(m.subject)
+        except InvalidName:
+            return None
+        if inbox.kind != "cancel" or inbox.target != run_id:
+            return None
+        reply_to = m.header(REPLY_HEADER)
+        if reply_to and not valid_reply_subject(reply_to):
+            return None
+        if len(m.data) > self.settings.max_payload:
+            return None
+        try:
+            body = _cancel_body(m.data)
+        except Rejected:
+            return None
+        return CancelRequested(reason=body.reason, by=inbox.sender, at=time.time())
 
     async def _check_parent(self, parent_run_id: str) -> None:
         """A child whose parent was cancelled (or ended) while its start was queued must not
@@ -447,10 +523,8 @@ class Intake:
             if not history:
                 if inbox.kind == "child":
                     return IntakeOk(run_id=run_id, created=False)  # no such parent: drop
-                if msg.num_delivered < UNKNOWN_RUN_RETRIES:
-                    await msg.nak(delay=1.0)  # its start may still be on its way
-                    return None
-                raise Rejected("unknown_run", f"no run with id '{run_id}'")
+                await self._not_yet(msg, run_id)
+                return None
             msg_id = f"{run_id}:signal:{inbox_seq}"
             if any(d.msg_id == msg_id for d in history):
                 break  # recorded by an earlier delivery of this very message
@@ -489,16 +563,7 @@ class Intake:
 
     async def _cancel(self, msg: Delivery, inbox: InboxSubject) -> IntakeOk | None:
         run_id = inbox.target
-        body = CancelBody()
-        if msg.data.strip():
-            try:
-                body = decode_cancel(msg.data)
-            except msgspec.ValidationError as e:
-                raise Rejected(
-                    "invalid_trigger", f'cancel body must be {{"reason": ...}}: {e}'
-                ) from e
-            except msgspec.DecodeError as e:
-                raise Rejected("invalid_json", f"cancel body is not valid JSON: {e}") from e
+        body = _cancel_body(msg.data)
         inbox_seq = msg.stream_seq
         msg_id = f"{run_id}:cancel:{inbox_seq}"
         for _ in range(20):
@@ -506,19 +571,15 @@ class Intake:
                 self.names.events_stream, self.names.events(run_id)
             )
             if last is None:
-                if msg.num_delivered < UNKNOWN_RUN_RETRIES:
-                    # Its start may still be on its way (queued for a worker of its agent):
-                    # look again before calling the run unknown.
-                    await msg.nak(delay=1.0)
-                    return None
-                raise Rejected("unknown_run", f"no run with id '{run_id}'")
+                await self._not_yet(msg, run_id)
+                return None
             if header(last, h.MSG_ID) == msg_id:
                 break  # recorded by an earlier delivery: wake again
-            if any(
-                isinstance(e, (RunCompleted, RunFailed, RunCancelled))
-                for e in decode_events(last.data)
-            ):
+            last_events = decode_events(last.data)
+            if any(isinstance(e, (RunCompleted, RunFailed, RunCancelled)) for e in last_events):
                 return IntakeOk(run_id=run_id, created=False)  # already over: nothing to do
+            if await self._cancelled_at_start(run_id, last_events):
+                break  # recorded with the start (it was pending): nothing more, wake again
             try:
                 await self.store.append(
                     run_id,
@@ -536,6 +597,42 @@ class Intake:
         fault("intake_recorded")
         await publish_wake(self.broker, self.names, run_id, "cancel")
         return IntakeOk(run_id=run_id, created=False)
+
+    async def _cancelled_at_start(self, run_id: str, last: list[RunEvent]) -> bool:
+        """Whether the run was asked to cancel in its first decision: a cancel sent while it
+        was pending, recorded with its start (``_queued_cancel``). Any cancel delivered since
+        adds nothing: the run never runs a step."""
+        if not any(isinstance(e, RunStarted) for e in last):
+            first = await self.store.first(run_id)
+            last = list(first.events) if first is not None else []
+        return any(isinstance(e, CancelRequested) for e in last)
+
+    # --- runs that do not exist (yet) --------------------------------------------------------
+
+    async def _not_yet(self, msg: Delivery, run_id: str) -> None:
+        """A signal, cancel, resume or decision for a run with no history: hand it back while
+        its start may still come, else refuse it ``unknown_run``.
+
+        Its start may be on its way (the first ``UNKNOWN_RUN_RETRIES`` deliveries, a second
+        apart), or stored in the inbox and not yet taken (the run is pending: no worker of its
+        agent is up). A pending run's messages are handed back with pauses growing like a
+        start's for another worker's agent, bounded by ``Settings.max_deliveries``; when a
+        worker creates the run they apply in order.
+
+        Raises:
+            Rejected: ``unknown_run``.
+        """
+        n = msg.num_delivered
+        if n < UNKNOWN_RUN_RETRIES:
+            await msg.nak(delay=1.0)
+            return
+        pending = await find_pending(
+            self.broker, self.names, run_id, max_payload=self.settings.max_payload
+        )
+        if pending is not None:
+            await msg.nak(delay=handback_delay(n))
+            return
+        raise Rejected("unknown_run", f"no run with id '{run_id}'")
 
     # --- replies and rejections --------------------------------------------------------------
 
@@ -561,6 +658,97 @@ class Intake:
             error = IntakeError(error=ErrorBody(code=code, message=message))
             await self._reply(msg, encode(error))
         await msg.ack()
+
+
+class PendingRun(msgspec.Struct, frozen=True, kw_only=True):
+    """A run whose start is stored in the inbox and not yet taken: it has no history yet.
+
+    Attributes:
+        agent: the agent its start names.
+        queued_at: when the inbox stored the start (unix seconds).
+        inbox_seq: the start's inbox sequence.
+        sender: the ``as.<sender>`` token of the start's subject (``None``: anonymous).
+    """
+
+    run_id: str
+    agent: str
+    queued_at: float
+    inbox_seq: int
+    sender: str | None = None
+
+
+async def find_pending(
+    broker: Broker, names: Names, run_id: str, *, max_payload: int
+) -> PendingRun | None:
+    """The oldest start of ``run_id`` stored in the inbox that names it in its subject
+    (``<prefix>[.as.<sender>].start.<agent>.<run_id>``), or ``None``.
+
+    The inbox is a work queue: a start stays stored until a worker settles it, so one found
+    here was not taken yet. A stored start the intake would refuse at once (not a start of
+    this run, oversized, a body that is not a start or names another run or a parent) does
+    not make a run pending. Whether the run has a history is the caller's to know: a start
+    that created its run stays stored until the run first rests.
+    """
+    if CHILD_RUN_ID.fullmatch(run_id):
+        return None  # only a spawn makes a child run, and its subject names no run
+    found: list[PendingRun] = []
+    for subject in names.pending_starts(run_id):
+        async for m in _scan(broker, names.inbox_stream, subject):
+            pending = _pending_start(names, m, run_id, max_payload)
+            if pending is not None:
+                found.append(pending)
+                break
+    return min(found, key=lambda p: p.inbox_seq) if found else None
+
+
+def _pending_start(
+    names: Names, m: StoredMessage, run_id: str, max_payload: int
+) -> PendingRun | None:
+    if len(m.data) > max_payload:
+        return None
+    try:
+        inbox = names.parse_inbox(m.subject)
+    except InvalidName:
+        return None
+    if inbox.kind != "start" or inbox.name != run_id:
+        return None
+    try:
+        trigger = decode_start(m.data)
+    except msgspec.MsgspecError:
+        return None
+    if trigger.parent_run_id is not None or trigger.run_id not in (None, run_id):
+        return None
+    return PendingRun(
+        run_id=run_id, agent=inbox.target, queued_at=m.time, inbox_seq=m.seq, sender=inbox.sender
+    )
+
+
+async def _scan(broker: Broker, stream: str, subject: str) -> AsyncIterator[StoredMessage]:
+    """The messages stored on ``subject`` (wildcards allowed), oldest first, at most
+    ``INBOX_SCAN``: one direct get each, so an oversized one costs one answer, not a batch."""
+    seq = 1
+    for _ in range(INBOX_SCAN):
+        msgs, _more = await broker.direct_get_batch(stream, subject, seq, 1)
+        if not msgs:
+            return
+        yield msgs[0]
+        seq = msgs[0].seq + 1
+
+
+def _cancel_body(data: bytes) -> CancelBody:
+    """A cancel message's body (empty: no reason).
+
+    Raises:
+        Rejected: ``invalid_trigger`` (not a cancel body) or ``invalid_json``.
+    """
+    if not data.strip():
+        return CancelBody()
+    try:
+        return decode_cancel(data)
+    except msgspec.ValidationError as e:
+        raise Rejected("invalid_trigger", f'cancel body must be {{"reason": ...}}: {e}') from e
+    except msgspec.DecodeError as e:
+        raise Rejected("invalid_json", f"cancel body is not valid JSON: {e}") from e
 
 
 def dead_letter(msg: Delivery, kind: DlqKind, code: str, message: str, *, limit: int) -> DeadLetter:

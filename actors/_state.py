@@ -14,6 +14,7 @@ from typing import Literal
 
 import msgspec
 
+from sojourn.schemas.codec import from_raw
 from sojourn.schemas.events import (
     CancelRequested,
     ChildStarted,
@@ -104,10 +105,33 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     parent_run_id: str | None = None
     cap_resumes: int = 0
     budget_resumes: int = 0
+    spent_usd: float = 0.0
+    """What the run's ``ctx.spend`` calls recorded, summed (``spend`` values)."""
+    spent_tokens: int = 0
+    budget_usd: float | None = None
+    """The agent's budget as ``RunStarted`` recorded it: one grant (``granted_usd`` counts
+    the grants); ``None`` without one, or for a run started before budgets were recorded."""
+    budget_tokens: int | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def grants(self) -> int:
+        """How many times the run's budget was granted: once at the start, once more for each
+        resume of a budget suspension (as ``_machine.spend`` counts them)."""
+        return 1 + self.budget_resumes
+
+    @property
+    def granted_usd(self) -> float | None:
+        """The usd budget in effect (every grant), ``None`` without one."""
+        return None if self.budget_usd is None else self.budget_usd * self.grants
+
+    @property
+    def granted_tokens(self) -> int | None:
+        """The token budget in effect (every grant), ``None`` without one."""
+        return None if self.budget_tokens is None else self.budget_tokens * self.grants
 
     @property
     def buffered_signals(self) -> int:
@@ -139,6 +163,8 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 status=next_status(s.status, event),
                 started_at=event.at,
                 parent_run_id=event.parent_run_id,
+                budget_usd=event.budget_usd,
+                budget_tokens=event.budget_tokens,
             )
         case SignalReceived():
             return msgspec.structs.replace(s, signals=(*s.signals, _signal_record(event)))
@@ -415,6 +441,14 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 status="recorded",
                 result=event.value,
             )
+            if event.kind == SPEND_KIND:
+                spent = _spent(event.value)
+                if spent is not None:
+                    s = msgspec.structs.replace(
+                        s,
+                        spent_usd=s.spent_usd + spent.usd,
+                        spent_tokens=s.spent_tokens + spent.tokens,
+                    )
         case WaitStarted():
             rec = OpRecord(
                 position=event.position,
@@ -454,6 +488,27 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
     else:
         ops[rec.position] = rec
     return _lifecycle(s, event)
+
+
+SPEND_KIND = "spend"
+"""The ``ValueRecorded.kind`` of a ``ctx.spend`` call (a ``ValueKind``)."""
+
+
+class _Spent(msgspec.Struct, frozen=True):
+    """The value a ``ctx.spend`` call records (``_machine.spend``)."""
+
+    usd: float = 0.0
+    tokens: int = 0
+
+
+def _spent(value: msgspec.Raw) -> _Spent | None:
+    """A recorded ``spend`` value, ``None`` if it is not one (the fold is total: a value it
+    cannot read counts nothing rather than failing)."""
+    try:
+        spent: _Spent = from_raw(value, _Spent)
+    except msgspec.MsgspecError:
+        return None
+    return spent
 
 
 def _lifecycle(s: RunState, event: RunEvent) -> RunState:

@@ -261,7 +261,9 @@ class Worker:
         except InvalidName:
             return m.subject  # rejected on its own
         if inbox.kind in ("start", "spawn"):
-            run_id = peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
+            run_id = inbox.name or (
+                peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
+            )
             return f"run:{run_id}" if run_id else m.subject
         return f"run:{inbox.target}"
 

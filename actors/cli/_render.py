@@ -28,6 +28,7 @@ from sojourn.schemas.events import (
 )
 from sojourn.schemas.health import Liveness
 
+from .._intake import PendingRun
 from .._state import RunState
 
 __all__ = [
@@ -37,8 +38,11 @@ __all__ = [
     "liveness_line",
     "one_line",
     "out",
+    "pending_json",
+    "pending_rows",
     "public_status",
     "short",
+    "spend_text",
     "stamp",
     "status_json",
     "status_rows",
@@ -162,8 +166,58 @@ def status_json(state: RunState, run_id: str) -> dict[str, Any]:
         "parent_run_id": state.parent_run_id,
         "suspended_reason": state.suspended_reason,
         "suspended_detail": state.suspended_detail,
+        "spent_usd": state.spent_usd,
+        "spent_tokens": state.spent_tokens,
+        "budget_usd": state.granted_usd,
+        "budget_tokens": state.granted_tokens,
+        "queued_at": None,
         "anomalies": list(state.anomalies),
     }
+
+
+def pending_json(pending: PendingRun) -> dict[str, Any]:
+    """``sojourn status --json`` of a pending run (its start stored, not yet taken): the keys
+    of any run's, empty where nothing is known yet, and ``queued_at``."""
+    body = status_json(RunState(run_id=pending.run_id, agent=pending.agent), pending.run_id)
+    body["status"] = "pending"
+    body["queued_at"] = iso(pending.queued_at)
+    return body
+
+
+def pending_rows(pending: PendingRun) -> list[tuple[str, str]]:
+    """The rows of ``sojourn status`` for a pending run."""
+    queued = stamp(pending.queued_at)
+    if pending.queued_at:
+        queued += f" ({max(time.time() - pending.queued_at, 0.0):.1f}s ago)"
+    return [
+        ("run", pending.run_id),
+        ("agent", pending.agent),
+        ("status", "pending"),
+        ("queued", queued),
+        ("note", f"its start is stored; it runs when a worker serving {pending.agent} takes it"),
+    ]
+
+
+def spend_text(state: RunState) -> str | None:
+    """What the run spent (``ctx.spend``) against its budget in effect, ``None`` when it
+    spent nothing and has no budget: ``0.8 usd of 1, 300 tokens``."""
+    parts = []
+    if state.spent_usd or state.budget_usd is not None:
+        usd = f"{state.spent_usd:g} usd"
+        if state.granted_usd is not None:
+            usd += f" of {state.granted_usd:g}"
+        parts.append(usd)
+    if state.spent_tokens or state.budget_tokens is not None:
+        tokens = f"{state.spent_tokens} tokens"
+        if state.granted_tokens is not None:
+            tokens += f" of {state.granted_tokens}"
+        parts.append(tokens)
+    if not parts:
+        return None
+    text = ", ".join(parts)
+    if state.grants > 1 and (state.budget_usd is not None or state.budget_tokens is not None):
+        text += f" (budget granted {state.grants} times)"
+    return text
 
 
 def status_rows(state: RunState, liv: Liveness, run_id: str) -> list[tuple[str, str]]:
@@ -181,6 +235,9 @@ def status_rows(state: RunState, liv: Liveness, run_id: str) -> list[tuple[str, 
         ("liveness", live),
         ("steps", f"{state.steps_completed} completed, {state.step_attempts} attempts"),
     ]
+    spend = spend_text(state)
+    if spend is not None:
+        rows.append(("spend", spend))
     last = state.ops[-1] if state.ops else None
     if state.status == "running" and last is not None and last.status == "started":
         rows.append(("executing", f"{last.name} pos={last.position} attempt={last.attempts}"))

@@ -21,8 +21,9 @@ from sojourn.schemas.export import export_schemas
 
 from .._agent import Agent
 from .._app import load_app
-from .._client import Client, TriggerRejected
+from .._client import Client, PendingRun, TriggerRejected
 from .._replay import Divergence, decode_history_file, replay_run
+from .._state import RunState
 from .._watchdog import Watchdog
 from ._common import (
     EXIT_ERROR,
@@ -39,7 +40,10 @@ from ._render import (
     describe_event,
     one_line,
     out,
+    pending_json,
+    pending_rows,
     public_status,
+    stamp,
     status_json,
     status_rows,
 )
@@ -111,12 +115,42 @@ async def cmd_start(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _lookup(client: Client, run_id: str) -> RunState | PendingRun:
+    """The run's state, or its stored start while it is pending (no worker took it yet).
+
+    Raises:
+        RunNotFound: neither a history nor a stored start.
+    """
+    for _ in range(2):  # a start taken between the two looks: the run has a history now
+        try:
+            return await client.state(run_id)
+        except RunNotFound:
+            pending = await client.pending(run_id)
+            if pending is not None:
+                return pending
+    raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
+
+
+def _queued(pending: PendingRun) -> str:
+    return f"pending: its start has been queued since {stamp(pending.queued_at)}"
+
+
 async def cmd_status(args: argparse.Namespace) -> int:
     validate_token(args.run_id, "run_id")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await client.state(args.run_id)
-        liv = await client.liveness(args.run_id)
+        state = await _lookup(client, args.run_id)
+        liv = None if isinstance(state, PendingRun) else await client.liveness(args.run_id)
+    if isinstance(state, PendingRun):
+        if args.json:
+            body = pending_json(state)
+            body["liveness"] = None
+            out(encode(body).decode())
+        else:
+            for key, value in pending_rows(state):
+                out(f"{key:<10} {value}")
+        return EXIT_OK
+    assert liv is not None
     if args.json:
         body = status_json(state, args.run_id)
         body["liveness"] = msgspec.to_builtins(liv)
@@ -132,7 +166,8 @@ async def cmd_history(args: argparse.Namespace) -> int:
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
         history = await client.history(args.run_id)
-    if not history:
+        pending = None if history else await client.pending(args.run_id)
+    if not history and pending is None:
         raise RunNotFound(f"no run with id '{args.run_id}'", run_id=args.run_id)
     if args.json:
         out(
@@ -140,6 +175,9 @@ async def cmd_history(args: argparse.Namespace) -> int:
                 [{"seq": d.seq, "writer": d.writer, "events": list(d.events)} for d in history]
             ).decode()
         )
+        return EXIT_OK
+    if pending is not None:
+        out(f"run {args.run_id} has no history yet ({_queued(pending)})")
         return EXIT_OK
     width = max(len("writer"), *(len(d.writer) for d in history))
     out(f"{'seq':>5}  {'time (UTC)':<12}  {'writer':<{width}}  event")
@@ -154,12 +192,18 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     validate_token(args.run_id, "run_id")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await client.state(args.run_id)
-        if state.terminal:
+        state = await _lookup(client, args.run_id)
+        if isinstance(state, RunState) and state.terminal:
             out(f"run {args.run_id} already ended ({state.status}): nothing to cancel")
             return EXIT_OK
         by = cli_sender(client)
         await client.cancel(args.run_id, args.reason, by=by)
+    if isinstance(state, PendingRun):
+        out(
+            f"cancel requested for run {args.run_id} ({_queued(state)}): it ends cancelled "
+            f"without running a step when a worker serving {state.agent} takes it"
+        )
+        return EXIT_OK
     out(
         f"cancel requested for run {args.run_id}: it stops before its next step "
         f"(see `sojourn status {args.run_id}`)"
@@ -172,12 +216,19 @@ async def cmd_signal(args: argparse.Namespace) -> int:
     payload = parse_input(args.payload, "--payload")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await client.state(args.run_id)  # a typo'd run id is an error here, not a DLQ
-        if state.terminal:
+        state = await _lookup(client, args.run_id)  # a typo'd run id is an error, not a DLQ
+        if isinstance(state, RunState) and state.terminal:
             raise UsageError(f"run {args.run_id} has ended ({state.status}): signal not sent")
         sid = await client.signal(
             args.run_id, args.name, payload, signal_id=args.signal_id, sender=args.sender
         )
+    if isinstance(state, PendingRun):
+        out(
+            f"signal {args.name} sent to run {args.run_id} (id {sid}; the run is "
+            f"{_queued(state)}): it is recorded once a worker serving {state.agent} starts "
+            "the run, and buffered until the run waits for it"
+        )
+        return EXIT_OK
     out(
         f"signal {args.name} sent to run {args.run_id} (id {sid}); it is buffered until the "
         "run waits for it"
@@ -189,7 +240,9 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     validate_token(args.run_id, "run_id")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await client.state(args.run_id)
+        state = await _lookup(client, args.run_id)
+        if isinstance(state, PendingRun):
+            raise UsageError(f"run {args.run_id} is {_queued(state)}; not suspended")
         if state.status != "suspended":
             raise UsageError(f"run {args.run_id} is {public_status(state)}, not suspended")
         by = cli_sender(client)
@@ -203,7 +256,9 @@ async def cmd_decide(args: argparse.Namespace) -> int:
     result = parse_input(args.result, "--result")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await client.state(args.run_id)
+        state = await _lookup(client, args.run_id)
+        if isinstance(state, PendingRun):
+            raise UsageError(f"run {args.run_id} is {_queued(state)}; it has no step yet")
         if state.status != "suspended" or state.suspended_reason not in ("in_doubt", "crash_loop"):
             raise UsageError(f"run {args.run_id} is not suspended on an in-doubt step")
         by = cli_sender(client)

@@ -277,7 +277,7 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
 BOOKKEEPING = {"events", "updated_at", "anomalies"}
 MAY_CHANGE: dict[type, set[str]] = {
     RunStarted: {"run_id", "agent", "code_version", "input", "status", "started_at"}
-    | {"parent_run_id"},
+    | {"parent_run_id", "budget_usd", "budget_tokens"},
     RunCompleted: {"status", "output", "ended_at"},
     RunFailed: {"status", "error", "ended_at"},
     CancelRequested: {"cancel_requested"},
@@ -288,7 +288,7 @@ MAY_CHANGE: dict[type, set[str]] = {
     StepStarted: {"ops", "status", "step_attempts", "waiting_on", "deadline"},  # a retry began
     StepCompleted: {"ops", "status", "steps_completed"},
     StepFailed: {"ops", "status", "waiting_on", "deadline"},  # ``retry_at``: backing off
-    ValueRecorded: {"ops"},
+    ValueRecorded: {"ops", "spent_usd", "spent_tokens"},  # a ``spend`` value adds to the spend
     WaitStarted: {"ops", "status", "waiting_on", "deadline"},
     WaitCompleted: {"ops", "status", "waiting_on", "deadline", "signals"},
     SignalReceived: {"signals"},
