@@ -35,7 +35,14 @@ from sojourn.schemas.errors import (
 
 from ._agent import Agent, Budget, agent
 from ._app import load_app
-from ._client import Client, RunCancelledError, RunFailedError, StartReceipt, TriggerRejected
+from ._client import (
+    Client,
+    PendingRun,
+    RunCancelledError,
+    RunFailedError,
+    StartReceipt,
+    TriggerRejected,
+)
 from ._context import (
     ChildHandle,
     Context,
@@ -69,6 +76,7 @@ __all__ = [
     "OutputChunk",
     "OutputReader",
     "PayloadTooLarge",
+    "PendingRun",
     "PermissionDenied",
     "PollTimeout",
     "RetryPolicy",

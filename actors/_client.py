@@ -1,8 +1,9 @@
 """The Python client: start runs, await results, read status and history, cancel.
 
-Clients never write run events. ``start`` publishes a trigger on ``<prefix>.start.<agent>``,
-which the inbox stream captures: the JetStream publish ack is the durable receipt, even while no
-worker is up. Everything else reads the run's event subject.
+Clients never write run events. ``start`` publishes a trigger on
+``<prefix>[.as.<user>].start.<agent>.<run_id>``, which the inbox stream captures: the JetStream
+publish ack is the durable receipt, even while no worker is up, and until a worker takes it the
+run is ``pending``, found by its id in the inbox. Everything else reads the run's event subject.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncGenerator, Iterable
+from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 import msgspec
@@ -48,6 +51,7 @@ from sojourn.schemas.errors import (
 )
 from sojourn.schemas.events import ErrorInfo, RunCancelled, RunCompleted, RunEvent, RunFailed
 from sojourn.schemas.health import Liveness
+from sojourn.schemas.views import RunsPage, RunView
 from sojourn.schemas.wire import (
     CancelBody,
     InDoubtDecision,
@@ -57,10 +61,20 @@ from sojourn.schemas.wire import (
     StartTrigger,
 )
 
-from ._intake import REPLY_HEADER
+from ._intake import REPLY_HEADER, PendingRun, find_pending
+from ._listing import list_runs
+from ._output import OutputReader, read_output
 from ._state import RunState, fold
+from ._watching import read_view, watch_run
 
-__all__ = ["Client", "RunCancelledError", "RunFailedError", "StartReceipt", "TriggerRejected"]
+__all__ = [
+    "Client",
+    "PendingRun",
+    "RunCancelledError",
+    "RunFailedError",
+    "StartReceipt",
+    "TriggerRejected",
+]
 
 T = TypeVar("T")
 
@@ -202,7 +216,8 @@ class Client:
             )
         await self._ensure()
         headers = {h.MSG_ID: f"start:{agent}:{run_id}"}
-        subject = self.names.start(agent, self.identity)
+        # The run id in the subject makes the stored trigger findable: the run is pending.
+        subject = self.names.start(agent, self.identity, run_id)
         if not wait:
             await self._publish(subject, body, headers)
             return StartReceipt(run_id=run_id, created=None, queued=True)
@@ -388,10 +403,110 @@ class Client:
         )
         return classify(summary, lease, time.time() if now is None else now, limits, wedge)
 
+    async def pending(self, run_id: str) -> PendingRun | None:
+        """The run's start, if it is stored in the inbox and no worker has taken it yet (the
+        run has no history): which agent it names and since when it waits. ``None`` for a run
+        that exists, or of which nothing is known.
+
+        Only starts that name their run in the subject are found (``Client.start`` and
+        ``sojourn start`` send that form; a start on ``<prefix>.start.<agent>`` is not)."""
+        validate_token(run_id, "run_id")
+        if await self.store.last_seq(run_id) > 0:
+            return None
+        return await find_pending(
+            self.broker, self.names, run_id, max_payload=self.settings.max_payload
+        )
+
+    # --- the read side (kept by a projector) ---------------------------------------------------
+
+    async def view(self, run_id: str) -> RunView | None:
+        """The run's view in the runs bucket (``schemas.views.RunView``: status, liveness, what
+        it waits for, its step, spend and budget...) as the projector last wrote it; ``None``
+        when there is none (no projector runs, or the run is unknown to it)."""
+        validate_token(run_id, "run_id")
+        return await read_view(self.broker, self.names, run_id)
+
+    async def runs(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | Iterable[str] = (),
+        liveness: str | Iterable[str] = (),
+        since: float | timedelta | None = None,
+        parent_run_id: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        timeout: float = 5.0,
+    ) -> RunsPage:
+        """One page of runs matching every filter given, most recently updated first, from a
+        projector's read model. ``status`` and ``liveness`` take one value or several (any of
+        them); ``since`` is a unix time or a ``timedelta`` (updated within it). More pages:
+        pass the answer's ``next`` as ``after``.
+
+        Raises:
+            InvalidName / ValueError: a filter is not valid.
+            SojournError: no projector answers (start ``sojourn projector`` or ``sojourn
+                dev``), or it refused the query.
+        """
+        if isinstance(since, timedelta):
+            since = time.time() - since.total_seconds()
+        return await list_runs(
+            self.broker,
+            self.names,
+            agent=agent,
+            status=_values(status),  # type: ignore[arg-type]  # validated by list_runs
+            liveness=_values(liveness),  # type: ignore[arg-type]
+            since=since,
+            parent_run_id=parent_run_id,
+            limit=limit,
+            after=after,
+            timeout=timeout,
+        )
+
+    def watch(self, run_id: str, *, timeout: float | None = None) -> AsyncGenerator[RunView, None]:
+        """Every view of the run, in order, until it ends (the terminal view is the last): the
+        views already stored first, then each new one as the projector writes it. Needs a
+        running projector. Use ``contextlib.aclosing`` to stop early.
+
+        Raises (while iterating):
+            RunNotFound: nothing is known of the run, or its start was refused.
+            TimeoutError: it did not end within ``timeout`` seconds.
+        """
+        validate_token(run_id, "run_id")
+        return watch_run(self.broker, self.names, run_id, timeout=timeout)
+
+    def stream(
+        self, run_id: str, *, after: int = 0, follow: bool = True, timeout: float | None = None
+    ) -> OutputReader:
+        """The run's output chunks (``ctx.stream``, ``ctx.progress``) after offset ``after``,
+        then new ones until the run ends (``follow``). Each ``OutputChunk`` has its ``offset``:
+        keep the last one to resume exactly there after a disconnect, hours later.
+
+        Example:
+            >>> async with client.stream(run_id, after=last) as chunks:  # doctest: +SKIP
+            ...     async for c in chunks:
+            ...         print(c.text, end="")
+            ...         last = c.offset
+        """
+        validate_token(run_id, "run_id")
+        return read_output(
+            self.broker, self.names, run_id, after=after, follow=follow, timeout=timeout
+        )
+
     async def status(self, run_id: str) -> str:
         """``pending``, ``running``, ``waiting``, ``suspended``, ``completed``, ``failed`` or
-        ``cancelled``."""
-        return (await self.state(run_id)).status
+        ``cancelled``. A run whose start is stored and not yet taken by a worker is
+        ``pending`` (see ``pending``).
+
+        Raises:
+            RunNotFound: the run has no history and no stored start.
+        """
+        history = await self.history(run_id)
+        if history:
+            return fold(e for d in history for e in d.events).status
+        if await self.pending(run_id) is None:
+            raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
+        return "pending"
 
     @overload
     async def result(self, run_id: str, *, timeout: float | None = None) -> Any: ...
@@ -459,6 +574,10 @@ class Client:
 
 
 _TERMINAL = (RunCompleted, RunFailed, RunCancelled)
+
+
+def _values(value: str | Iterable[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def _outcome(run_id: str, event: RunEvent, tp: Any) -> Any:

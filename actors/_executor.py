@@ -465,15 +465,16 @@ class Activation:
         """The output writer of the step execution whose ``StepStarted`` was just stored: the
         decision holding it is ``last_seq``, which names the execution (an in-doubt step run
         again may keep its attempt number, never its start's sequence)."""
-        settings = self.store.settings
+        store = self.store
+        settings = store.settings
         return StepOutput(
-            self.store.broker,
-            self.store.names,
+            lambda: store.broker,
+            store.names,
             self.run_id,
             position=position,
             attempt=attempt,
             execution=self.last_seq,
-            limit=chunk_limit(settings.max_payload, self.store.broker.max_payload),
+            limit=lambda broker: chunk_limit(settings.max_payload, broker.max_payload),
             retry_for=settings.append_timeout,
         )
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sojourn.schemas.errors import SojournError
@@ -48,6 +48,7 @@ __all__ = [
     "step_label",
     "step_metrics",
     "stop_metrics",
+    "track_projector",
     "track_watchdog",
     "track_worker",
 ]
@@ -264,10 +265,61 @@ def _watchdog_families(watchdogs: list[_Gauges]) -> Iterable[Metric]:
     return watchdogs[0].gauges()
 
 
+def _projector_families(projectors: list[Any]) -> Iterable[Metric]:
+    """The projectors of this process (``sojourn.projections.projector.Projector``), summed;
+    normally one."""
+    lag = GaugeMetricFamily(
+        "sojourn_projector_lag_events",
+        "Decisions in the events stream this projector has not made views of yet (written, "
+        "for the leader; folded, for the others).",
+    )
+    lag_s = GaugeMetricFamily(
+        "sojourn_projector_lag_seconds",
+        "Stored time of the newest event minus that of the last one this projector handled "
+        "(0 when caught up).",
+    )
+    leader = GaugeMetricFamily(
+        "sojourn_projector_leader", "1 while this process leads the projectors (writes views)."
+    )
+    views = CounterMetricFamily(
+        "sojourn_projector_views_written", "Run views written to the runs KV bucket."
+    )
+    changes = CounterMetricFamily(
+        "sojourn_projector_changes_published",
+        "Change messages published on <prefix>.runs.<agent>.<run_id>.",
+    )
+    rows = CounterMetricFamily(
+        "sojourn_projector_rows_written", "Rows written to this projector's SQLite read model."
+    )
+    malformed = CounterMetricFamily(
+        "sojourn_projector_malformed",
+        "Inbox messages and dead letters the projector skipped because they could not be read.",
+        labels=["source"],
+    )
+    rebuild = GaugeMetricFamily(
+        "sojourn_projector_rebuild_seconds",
+        "How long the last --rebuild took (absent until one finished).",
+    )
+    lag.add_metric([], float(sum(p.lag_events for p in projectors)))
+    lag_s.add_metric([], max((p.lag_seconds for p in projectors), default=0.0))
+    leader.add_metric([], float(any(p.leading for p in projectors)))
+    views.add_metric([], float(sum(p.views_written for p in projectors)))
+    changes.add_metric([], float(sum(p.changes_published for p in projectors)))
+    rows.add_metric([], float(sum(p.rows_written for p in projectors)))
+    for source in ("inbox", "dlq"):
+        malformed.add_metric([source], float(sum(p.malformed[source] for p in projectors)))
+    took = [p.rebuild_seconds for p in projectors if p.rebuild_seconds is not None]
+    if took:
+        rebuild.add_metric([], max(took))
+    return [lag, lag_s, leader, views, changes, rows, malformed, rebuild]
+
+
 _workers = _LiveCollector(_worker_families)
 _watchdogs = _LiveCollector(_watchdog_families)
+_projectors = _LiveCollector(_projector_families)
 REGISTRY.register(_workers)
 REGISTRY.register(_watchdogs)
+REGISTRY.register(_projectors)
 
 
 def track_worker(worker: Any, on: bool = True) -> None:
@@ -276,6 +328,10 @@ def track_worker(worker: Any, on: bool = True) -> None:
 
 def track_watchdog(watchdog: _Gauges, on: bool = True) -> None:
     (_watchdogs.add if on else _watchdogs.discard)(watchdog)
+
+
+def track_projector(projector: Any, on: bool = True) -> None:
+    (_projectors.add if on else _projectors.discard)(projector)
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1") -> Any:

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -88,26 +89,41 @@ class StepOutput:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: Callable[[], Broker],
         names: Names,
         run_id: str,
         *,
         position: int,
         attempt: int,
         execution: int,
-        limit: int,
+        limit: Callable[[Broker], int],
         retry_for: float = 30.0,
     ) -> None:
-        self._broker = broker
-        self._subject = names.output(run_id)
+        # Made for every step attempt, used by few: the broker and the limit are looked up
+        # at the first write, so a step that streams nothing costs almost nothing.
+        self._broker_of = broker
+        self._limit_of = limit
+        self._names = names
         self.run_id = run_id
         self.position = position
         self.attempt = attempt
         self.execution = execution
-        self.limit = limit
         self._retry_for = retry_for
         self._index = 0
-        self._lock = asyncio.Lock()
+        self._lock: asyncio.Lock | None = None
+
+    @functools.cached_property
+    def _broker(self) -> Broker:
+        return self._broker_of()
+
+    @functools.cached_property
+    def _subject(self) -> str:
+        return self._names.output(self.run_id)
+
+    @functools.cached_property
+    def limit(self) -> int:
+        """The largest encoded chunk this execution may store."""
+        return self._limit_of(self._broker)
 
     @property
     def written(self) -> int:
@@ -141,6 +157,8 @@ class StepOutput:
         return await self._write("progress", "", raw)
 
     async def _write(self, kind: ChunkKind, text: str, value: msgspec.Raw) -> int:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
         async with self._lock:
             index = self._index
             body = encode(

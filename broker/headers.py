@@ -51,6 +51,19 @@ SCHEDULE_TARGET: Final = "Nats-Schedule-Target"
 
 # --- set by JetStream on what it stores, delivers or answers ------------------------------------
 
+BATCH_ID: Final = "Nats-Batch-Id"
+"""An atomic batch publish: the batch every message of it names (``Broker.try_publish_batch``)."""
+
+BATCH_SEQUENCE: Final = "Nats-Batch-Sequence"
+"""An atomic batch publish: the message's place in its batch, from 1, without gaps."""
+
+BATCH_COMMIT: Final = "Nats-Batch-Commit"
+"""An atomic batch publish: ``1`` on the last message, which commits the batch."""
+
+KV_OPERATION: Final = "KV-Operation"
+"""On a NATS KV entry: ``DEL`` or ``PURGE`` marks the key deleted (the runs bucket deletes the
+pending view of a refused start)."""
+
 SEQUENCE: Final = "Nats-Sequence"
 """A direct get's answer: the stream sequence of the message."""
 

@@ -119,6 +119,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "allow_rollup_hdrs": True,
             "deny_delete": True,
             "allow_direct": True,
+            "allow_atomic": True,  # the projector writes views in batches
             "duplicate_window": dedup,
             "num_replicas": 1,
         },
@@ -130,6 +131,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "discard": "old",
             "max_age": int(settings.changes_max_age * _NS),
             "allow_direct": True,
+            "allow_atomic": True,
             "duplicate_window": dedup,
             "num_replicas": 1,
         },

@@ -1,8 +1,13 @@
-"""sojourn.projections: read models built from run events (KV summaries, SQLite, watch APIs).
+"""sojourn.projections: read models built from run events.
 
-Imports ``sojourn.schemas`` and ``sojourn.broker``, never ``sojourn.actors``. The projector lands
-with the observability work; today run status and history are read by folding the run's events
-(``sojourn.actors.Client.state``), which is always exact.
+- ``summary``: the compact per-run fold (``RunSummary``), pure;
+- ``views``: a run's ``RunView`` from its summary, pure;
+- ``model``: the run model that follows the streams (the watchdog's and the projector's);
+- ``liveness`` / ``anomaly``: judgements made from it, pure;
+- ``projector``: run views in the runs KV bucket and change messages (``sojourn projector``);
+- ``sqlite``: the SQLite read model the projector feeds.
+
+Imports ``sojourn.schemas`` and ``sojourn.broker``, never ``sojourn.actors``.
 """
 
 __all__: list[str] = []

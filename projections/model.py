@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import msgspec
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -28,7 +29,7 @@ from sojourn.schemas.codec import (
     decode_worker_beat,
 )
 from sojourn.schemas.config import Settings
-from sojourn.schemas.events import RunCompleted, RunStarted, StepStarted
+from sojourn.schemas.events import RunCompleted, RunEvent, RunStarted, StepStarted
 from sojourn.schemas.health import LIVENESS_STATES, Liveness, WedgeRecord, WorkerBeat
 from sojourn.schemas.wire import LeaseHolder
 
@@ -36,7 +37,7 @@ from .anomaly import HistoryBaseline, RateBaseline
 from .liveness import Thresholds, classify
 from .summary import RunSummary, close_decision, summarize
 
-__all__ = ["RunModel", "gauge_families"]
+__all__ = ["OnDecision", "RunModel", "gauge_families"]
 
 log = logging.getLogger("sojourn.projections")
 
@@ -45,8 +46,17 @@ SILENT_FOR = 3600.0
 _MAX_AGENTS = 500
 
 
+OnDecision = Callable[[int, RunSummary, tuple[RunEvent, ...]], None]
+"""Called with ``(seq, summary_after, events)`` for every decision the model applies, an
+ended run's last one included (its final summary, handed over before the model drops it)."""
+
+
 class RunModel:
-    """Follows a deployment's streams; ``refresh()`` reads what is new, ``assess()`` judges."""
+    """Follows a deployment's streams; ``refresh()`` reads what is new, ``assess()`` judges.
+
+    ``on_decision`` (``OnDecision``), when set, sees every decision applied: the projector
+    makes its views from it. ``applied_time`` is the stored time of the last one.
+    """
 
     def __init__(self, broker: Broker, names: Names, settings: Settings) -> None:
         self.broker = broker
@@ -66,6 +76,8 @@ class RunModel:
         self.caught_up = False
         self.assessed: dict[str, Liveness] = {}
         self.assessed_at = 0.0
+        self.on_decision: OnDecision | None = None
+        self.applied_time = 0.0
         self._events = StreamFollower(broker, names.events_stream, names.events_all, page=1000)
         self._leases = StreamFollower(broker, names.leases_stream, names.leases_all)
         self._workers = StreamFollower(broker, names.health_stream, names.workers_all)
@@ -142,6 +154,9 @@ class RunModel:
         s = close_decision(s, seq, len(m.data))
         if s.agent:
             self._add_agent(s.agent)
+        self.applied_time = m.time
+        if self.on_decision is not None:
+            self.on_decision(seq, s, tuple(events))
         if s.terminal:
             if not was_terminal:
                 self.ended += 1
@@ -217,6 +232,11 @@ class RunModel:
                 continue
             out[wid] = "live" if now - b.at <= self.limits.stall_after else "silent"
         return out
+
+    @property
+    def position(self) -> int:
+        """The events-stream sequence of the last decision read (0: none yet)."""
+        return self._events.last_seq
 
     @property
     def lag_events(self) -> int:

@@ -41,6 +41,7 @@ from sojourn.schemas.lifecycle import (
     next_waiting,
     out_of_place,
 )
+from sojourn.schemas.views import CHILDREN_SHOWN, ERROR_MESSAGE_MAX, ViewError
 from sojourn.schemas.vocabulary import POLL_WAIT, TERMINAL, RunStatus, WaitKey
 from sojourn.schemas.wire import CHILD_SIGNAL
 
@@ -80,13 +81,32 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     """The step started and not yet settled (in doubt if the run is not running it)."""
     step_position: int | None = None
     step_started_at: float | None = None
+    step_attempt: int = 0
+    """The attempt of ``step`` (0 when no step is open)."""
     step_attempts: int = 0
+    """Step attempts started, retries and in-doubt re-runs included."""
+    steps_done: int = 0
+    """Steps completed."""
     retries: int = 0
     in_doubt: int = 0
     """Steps started again after an attempt whose end was never recorded."""
     idle_polls: int = 0
     spent_usd: float = 0.0
     spent_tokens: int = 0
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
+    """The budget ``RunStarted`` recorded (per grant), ``None`` without one."""
+    budget_grants: int = 1
+    """How many times the budget was granted: once at the start, and again by each resume of
+    a ``budget`` suspension (what ``actors/_state.py`` counts as ``budget_resumes``)."""
+    children: tuple[str, ...] = ()
+    """The first ``CHILDREN_SHOWN`` child run ids, in the order they were started."""
+    children_count: int = 0
+    error: ViewError | None = None
+    """Why the run failed, or why the last attempt of its current step failed (the message
+    cut to ``ERROR_MESSAGE_MAX`` characters); cleared by a completed step, a new step, or an
+    end that is not a failure."""
+    code_version: str | None = None
     anomalies: int = 0
 
     @property
@@ -119,6 +139,9 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 agent=sys.intern(event.agent),  # one copy per agent name, not per run
                 parent_run_id=event.parent_run_id,
                 started_at=event.at,
+                code_version=event.code_version,
+                budget_usd=event.budget_usd,
+                budget_tokens=event.budget_tokens,
             )
         case StepStarted():
             in_doubt = s.step is not None and s.step_position == event.position
@@ -128,12 +151,32 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 step=event.name,
                 step_position=event.position,
                 step_started_at=event.at,
+                step_attempt=event.attempt,
                 step_attempts=s.step_attempts + 1,
                 retries=s.retries + retry,
                 in_doubt=s.in_doubt + in_doubt,
+                # a later attempt of a step keeps showing why the one before failed
+                error=s.error if event.attempt > 1 else None,
             )
-        case StepCompleted() | StepFailed():
-            s = rep(s, step=None, step_position=None, step_started_at=None)
+        case StepCompleted():
+            s = rep(
+                s,
+                step=None,
+                step_position=None,
+                step_started_at=None,
+                step_attempt=0,
+                steps_done=s.steps_done + 1,
+                error=None,
+            )
+        case StepFailed():
+            s = rep(
+                s,
+                step=None,
+                step_position=None,
+                step_started_at=None,
+                step_attempt=0,
+                error=_error(event.error.type, event.error.message),
+            )
         case WaitStarted():
             s = rep(s, idle_polls=s.idle_polls + (WaitKey.parse(event.key).kind == "poll"))
         case WaitCompleted():
@@ -154,15 +197,22 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 return rep(s, spent_usd=s.spent_usd + usd, spent_tokens=s.spent_tokens + tokens)
             return s
         case ChildStarted():
-            return s
+            shown = s.children
+            if len(shown) < CHILDREN_SHOWN:
+                shown = (*shown, event.child_run_id)
+            return rep(s, children=shown, children_count=s.children_count + 1)
         case CancelRequested():
             return rep(s, cancel_requested=True)
         case RunSuspended():
             s = rep(s, suspended_reason=event.reason, suspended_detail=event.detail)
         case RunResumed():
-            s = rep(s, suspended_reason=None, suspended_detail=None)
-        case RunCompleted() | RunFailed() | RunCancelled():
-            return _ended(s, next_status(s.status, event), event.at)
+            grants = s.budget_grants + (s.suspended_reason == "budget")
+            s = rep(s, suspended_reason=None, suspended_detail=None, budget_grants=grants)
+        case RunFailed():
+            failed = _ended(s, next_status(s.status, event), event.at)
+            return rep(failed, error=_error(event.error.type, event.error.message))
+        case RunCompleted() | RunCancelled():
+            return rep(_ended(s, next_status(s.status, event), event.at), error=None)
         case _:  # pragma: no cover
             return rep(s, anomalies=s.anomalies + 1)
     return _lifecycle(s, event)
@@ -199,7 +249,12 @@ def _ended(s: RunSummary, status: RunStatus, at: float) -> RunSummary:
         step=None,
         step_position=None,
         step_started_at=None,
+        step_attempt=0,
     )
+
+
+def _error(type_: str, message: str) -> ViewError:
+    return ViewError(type=type_[:ERROR_MESSAGE_MAX], message=message[:ERROR_MESSAGE_MAX])
 
 
 class _Spend(msgspec.Struct, frozen=True):

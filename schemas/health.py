@@ -13,6 +13,7 @@ import msgspec
 
 __all__ = [
     "LIVENESS_STATES",
+    "LeaderRecord",
     "Liveness",
     "LivenessState",
     "WatchClaim",
@@ -115,4 +116,22 @@ class WedgeRecord(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     seq: int
     permanent: bool = False
+    at: float = 0.0
+
+
+class LeaderRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Who leads the processes of a role (``<prefix>.leader.<role>``), until when, and how far
+    it got. Taken and renewed by compare-and-set on the subject; written without a TTL, so a
+    projector that comes back after any outage knows where the last leader stopped.
+
+    For the projector: every view of a decision up to events-stream sequence ``position`` is
+    written (its change message and its KV entry); writes of decisions after ``horizon`` have
+    not begun. Between the two a new leader checks the KV entry and the last change message of
+    each run before writing, so nothing is written twice or left out.
+    """
+
+    owner: str
+    expires_at: float
+    position: int = 0
+    horizon: int = 0
     at: float = 0.0

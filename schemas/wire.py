@@ -85,9 +85,11 @@ RejectCode = Literal[
     "too_many_signals",
     "max_deliveries",
     "internal",
+    "invalid_query",
 ]
 REJECT_CODES: tuple[RejectCode, ...] = typing.get_args(RejectCode)
-"""Every code the intake answers with (and keeps in a dead-letter record)."""
+"""Every code the intake answers with (and keeps in a dead-letter record), and
+``invalid_query``, the listing service's answer to a malformed ``RunsQuery``."""
 
 DeadLetterCode = RejectCode | Literal["poison"]
 """``poison`` (a history a worker cannot decode) is written by workers and answers nobody."""

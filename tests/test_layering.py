@@ -49,6 +49,7 @@ PURE_MODULES = (
     "actors/_replay.py",
     "actors/_retry.py",
     "projections/summary.py",
+    "projections/views.py",
     "projections/anomaly.py",
     "projections/liveness.py",
 )

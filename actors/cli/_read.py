@@ -3,9 +3,120 @@
 from __future__ import annotations
 
 import argparse
+import re
+import time
+from datetime import UTC, datetime
+from typing import Final
 
-__all__ = ["cmd_runs"]
+from sojourn.broker.names import validate_token
+from sojourn.schemas.codec import encode
+from sojourn.schemas.health import LIVENESS_STATES, LivenessState
+from sojourn.schemas.views import QUERY_LIMIT_MAX, RunView
+from sojourn.schemas.vocabulary import RUN_STATUSES, RunStatus
+
+from .._listing import list_runs
+from ._common import EXIT_OK, UsageError, connect_client
+from ._render import one_line, out
+
+__all__ = ["age_seconds", "cmd_runs", "run_lines"]
+
+_AGE = re.compile(r"([1-9][0-9]{0,8})([smhd])")
+_UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_HEADER: Final = ("RUN_ID", "AGENT", "STATUS", "LIVENESS", "UPDATED", "STEP/ERROR")
+_DETAIL_MAX: Final = 80
+
+
+def age_seconds(text: str) -> int:
+    """``90s``, ``30m``, ``1h``, ``2d`` in seconds; ``UsageError`` for anything else."""
+    m = _AGE.fullmatch(text.strip())
+    if m is None:
+        raise UsageError(f"--since {text!r}: a number and a unit s, m, h or d (90s, 30m, 1h, 2d)")
+    return int(m.group(1)) * _UNIT[m.group(2)]
+
+
+def _statuses(values: list[str]) -> tuple[RunStatus, ...]:
+    bad = [v for v in values if v not in RUN_STATUSES]
+    if bad:
+        raise UsageError(f"--status {bad[0]!r}: one of {', '.join(RUN_STATUSES[1:])}")
+    return tuple(v for v in RUN_STATUSES if v in values)
+
+
+def _livenesses(values: list[str]) -> tuple[LivenessState, ...]:
+    bad = [v for v in values if v not in LIVENESS_STATES]
+    if bad:
+        raise UsageError(f"--liveness {bad[0]!r}: one of {', '.join(LIVENESS_STATES)}")
+    return tuple(v for v in LIVENESS_STATES if v in values)
+
+
+def _updated(at: float, now: float) -> str:
+    """``12s ago``, ``5m ago``, ``3h ago`` within a day, else the UTC date and time."""
+    if not at:
+        return "-"
+    ago = max(now - at, 0.0)
+    if ago < 60:
+        return f"{ago:.0f}s ago"
+    if ago < 3600:
+        return f"{ago // 60:.0f}m ago"
+    if ago < 86400:
+        return f"{ago // 3600:.0f}h ago"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _detail(v: RunView) -> str:
+    """What a line says last: the error of a failed run (or a failing step), the step in
+    progress, what a run waits on, why it is suspended."""
+    if v.error is not None and (v.status == "failed" or v.step is not None):
+        text = f"{v.error.type}: {one_line(v.error.message)}"
+    elif v.step is not None:
+        text = v.step if v.step_attempt <= 1 else f"{v.step} (attempt {v.step_attempt})"
+    elif v.status == "waiting" and v.waiting_on:
+        text = "on " + ", ".join(v.waiting_on)
+    elif v.status == "suspended" and v.suspended_reason:
+        text = v.suspended_reason
+    else:
+        text = "-"
+    return text if len(text) <= _DETAIL_MAX else text[: _DETAIL_MAX - 1] + "…"
+
+
+def run_lines(views: tuple[RunView, ...], now: float) -> list[str]:
+    """The aligned table of ``views`` (a header line first)."""
+    rows = [_HEADER] + [
+        (v.run_id, v.agent, v.status, v.liveness or "-", _updated(v.updated_at, now), _detail(v))
+        for v in views
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER) - 1)]
+    return [
+        "  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip()
+        for r in rows
+    ]
 
 
 async def cmd_runs(args: argparse.Namespace) -> int:
-    raise NotImplementedError("sojourn runs is being built")
+    if args.agent is not None:
+        validate_token(args.agent, "agent name")
+    status = _statuses(args.status)
+    liveness = _livenesses(args.liveness)
+    since = None if args.since is None else time.time() - age_seconds(args.since)
+    if not 1 <= args.limit <= QUERY_LIMIT_MAX:
+        raise UsageError(f"--limit {args.limit}: 1 to {QUERY_LIMIT_MAX}")
+    async with await connect_client(args) as client:
+        page = await list_runs(
+            client.broker,
+            client.names,
+            agent=args.agent,
+            status=status,
+            liveness=liveness,
+            since=since,
+            limit=args.limit,
+        )
+    if args.json:
+        out(encode(list(page.runs)).decode())
+        return EXIT_OK
+    if not page.runs:
+        out("no runs match" if (args.agent or status or liveness or since) else "no runs yet")
+        return EXIT_OK
+    for line in run_lines(page.runs, time.time()):
+        out(line)
+    if page.next is not None:
+        out(f"(more: showing the {len(page.runs)} most recently updated; raise --limit)")
+    return EXIT_OK

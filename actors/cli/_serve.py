@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import secrets
 from pathlib import Path
@@ -31,6 +32,7 @@ from ._common import (
     settings_from,
     start_metrics,
 )
+from ._projector import running_projector
 from ._render import liveness_line, out
 
 __all__ = ["cmd_demo", "cmd_dev", "cmd_watchdog", "cmd_worker"]
@@ -121,14 +123,25 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
         try:
             if dev and not args.no_watchdog:
                 watchdog = await Watchdog(nats=watch_opts, settings=settings).start()
-            out(
-                f"serving: {', '.join(app.agent_names)} (app {app.name}, prefix "
-                f"{settings.prefix}, worker {worker.worker_id}"
-                + (", with a watchdog)" if watchdog else ")")
-            )
-            out("ready; press Ctrl-C to stop")
-            await stopper.wait(server)
-            out(f"{stopper.name} received: stopping the worker")
+            async with contextlib.AsyncExitStack() as stack:
+                projector = None
+                if dev and not args.no_projector:
+                    # The projector writes the read side: the worker role may (broker/auth.py).
+                    sqlite = Path(args.data_dir) / "runs.sqlite3"
+                    projector = await stack.enter_async_context(
+                        running_projector(opts, settings, sqlite=sqlite)
+                    )
+                extras = [
+                    x for x, on in (("a watchdog", watchdog), ("a projector", projector)) if on
+                ]
+                out(
+                    f"serving: {', '.join(app.agent_names)} (app {app.name}, prefix "
+                    f"{settings.prefix}, worker {worker.worker_id}"
+                    + (f", with {' and '.join(extras)})" if extras else ")")
+                )
+                out("ready; press Ctrl-C to stop")
+                await stopper.wait(server)
+                out(f"{stopper.name} received: stopping the worker")
         finally:
             if watchdog is not None:
                 await watchdog.stop()

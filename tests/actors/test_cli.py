@@ -397,7 +397,9 @@ async def test_dev_with_nats_starts_only_a_worker(
         await dev.expect("ready")
         assert await dev.stop(signal.SIGINT) == 0
         assert not any("nats-server" in line for line in dev.lines)
-    assert not exists(tmp_path / "data")
+    # No server store: the data dir holds only the projector's SQLite read model.
+    kept = sorted(p.name for p in (tmp_path / "data").iterdir())
+    assert kept and all(name.startswith("runs.sqlite3") for name in kept), kept
 
 
 # --- sojourn replay ----------------------------------------------------------------------------

@@ -19,15 +19,23 @@ from sojourn.projections.summary import (
 )
 from sojourn.schemas.codec import to_raw
 from sojourn.schemas.events import (
+    ChildStarted,
+    ErrorInfo,
     RunCompleted,
     RunEvent,
+    RunFailed,
+    RunResumed,
     RunStarted,
+    RunSuspended,
     SignalReceived,
+    StepCompleted,
+    StepFailed,
     StepStarted,
     ValueRecorded,
     WaitCompleted,
     WaitStarted,
 )
+from sojourn.schemas.views import CHILDREN_SHOWN, ERROR_MESSAGE_MAX
 from sojourn.schemas.wire import CHILD_SIGNAL
 from tests.strategies import Expected, any_histories, signal_histories, valid_histories
 
@@ -53,6 +61,22 @@ def test_the_summary_of_a_valid_history_agrees_with_the_full_fold(
     assert s.events == full.events
     assert s.terminal == full.terminal
     assert s.anomalies == 0
+    # what a view shows
+    assert s.steps_done == full.steps_completed
+    assert s.children == full.children[:CHILDREN_SHOWN]
+    assert s.children_count == len(full.children)
+    assert s.code_version == full.code_version
+    assert s.budget_grants == 1 + full.budget_resumes
+    if full.status == "failed":
+        assert full.error is not None and s.error is not None
+        assert s.error.type == full.error.type[:ERROR_MESSAGE_MAX]
+        assert s.error.message == full.error.message[:ERROR_MESSAGE_MAX]
+    if s.step is not None:
+        assert s.step_position is not None
+        op = full.op(s.step_position)
+        assert op is not None and op.status == "started" and s.step_attempt == op.attempts
+    else:
+        assert s.step_attempt == 0
 
 
 @settings(max_examples=400, deadline=None)
@@ -181,3 +205,39 @@ def test_twenty_thousand_buffered_signals_are_summarized_in_order() -> None:
     assert summarize(s, received[1]).signals == s.signals  # pending already: once
     ended = summarize_all([(n + 103, 80, [RunCompleted(output=to_raw(1))])], s)
     assert ended.signals == () and ended.terminal
+
+
+def test_budget_grants_children_errors_and_attempts_are_what_a_view_shows() -> None:
+    boom = ErrorInfo(type="ValueError", message="x" * (ERROR_MESSAGE_MAX + 10))
+    events: list[RunEvent] = [
+        RunStarted(
+            run_id="r", agent="a", input=to_raw(None), code_version="v7", budget_usd=2.0, at=1.0
+        ),
+        *[
+            ChildStarted(position=i, child_run_id=f"r-c{i}", agent="kid")
+            for i in range(CHILDREN_SHOWN + 5)
+        ],
+        StepStarted(position=200, name="call", attempt=1, at=2.0),
+        StepFailed(position=200, name="call", attempt=1, error=boom, retry_at=3.0, at=2.5),
+        StepStarted(position=200, name="call", attempt=2, at=3.0),
+    ]
+    s = _summary(events)
+    assert (s.code_version, s.budget_usd, s.budget_tokens, s.budget_grants) == ("v7", 2.0, None, 1)
+    assert s.children_count == CHILDREN_SHOWN + 5 and len(s.children) == CHILDREN_SHOWN
+    assert s.children[0] == "r-c0"
+    assert (s.step, s.step_attempt, s.step_attempts, s.steps_done) == ("call", 2, 2, 0)
+    assert s.error is not None and len(s.error.message) == ERROR_MESSAGE_MAX  # the attempt before
+    s = _summary(
+        [
+            *events,
+            StepCompleted(position=200, name="call", attempt=2, result=to_raw(1)),
+            RunSuspended(reason="budget", detail="spent"),
+            RunResumed(),
+            RunSuspended(reason="cap", detail="polls"),
+            RunResumed(),  # a cap resume grants no budget
+        ]
+    )
+    assert (s.steps_done, s.step_attempt, s.error, s.budget_grants) == (1, 0, None, 2)
+    failed = summarize(s, RunFailed(error=ErrorInfo(type="E", message="m"), at=9.0))
+    assert failed.error is not None and (failed.error.type, failed.error.message) == ("E", "m")
+    assert summarize(s, RunCompleted(output=to_raw(1))).error is None
