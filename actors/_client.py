@@ -24,6 +24,7 @@ from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.leases import LeaseStore
 from sojourn.broker.names import (
+    CHILD_RUN_ID,
     RESERVED_SIGNAL_PREFIX,
     Names,
     validate_signal_name,
@@ -207,6 +208,13 @@ class Client:
         """Like ``start`` but returns the intake's full answer (see ``StartReceipt``)."""
         validate_token(agent, "agent name")
         run_id = validate_token(run_id, "run_id") if run_id is not None else _new_run_id()
+        if CHILD_RUN_ID.fullmatch(run_id):
+            # The intake would refuse it (invalid_run_id): only a run starting its child may
+            # use this form. Said here, before anything is published.
+            raise InvalidName(
+                f"run id {run_id!r} has the form of a child run's id (<parent>-c<number>), "
+                "which only a run starting its child may use"
+            )
         body = encode(StartTrigger(input=to_raw(input), run_id=run_id))
         if len(body) > self.settings.max_payload:
             raise PayloadTooLarge(

@@ -174,7 +174,7 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
         ]
         # Clients watch a run with a core subscription on its event subject, its views on
         # the change subjects, its output live on the output subject.
-        subscribe = (inbox, names.events_all, f"{p}.runs.>", names.outputs_all)
+        subscribe: tuple[str, ...] = (inbox, names.events_all, f"{p}.runs.>", names.outputs_all)
         return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     if role == "watchdog":
         publish = [f"{p}.wake.*", names.watch("*"), *_reading(names)]
@@ -221,8 +221,10 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
                 f"$JS.ACK.{stream}.{consumer}.>",
             ]
         publish += [d for s in _read_side(names) for d in _following(s)]
-        # The listing service listens on its subject (the replies go to the asker's inbox).
-        return Permissions(tuple(publish), tuple(_never(names)), (inbox, names.query_runs))
+        # The listing service listens on its subject (the replies go to the asker's inbox);
+        # a projector takes appends on the event subjects as hints to read at once.
+        subscribe = (inbox, names.query_runs, names.events_all)
+        return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     raise ValueError(f"unknown role {role!r}")
 
 

@@ -36,9 +36,10 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 
+from sojourn.broker import BROKER_ERRORS
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
-from sojourn.broker.delivery import PublishAck, StoredMessage
+from sojourn.broker.delivery import Delivery, PublishAck, StoredMessage, Subscription
 from sojourn.broker.follow import StreamFollower
 from sojourn.broker.names import Names
 from sojourn.broker.topology import ensure_topology
@@ -71,6 +72,8 @@ _BACKLOG_MAX = 200_000
 """Unwritten views a follower keeps for a take-over; past this it re-folds instead."""
 _PIPELINE = 1024
 _BATCH = 500
+_INBOX_EVERY = 0.1
+"""Seconds between two looks at the inbox for new starts (pending views)."""
 """Messages per atomic batch (the server takes up to ``BATCH_MAX``, 1,000)."""
 """Writes in flight at once."""
 _READS_PER_TICK = 512
@@ -129,7 +132,7 @@ class Projector:
         rebuild: bool = False,
         interval: float = 1.0,
         leader_ttl: float = 5.0,
-        poll: float = 0.05,
+        poll: float = 0.25,
         projector_id: str | None = None,
     ) -> None:
         self.settings = settings or Settings()
@@ -181,6 +184,9 @@ class Projector:
         self._next_tick = 0.0
         self._inbox: list[StreamFollower] = []
         self._dlq: StreamFollower
+        self._appended = asyncio.Event()
+        self._next_inbox = 0.0
+        self._hint: Subscription | None = None
 
     # --- life ----------------------------------------------------------------------------------
 
@@ -205,11 +211,21 @@ class Projector:
             self._rebuild_started = time.monotonic()
             if self.sink is not None:
                 await self.sink.reset()
+        # A hint, never the truth: any append on a run's event subject wakes the loop at
+        # once instead of at its next poll (what is read is always what the stream stored).
+        self._hint = await b.subscribe(self.names.events_all, cb=self._on_append)
         self._task = asyncio.create_task(self._loop(), name="sojourn-projector")
         return self
 
+    async def _on_append(self, _msg: Delivery) -> None:
+        self._appended.set()
+
     async def stop(self) -> None:
         self._stopping = True
+        if self._hint is not None:
+            with contextlib.suppress(*BROKER_ERRORS):
+                await self._hint.unsubscribe()
+            self._hint = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):
@@ -269,7 +285,11 @@ class Projector:
                 log.exception("projector: a pass failed; retrying")
                 await asyncio.sleep(0.5)
             if not busy:
-                await asyncio.sleep(self.poll)
+                # Idle: until an append is hinted, or the poll interval passes (a hint can
+                # be lost while the connection is down).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._appended.wait(), self.poll)
+                self._appended.clear()
 
     async def _step(self) -> bool:
         """Read the next page of events while the views of the page before are written."""
@@ -316,12 +336,13 @@ class Projector:
     async def _apply(self, batch: list[Applied]) -> None:
         if not batch:
             return
-        if self.sink is not None:
-            self.rows_written += await self.sink.apply(batch)
         if self.leading:
+            # The views first: they are what watchers wait for; the local model follows.
             await self._write(batch)
         else:
             self._keep(batch)
+        if self.sink is not None:
+            self.rows_written += await self.sink.apply(batch)
         for a in batch:
             self._times.pop(a.seq, None)
 
@@ -740,11 +761,17 @@ class Projector:
     # --- pending runs --------------------------------------------------------------------------
 
     async def _follow_inbox(self) -> None:
+        """Pending views for new starts, removals for refused ones: at most every
+        ``_INBOX_EVERY`` seconds, so that a burst of starts does not hold up the views of
+        the runs already going."""
+        now = time.monotonic()
+        if now < self._next_inbox:
+            return
+        self._next_inbox = now + _INBOX_EVERY
         for follower in self._inbox:
             for _ in range(4):
                 msgs = await follower.next_page()
-                for m in msgs:
-                    await self._on_start(m)
+                await self._on_starts(msgs)
                 if not msgs or follower.pending == 0:
                     break
         for _ in range(4):
@@ -757,34 +784,58 @@ class Projector:
     def _known(self, run_id: str) -> bool:
         return run_id in self.model.runs or run_id in self._live
 
-    async def _on_start(self, m: StoredMessage) -> None:
-        try:
-            parsed = self.names.parse_inbox(m.subject)
-        except InvalidName:
-            self.malformed["inbox"] += 1
+    async def _on_starts(self, msgs: Sequence[StoredMessage]) -> None:
+        """Pending views for a page of stored starts, written together: change messages in
+        one batch, then the keys that are still empty (created by compare-and-set on their
+        sequence, so a view written meanwhile is never replaced)."""
+        views: dict[str, RunView] = {}
+        for m in msgs:
+            try:
+                parsed = self.names.parse_inbox(m.subject)
+            except InvalidName:
+                self.malformed["inbox"] += 1
+                continue
+            if parsed.kind != "start" or not parsed.name:
+                self.malformed["inbox"] += 1
+                continue
+            run_id = parsed.name
+            if not self._known(run_id) and run_id not in views:
+                views[run_id] = pending_view(run_id, parsed.target, m.time or time.time())
+        if not views:
             return
-        if parsed.kind != "start" or not parsed.name:
-            self.malformed["inbox"] += 1
-            return
-        run_id, agent = parsed.name, parsed.target
-        if self._known(run_id):
-            return
-        view = pending_view(run_id, agent, m.time or time.time())
         if self.sink is not None:
-            await self.sink.put_pending(view)
+            for view in views.values():
+                await self.sink.put_pending(view)
         if not self.leading:
             return
-        entry = self._kv.get(run_id) or await self._read_entry(run_id)
-        if entry.view is not None:
-            return  # a view exists already (pending, or the run's own)
-        await self._publish_all(
-            [(self.names.change(agent, run_id), encode(view), {h.MSG_ID: f"{run_id}:0"})]
+        unknown = [r for r in views if r not in self._kv]
+        entries = await self._gather([self._read_entry(r) for r in unknown])
+        self._kv.update(zip(unknown, entries, strict=True))
+        empty = [v for r, v in views.items() if self._kv[r].view is None]
+        if not empty:
+            return  # every one has a view already (pending, or the run's own)
+        changes = [
+            (self.names.change(v.agent, v.run_id), encode(v), {h.MSG_ID: f"{v.run_id}:0"})
+            for v in empty
+        ]
+        await self._publish_all(changes)
+        self.changes_published += len(changes)
+        acks = await self._gather(
+            [
+                self._try(
+                    self.names.run_key(v.run_id),
+                    encode(v),
+                    {_EXPECT: str(self._kv[v.run_id].seq)},
+                )
+                for v in empty
+            ]
         )
-        self.changes_published += 1
-        ack = await self._try(self.names.run_key(run_id), encode(view), {_EXPECT: str(entry.seq)})
-        if isinstance(ack, PublishAck):
-            self.views_written += 1
-            self._kv[run_id] = _Entry(ack.seq, view)
+        for v, ack in zip(empty, acks, strict=True):
+            if isinstance(ack, PublishAck):
+                self.views_written += 1
+                self._kv[v.run_id] = _Entry(ack.seq, v)
+            else:
+                self._kv.pop(v.run_id, None)  # read again when next needed
 
     async def _on_dead_letter(self, m: StoredMessage) -> None:
         try:

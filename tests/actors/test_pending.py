@@ -30,7 +30,7 @@ from sojourn.broker import Broker, EmbeddedServer, Names
 from sojourn.broker import headers as h
 from sojourn.schemas import decode_dead_letter
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import RunNotFound
+from sojourn.schemas.errors import InvalidName, RunNotFound
 from sojourn.schemas.events import (
     CancelRequested,
     RunEvent,
@@ -515,3 +515,15 @@ def test_other_values_and_unreadable_spend_count_nothing_and_resumes_grant_again
     assert state.grants == 2  # a resume after a cap grants no budget
     assert state.granted_usd == 4.0 and state.granted_tokens is None
     assert RunState().granted_usd is None and RunState().grants == 1
+
+
+async def test_the_client_refuses_a_child_form_run_id_before_publishing(client: Client) -> None:
+    await client.start("nobody", None, run_id="plain-1")  # creates the streams
+    info = await client.broker.api(f"$JS.API.STREAM.INFO.{client.names.inbox_stream}")
+    before = info["state"]["messages"]
+    for run_id in ("order-c1", "x-c0", "a-b-c12"):
+        with pytest.raises(InvalidName, match="child run"):
+            await client.start("nobody", None, run_id=run_id)
+    info = await client.broker.api(f"$JS.API.STREAM.INFO.{client.names.inbox_stream}")
+    assert info["state"]["messages"] == before
+    await client.start("nobody", None, run_id="a-c")  # not the child form: accepted
