@@ -58,6 +58,11 @@ __all__ = [
 
 T = TypeVar("T")
 
+_HINTED_FIRST = 0.002
+_HINTED_LAST = 1.0
+"""After a live view, the stream is read again after 2, 4, 8 ... ms until it shows it, for
+at most about 2 s; then the regular re-read (``REREAD_EVERY``) takes over."""
+
 REREAD_EVERY = 5.0
 """Seconds between two re-reads of what is stored: the most a view or a decision published
 while the connection was down arrives late."""
@@ -105,6 +110,12 @@ class ViewOrder:
             return False
         self.seen.add(view.liveness)
         return True
+
+    def passed(self, view: RunView) -> bool:
+        """Whether ``view`` (or a later one) was passed on already."""
+        return view.last_seq < self.last_seq or (
+            view.last_seq == self.last_seq and view.liveness in self.seen
+        )
 
 
 def decode_view(run_id: str, data: bytes) -> RunView | None:
@@ -305,9 +316,19 @@ async def watch_run(
                 yield view
                 if is_terminal(view.status):
                     return
-        if not found:  # aged out (or none written yet): the run's latest view, if any
+        if not found:
+            # Aged out, or none written yet. The projector stores a change message before it
+            # puts its view in the bucket, so read the bucket, then the stream again: if the
+            # stream shows nothing even now, the entry's changes aged out and it is where to
+            # start; if it does, they were being written just now and are the ones to pass on.
             entry = await w.kv_view()
-            if entry is not None and w.order.admit(entry):
+            async for view in w.stored():
+                found = True
+                if w.order.admit(view):
+                    yield view
+                    if is_terminal(view.status):
+                        return
+            if not found and entry is not None and w.order.admit(entry):
                 yield entry
                 if is_terminal(entry.status):
                     return
@@ -337,13 +358,24 @@ async def watch_run(
                 raise deadline.expired()
             wait = reread_at - now if left is None else min(left, reread_at - now)
             try:
-                view = await asyncio.wait_for(w.live.get(), wait)
+                hint = await asyncio.wait_for(w.live.get(), wait)
             except TimeoutError:
                 continue
-            if w.order.admit(view):
-                yield view
-                if is_terminal(view.status):
-                    return
+            # A live view is a hint: views are passed on from the stream, in its order. A
+            # live message can arrive before the stream shows it, and before an earlier view
+            # the stream does not show yet either (a batch is stored only when committed):
+            # passed on live, it would make that earlier view look old, and it would be lost.
+            pause = _HINTED_FIRST
+            while not w.order.passed(hint):
+                async for view in w.stored():
+                    if w.order.admit(view):
+                        yield view
+                        if is_terminal(view.status):
+                            return
+                if w.order.passed(hint) or pause > _HINTED_LAST:
+                    break  # not stored (yet): the regular re-read picks it up
+                await asyncio.sleep(pause)
+                pause *= 2
     finally:
         await sub.unsubscribe()
 
