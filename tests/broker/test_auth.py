@@ -228,6 +228,12 @@ CLIENT_REFUSED = [
     NAMES.wedge("x"),
     NAMES.dlq("start"),
     NAMES.agent("a"),
+    NAMES.start("a", "worker", "r1"),  # another user's name, with a run id
+    NAMES.start("a", None, "r1"),
+    NAMES.run_key("x"),  # the read side is written by projectors (workers) only
+    NAMES.change("a", "x"),
+    NAMES.output("x"),  # output by steps (workers) only
+    NAMES.leader("projector"),
 ]
 
 
@@ -236,6 +242,28 @@ async def test_client_may_not_publish(subject: str, client: Broker, admin: Broke
     before = await states(admin)
     await refused(client.publish(subject, b"{}", timeout=FAST), subject)
     assert await states(admin) == before
+
+
+async def test_client_reads_the_read_side(client: Broker, admin: Broker) -> None:
+    """Views, changes, output and a pending start: readable by a client, written by others."""
+    view = b'{"run_id": "rs-1", "agent": "a", "status": "running"}'
+    await admin.publish(NAMES.run_key("rs-1"), view)
+    await admin.publish(NAMES.change("a", "rs-1"), view)
+    await admin.publish(NAMES.output("rs-1"), b"{}")
+    await client.publish(NAMES.start("a", "client", "rs-2"), b'{"input": null}')
+    got = await client.direct_get_last(NAMES.runs_kv_stream, NAMES.run_key("rs-1"))
+    assert got is not None and got.data == view
+    assert await client.direct_get_last(NAMES.changes_stream, NAMES.change("a", "rs-1"))
+    assert await client.direct_get_last(NAMES.output_stream, NAMES.output("rs-1"))
+    msgs, _ = await client.direct_get_batch(
+        NAMES.inbox_stream, NAMES.pending_starts("rs-2")[1], 1, 1
+    )
+    assert [m.subject for m in msgs] == [NAMES.start("a", "client", "rs-2")]
+    t0 = time.monotonic()
+    sub = await client.subscribe(f"{PREFIX}.runs.>")
+    await client.flush()
+    assert not client.denied(f"{PREFIX}.runs.>", since=t0)
+    await sub.unsubscribe()
 
 
 async def test_client_may_not_consume_the_inbox(client: Broker, admin: Broker) -> None:
