@@ -19,6 +19,7 @@ fenced writer's refused append is published too), so decisions are read back fro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
@@ -269,6 +270,71 @@ class _ViewWatch:
             if not msgs or more == 0:
                 return
 
+    async def fresh(self) -> AsyncIterator[RunView]:
+        """The stored views not passed on yet, in the stream's order (recorded as passed)."""
+        async for view in self.stored():
+            if self.order.admit(view):
+                yield view
+
+    async def views(self) -> AsyncGenerator[RunView, None]:
+        """Every view of the run, each once, in order, for as long as it is iterated: the
+        stored ones, then new ones as live messages hint at them."""
+        found = False
+        async for view in self.fresh():
+            found = True
+            yield view
+        if not found:
+            # Aged out, or none written yet. The projector stores a change message before it
+            # puts its view in the bucket, so read the bucket, then the stream again: if the
+            # stream shows nothing even now, the entry's changes aged out and it is where to
+            # start; if it does, they were being written just now and are the ones to pass on.
+            entry = await self.kv_view()
+            async for view in self.fresh():
+                found = True
+                yield view
+            if not found and entry is not None and self.order.admit(entry):
+                yield entry
+        reread_at = time.monotonic() + REREAD_EVERY
+        while True:
+            now = time.monotonic()
+            if self.overflowed or now >= reread_at:
+                self.overflowed = False
+                reread_at = now + REREAD_EVERY
+                async for view in self.fresh():
+                    yield view
+                if self.order.last_seq <= 0 and (
+                    await self.deadline.bound(presence(self.broker, self.names, self.run_id))
+                    == "missing"
+                ):
+                    # Pending (or nothing seen yet), and now nothing is known at all: the start
+                    # was refused (the projector deletes a refused start's pending view).
+                    raise RunNotFound(
+                        f"no run with id '{self.run_id}': its start was refused (see the dead "
+                        "letters)",
+                        run_id=self.run_id,
+                    )
+                continue
+            left = self.deadline.remaining()
+            if left is not None and left <= 0:
+                raise self.deadline.expired()
+            wait = reread_at - now if left is None else min(left, reread_at - now)
+            try:
+                hint = await asyncio.wait_for(self.live.get(), wait)
+            except TimeoutError:
+                continue
+            # A live view is a hint: views are passed on from the stream, in its order. A
+            # live message can arrive before the stream shows it, and before an earlier view
+            # the stream does not show yet either (a batch is stored only when committed):
+            # passed on live, it would make that earlier view look old, and it would be lost.
+            pause = _HINTED_FIRST
+            while not self.order.passed(hint):
+                async for view in self.fresh():
+                    yield view
+                if self.order.passed(hint) or pause > _HINTED_LAST:
+                    break  # not stored (yet): the regular re-read picks it up
+                await asyncio.sleep(pause)
+                pause *= 2
+
     async def kv_view(self) -> RunView | None:
         """The run's entry in the runs bucket, if it holds a valid view of this run."""
         view = await self.deadline.bound(read_view(self.broker, self.names, self.run_id))
@@ -309,73 +375,11 @@ async def watch_run(
     sub = await broker.subscribe(w.subject, cb=w.on_change)
     try:
         await deadline.bound(broker.flush())  # the server has our SUB before we read
-        found = False
-        async for view in w.stored():
-            found = True
-            if w.order.admit(view):
+        async with contextlib.aclosing(w.views()) as views:
+            async for view in views:
                 yield view
                 if is_terminal(view.status):
                     return
-        if not found:
-            # Aged out, or none written yet. The projector stores a change message before it
-            # puts its view in the bucket, so read the bucket, then the stream again: if the
-            # stream shows nothing even now, the entry's changes aged out and it is where to
-            # start; if it does, they were being written just now and are the ones to pass on.
-            entry = await w.kv_view()
-            async for view in w.stored():
-                found = True
-                if w.order.admit(view):
-                    yield view
-                    if is_terminal(view.status):
-                        return
-            if not found and entry is not None and w.order.admit(entry):
-                yield entry
-                if is_terminal(entry.status):
-                    return
-        reread_at = time.monotonic() + REREAD_EVERY
-        while True:
-            now = time.monotonic()
-            if w.overflowed or now >= reread_at:
-                w.overflowed = False
-                reread_at = now + REREAD_EVERY
-                async for view in w.stored():
-                    if w.order.admit(view):
-                        yield view
-                        if is_terminal(view.status):
-                            return
-                if w.order.last_seq <= 0 and (
-                    await deadline.bound(presence(broker, names, run_id)) == "missing"
-                ):
-                    # Pending (or nothing seen yet), and now nothing is known at all: the start
-                    # was refused (the projector deletes a refused start's pending view).
-                    raise RunNotFound(
-                        f"no run with id '{run_id}': its start was refused (see the dead letters)",
-                        run_id=run_id,
-                    )
-                continue
-            left = deadline.remaining()
-            if left is not None and left <= 0:
-                raise deadline.expired()
-            wait = reread_at - now if left is None else min(left, reread_at - now)
-            try:
-                hint = await asyncio.wait_for(w.live.get(), wait)
-            except TimeoutError:
-                continue
-            # A live view is a hint: views are passed on from the stream, in its order. A
-            # live message can arrive before the stream shows it, and before an earlier view
-            # the stream does not show yet either (a batch is stored only when committed):
-            # passed on live, it would make that earlier view look old, and it would be lost.
-            pause = _HINTED_FIRST
-            while not w.order.passed(hint):
-                async for view in w.stored():
-                    if w.order.admit(view):
-                        yield view
-                        if is_terminal(view.status):
-                            return
-                if w.order.passed(hint) or pause > _HINTED_LAST:
-                    break  # not stored (yet): the regular re-read picks it up
-                await asyncio.sleep(pause)
-                pause *= 2
     finally:
         await sub.unsubscribe()
 
