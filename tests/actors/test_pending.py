@@ -41,7 +41,8 @@ from sojourn.schemas.events import (
     ValueRecorded,
 )
 from sojourn.schemas.wire import DeadLetter
-from tests.conftest import PYTHON, ROOT, subprocess_env, wait_for
+from tests.actors.test_cli import sojourn
+from tests.conftest import wait_for
 
 DEADLINE = 60.0
 
@@ -87,36 +88,6 @@ async def spender(ctx: Context) -> str:
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    rc: int
-    out: str
-    err: str
-
-
-async def sojourn(*args: str) -> Result:
-    """``python -m sojourn.actors.cli ARGS``, to completion."""
-    proc = await asyncio.create_subprocess_exec(
-        PYTHON,
-        "-m",
-        "sojourn.actors.cli",
-        *args,
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), DEADLINE)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return Result(proc.returncode, out.decode(), err.decode())
 
 
 def cli(server: EmbeddedServer, settings: Settings) -> list[str]:
