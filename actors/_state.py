@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from sojourn.schemas.codec import from_raw
+from sojourn.schemas.codec import decode_spend
 from sojourn.schemas.events import (
     CancelRequested,
     ChildStarted,
@@ -442,7 +442,7 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 result=event.value,
             )
             if event.kind == SPEND_KIND:
-                spent = _spent(event.value)
+                spent = decode_spend(event.value)
                 if spent is not None:
                     s = msgspec.structs.replace(
                         s,
@@ -492,23 +492,6 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
 
 SPEND_KIND = "spend"
 """The ``ValueRecorded.kind`` of a ``ctx.spend`` call (a ``ValueKind``)."""
-
-
-class _Spent(msgspec.Struct, frozen=True):
-    """The value a ``ctx.spend`` call records (``_machine.spend``)."""
-
-    usd: float = 0.0
-    tokens: int = 0
-
-
-def _spent(value: msgspec.Raw) -> _Spent | None:
-    """A recorded ``spend`` value, ``None`` if it is not one (the fold is total: a value it
-    cannot read counts nothing rather than failing)."""
-    try:
-        spent: _Spent = from_raw(value, _Spent)
-    except msgspec.MsgspecError:
-        return None
-    return spent
 
 
 def _lifecycle(s: RunState, event: RunEvent) -> RunState:

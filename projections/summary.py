@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from sojourn.schemas.codec import from_raw
+from sojourn.schemas.codec import decode_spend
 from sojourn.schemas.events import (
     CancelRequested,
     ChildStarted,
@@ -192,10 +192,12 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
             sig = PendingSignal(event.signal_id, event.name, event.at)
             return rep(s, signals=(*s.signals, sig))
         case ValueRecorded():
-            if event.kind == "spend":
-                usd, tokens = _spend(event.value)
-                return rep(s, spent_usd=s.spent_usd + usd, spent_tokens=s.spent_tokens + tokens)
-            return s
+            spent = decode_spend(event.value) if event.kind == "spend" else None
+            if spent is None:
+                return s
+            return rep(
+                s, spent_usd=s.spent_usd + spent.usd, spent_tokens=s.spent_tokens + spent.tokens
+            )
         case ChildStarted():
             shown = s.children
             if len(shown) < CHILDREN_SHOWN:
@@ -255,19 +257,6 @@ def _ended(s: RunSummary, status: RunStatus, at: float) -> RunSummary:
 
 def _error(type_: str, message: str) -> ViewError:
     return ViewError(type=type_[:ERROR_MESSAGE_MAX], message=message[:ERROR_MESSAGE_MAX])
-
-
-class _Spend(msgspec.Struct, frozen=True):
-    usd: float = 0.0
-    tokens: int = 0
-
-
-def _spend(raw: msgspec.Raw) -> tuple[float, int]:
-    try:
-        v: _Spend = from_raw(raw, _Spend)
-    except msgspec.MsgspecError:
-        return 0.0, 0
-    return v.usd, v.tokens
 
 
 def close_decision(s: RunSummary, seq: int, size: int) -> RunSummary:

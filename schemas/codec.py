@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .events import HistoryEntry, RunEvent
+from .events import HistoryEntry, RunEvent, SpendValue
 from .health import WatchClaim, WedgeRecord, WorkerBeat
 from .wire import (
     CancelBody,
@@ -37,6 +37,7 @@ __all__ = [
     "decode_json",
     "decode_lease_holder",
     "decode_resume",
+    "decode_spend",
     "decode_start",
     "decode_watch_claim",
     "decode_wedge_record",
@@ -167,3 +168,12 @@ def to_raw(value: Any) -> msgspec.Raw:
 def from_raw(raw: msgspec.Raw | bytes, type: type[T] | Any = Any) -> T:
     """Decode raw JSON from an event field into ``type`` (``Any`` gives plain JSON values)."""
     return msgspec.json.decode(bytes(raw), type=type)
+
+
+def decode_spend(raw: msgspec.Raw | bytes) -> SpendValue | None:
+    """A recorded ``spend`` value, ``None`` if it is not one: the folds are total, so a value
+    they cannot read counts nothing rather than failing."""
+    try:
+        return from_raw(raw, SpendValue)
+    except msgspec.MsgspecError:
+        return None

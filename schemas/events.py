@@ -30,6 +30,7 @@ __all__ = [
     "RunStarted",
     "RunSuspended",
     "SignalReceived",
+    "SpendValue",
     "StepCompleted",
     "StepFailed",
     "StepStarted",
@@ -138,6 +139,13 @@ class StepFailed(Event, tag="step.failed.v1", frozen=True, kw_only=True):
     error: ErrorInfo
     duration: float = 0.0
     retry_at: float | None = None
+
+
+class SpendValue(msgspec.Struct, frozen=True):
+    """The value a ``ctx.spend`` call records: a ``ValueRecorded`` of kind ``spend``."""
+
+    usd: float = 0.0
+    tokens: int = 0
 
 
 class ValueRecorded(Event, tag="value.recorded.v1", frozen=True, kw_only=True):
