@@ -32,7 +32,7 @@ from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.names import TOKEN_PATTERN, Names, validate_token
-from sojourn.schemas.codec import decode_events, from_raw
+from sojourn.schemas.codec import decode_events, decode_run_view
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed, RunStarted
@@ -125,7 +125,7 @@ def decode_view(run_id: str, data: bytes) -> RunView | None:
     if len(data) > VIEW_MAX_BYTES:
         return None
     try:
-        view: RunView = from_raw(data, RunView)
+        view = decode_run_view(data)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     if view.run_id != run_id or view.last_seq < 0:

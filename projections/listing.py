@@ -22,9 +22,9 @@ import msgspec
 from sojourn.broker.connection import BROKER_ERRORS, Broker
 from sojourn.broker.delivery import Delivery, Subscription
 from sojourn.broker.names import Names, valid_reply_subject
-from sojourn.schemas.codec import encode, from_raw
+from sojourn.schemas.codec import decode_runs_query, encode
 from sojourn.schemas.errors import SojournError
-from sojourn.schemas.views import RunsPage, RunsQuery
+from sojourn.schemas.views import RunsPage
 from sojourn.schemas.wire import ErrorBody, IntakeError
 
 from .sqlite import SqliteModel, encode_cursor, validate_query
@@ -110,7 +110,7 @@ class ListingService:
             self.refused += 1
             return _error(CODE_TOO_LARGE, f"a query is at most {REQUEST_MAX} bytes")
         try:
-            q = from_raw(data, RunsQuery) if data.strip() else RunsQuery()
+            q = decode_runs_query(data)
         except msgspec.ValidationError as e:
             self.refused += 1
             return _error(CODE_INVALID_QUERY, f"invalid query: {e}")

@@ -43,7 +43,7 @@ from sojourn.broker.delivery import Delivery, PublishAck, StoredMessage, Subscri
 from sojourn.broker.follow import StreamFollower
 from sojourn.broker.names import Names
 from sojourn.broker.topology import ensure_topology
-from sojourn.schemas.codec import decode_dead_letter, encode, from_raw
+from sojourn.schemas.codec import decode_dead_letter, decode_run_view, encode, from_raw
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import BrokerUnavailable, InvalidName, SojournError
 from sojourn.schemas.events import RunEvent
@@ -870,10 +870,9 @@ class Projector:
 
 def _decode_view(data: bytes) -> RunView | None:
     try:
-        view: RunView = from_raw(data, RunView)
+        return decode_run_view(data)
     except msgspec.MsgspecError:
         return None
-    return view
 
 
 def _decode_record(data: bytes) -> LeaderRecord | None:

@@ -42,7 +42,7 @@ import aiosqlite
 import msgspec
 
 from sojourn.broker.names import TOKEN_PATTERN, validate_token
-from sojourn.schemas.codec import encode, from_raw
+from sojourn.schemas.codec import decode_run_view, encode
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import RunEvent, StepCompleted, StepFailed, StepStarted
 from sojourn.schemas.health import LIVENESS_STATES, LivenessState
@@ -393,8 +393,7 @@ def _query_sql(q: RunsQuery) -> tuple[str, list[Any]]:
 
 
 def _decode_view(text: str) -> RunView:
-    view: RunView = from_raw(text.encode(), RunView)
-    return view
+    return decode_run_view(text)
 
 
 class SqliteModel:

@@ -15,6 +15,7 @@ import msgspec
 
 from .events import HistoryEntry, RunEvent, SpendValue
 from .health import WatchClaim, WedgeRecord, WorkerBeat
+from .views import RunsQuery, RunView
 from .wire import (
     CancelBody,
     ChildOutcome,
@@ -177,3 +178,21 @@ def decode_spend(raw: msgspec.Raw | bytes) -> SpendValue | None:
         return from_raw(raw, SpendValue)
     except msgspec.MsgspecError:
         return None
+
+
+def decode_run_view(data: bytes | str) -> RunView:
+    """A run's view: a runs-bucket value, a change message's body, a read-model row.
+
+    Raises:
+        msgspec.DecodeError / msgspec.ValidationError: not a ``RunView``.
+    """
+    return from_raw(data.encode() if isinstance(data, str) else data, RunView)
+
+
+def decode_runs_query(data: bytes) -> RunsQuery:
+    """A run listing request (closed: an unknown field is an error); empty means the defaults.
+
+    Raises:
+        msgspec.DecodeError / msgspec.ValidationError: not a ``RunsQuery``.
+    """
+    return from_raw(data, RunsQuery) if data.strip() else RunsQuery()
