@@ -19,6 +19,7 @@ from typing import Any, TypeVar, overload
 import msgspec
 
 from sojourn.broker import headers as h
+from sojourn.broker.archive import ArchiveStore
 from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
@@ -37,6 +38,7 @@ from sojourn.schemas.codec import (
     decode_events,
     decode_intake_reply,
     decode_wedge_record,
+    decode_worker_beat,
     encode,
     from_raw,
     to_raw,
@@ -50,7 +52,14 @@ from sojourn.schemas.errors import (
     SojournError,
     UnknownAgent,
 )
-from sojourn.schemas.events import ErrorInfo, RunCancelled, RunCompleted, RunEvent, RunFailed
+from sojourn.schemas.events import (
+    ErrorInfo,
+    RunCancelled,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    RunStarted,
+)
 from sojourn.schemas.health import Liveness
 from sojourn.schemas.views import RunsPage, RunView
 from sojourn.schemas.wire import (
@@ -62,6 +71,7 @@ from sojourn.schemas.wire import (
     StartTrigger,
 )
 
+from ._archive import read_archived
 from ._intake import REPLY_HEADER, PendingRun, find_pending
 from ._listing import list_runs
 from ._output import OutputReader, read_output
@@ -127,6 +137,7 @@ class Client:
         self.settings = settings or Settings()
         self.names = Names(self.settings.prefix)
         self.store = EventStore(broker, self.names, self.settings)
+        self.archive = ArchiveStore(broker, self.names)
         self._owns = owns_broker
         self._ready = False
 
@@ -165,9 +176,7 @@ class Client:
                 role: start a worker first), or the credentials are for another prefix.
         """
         if not self._ready:
-            await ensure_topology(
-                self.broker, self.names, self.settings, consumers=False, update=False
-            )
+            await ensure_topology(self.broker, self.names, self.settings, consumers=False)
             self._ready = True
 
     # --- starting runs -----------------------------------------------------------------------
@@ -374,9 +383,24 @@ class Client:
     # --- reading runs ------------------------------------------------------------------------
 
     async def history(self, run_id: str) -> list[Decision]:
-        """Every stored decision of the run, oldest first (empty if it does not exist)."""
+        """Every stored decision of the run, oldest first (empty if it does not exist).
+
+        An ended run that retention moved out of the hot streams (``Settings.retain_ended``)
+        is read from the archive: the same decisions as before. The hot stream is asked
+        first; the archive only when it holds nothing of the run (or, should anything have
+        been appended after the run was archived, not its start).
+
+        Raises:
+            HistoryError: the run's archived copy is damaged.
+        """
         validate_token(run_id, "run_id")
-        return await self.store.load(run_id)
+        hot = await self.store.load(run_id)
+        if hot and hot[0].events and isinstance(hot[0].events[0], RunStarted):
+            return hot
+        archived = await read_archived(self.archive, run_id)
+        if not archived:
+            return hot
+        return [*archived, *(d for d in hot if d.seq > archived[-1].seq)]
 
     async def state(self, run_id: str) -> RunState:
         """The run's current state (the fold of its history).
@@ -409,7 +433,16 @@ class Client:
         limits = Thresholds(
             stall_after=self.settings.stall_threshold, overdue_after=self.settings.overdue_after
         )
-        return classify(summary, lease, time.time() if now is None else now, limits, wedge)
+        beat = None
+        if lease is not None and lease.worker:
+            b = await self.broker.direct_get_last(
+                self.names.health_stream, self.names.worker(lease.worker)
+            )
+            if b is not None:
+                with contextlib.suppress(msgspec.MsgspecError):
+                    beat = decode_worker_beat(b.data)
+        now = time.time() if now is None else now
+        return classify(summary, lease, now, limits, wedge, beat)
 
     async def pending(self, run_id: str) -> PendingRun | None:
         """The run's start, if it is stored in the inbox and no worker has taken it yet (the
@@ -553,12 +586,16 @@ class Client:
         await self.broker.flush()  # the server has our SUB before we look: nothing slips by
         deadline = None if timeout is None else time.monotonic() + timeout
         hinted = 0
+        archive_looked = False
         try:
             while True:
                 last = await self.broker.direct_get_last(
                     self.names.events_stream, self.names.events(run_id)
                 )
                 event = terminal_in(last.data) if last is not None else None
+                if last is None and not archive_looked:
+                    archive_looked = True  # an archived run ended long ago: its end is there
+                    event = await self._archived_end(run_id)
                 if event is not None:
                     return _outcome(run_id, event, Any if type is None else type)
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -579,6 +616,12 @@ class Client:
                     hinted = 1
         finally:
             await sub.unsubscribe()
+
+    async def _archived_end(self, run_id: str) -> RunEvent | None:
+        """The terminal event of an archived run (``None``: the run is not archived)."""
+        archived = await read_archived(self.archive, run_id)
+        ends = [e for d in archived[-1:] for e in d.events if isinstance(e, _TERMINAL)]
+        return ends[-1] if ends else None
 
 
 _TERMINAL = (RunCompleted, RunFailed, RunCancelled)

@@ -403,6 +403,7 @@ class Activation:
                     self.run_id,
                     str(action.position),
                     action.deadline,
+                    agent=self.agent.name,
                 )
             )
             self.timers_used = True
@@ -434,7 +435,12 @@ class Activation:
             return
         await self._io(
             schedule_timer(
-                self.store.broker, self.store.names, self.run_id, str(position), retry_at
+                self.store.broker,
+                self.store.names,
+                self.run_id,
+                str(position),
+                retry_at,
+                agent=self.agent.name,
             )
         )
         self.timers_used = True

@@ -165,6 +165,19 @@ class Intake:
         self.writer = writer
         self.on_created = on_created
 
+    async def _agent_of(self, run_id: str) -> str | None:
+        """The agent of an existing run, from its first stored message (for routing a wake)."""
+        first = await self.broker.direct_get_next(
+            self.names.events_stream, self.names.events(run_id), 1
+        )
+        if first is None:
+            return None
+        try:
+            events = decode_events(first.data)
+        except msgspec.DecodeError:  # a poison history: the worker that wakes it reports it
+            return None
+        return events[0].agent if events and isinstance(events[0], RunStarted) else None
+
     async def handle(self, msg: Delivery) -> None:
         """Process one inbox message and settle it (ack, or nak to retry later)."""
         kind = "other"
@@ -219,7 +232,9 @@ class Intake:
                 ):
                     return  # the worker runs it now and settles msg when the run rests
                 if wake:
-                    await publish_wake(self.broker, self.names, answer.run_id, "start")
+                    await publish_wake(
+                        self.broker, self.names, answer.run_id, "start", agent=inbox.target
+                    )
                 await msg.ack()
                 return
             if inbox.kind == "cancel":
@@ -556,7 +571,7 @@ class Intake:
             await msg.nak(delay=0.2)
             return None
         fault("intake_recorded")
-        await publish_wake(self.broker, self.names, run_id, "signal")
+        await publish_wake(self.broker, self.names, run_id, "signal", agent=agent_in(history))
         return IntakeOk(run_id=run_id, created=False)
 
     # --- cancel ------------------------------------------------------------------------------
@@ -595,7 +610,9 @@ class Intake:
             await msg.nak(delay=0.5)
             return None
         fault("intake_recorded")
-        await publish_wake(self.broker, self.names, run_id, "cancel")
+        await publish_wake(
+            self.broker, self.names, run_id, "cancel", agent=await self._agent_of(run_id)
+        )
         return IntakeOk(run_id=run_id, created=False)
 
     async def _cancelled_at_start(self, run_id: str, last: list[RunEvent]) -> bool:
@@ -782,3 +799,9 @@ def _derived_run_id(agent: str, inbox_seq: int, stored_at: str) -> str:
     """A run id that is the same on every redelivery of the same inbox message."""
     digest = hashlib.blake2b(f"{agent}:{inbox_seq}:{stored_at}".encode(), digest_size=10)
     return f"r{digest.hexdigest()}"
+
+
+def agent_in(history: list[Decision]) -> str | None:
+    """The agent a history's ``RunStarted`` names, if it starts with one."""
+    first = history[0].events[0] if history and history[0].events else None
+    return first.agent if isinstance(first, RunStarted) else None

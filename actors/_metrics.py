@@ -1,4 +1,5 @@
-"""Prometheus metrics of workers and watchdogs (docs/operations.md lists them all).
+"""Prometheus metrics of workers and watchdogs (docs/operations.md lists them all), served
+with the health probes of ``_health.py`` on one port.
 
 Labels are bounded: agent names and step names come from code, and even those are capped
 (``BoundedLabel``), because one agent that names its steps after its inputs must not take a
@@ -11,26 +12,33 @@ collectors that look at whatever is registered with them.
 
 from __future__ import annotations
 
+import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
+from wsgiref.simple_server import make_server
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sojourn.schemas.errors import SojournError
 
+from ._health import PROCESS_HEALTH, Health, ProbeApp, ProbeRequestHandler, ProbeServer
+
 __all__ = [
     "ACTIVATIONS",
     "APPENDS",
+    "ARCHIVED_RUNS",
+    "ARCHIVE_ERRORS",
     "BUDGET_BREACHES",
     "DEAD_LETTERS",
     "EVENTS_APPENDED",
     "FOLD_SECONDS",
     "HISTORY_LOAD_SECONDS",
     "IDLE_POLLS",
+    "MISROUTED_WAKES",
     "REDELIVERIES",
     "RESUME_LATENCY",
     "SPEND",
@@ -38,6 +46,7 @@ __all__ = [
     "STEPS_IN_DOUBT",
     "STEP_DURATION",
     "STEP_RETRIES",
+    "TAKEOVERS",
     "TOOL_CALLS",
     "WATCHDOG_ACTIONS",
     "BoundedLabel",
@@ -194,6 +203,29 @@ REDELIVERIES = Counter(
     "Messages a worker received that had been delivered before (a crash, a timeout, a nak).",
     ["consumer"],
 )
+MISROUTED_WAKES = Counter(
+    "sojourn_misrouted_wakes",
+    "Wakes a worker took for a run of an agent it does not serve, and handed back. Routed "
+    "wakes reach only the workers serving their agent; this counts unrouted ones "
+    "(published without the agent), by consumer.",
+    ["consumer"],
+)
+ARCHIVED_RUNS = Counter(
+    "sojourn_archived_runs",
+    "Ended runs that left the hot streams (retention), by archive policy: object_store (a "
+    "verified copy kept) or discard.",
+    ["policy"],
+)
+ARCHIVE_ERRORS = Counter(
+    "sojourn_archive_errors",
+    "Runs retention could not move this pass (left hot, retried next pass), by stage: read, "
+    "archive (write or verify the copy), remove (purge), view (mark the view archived).",
+    ["stage"],
+)
+TAKEOVERS = Counter(
+    "sojourn_takeovers",
+    "Runs of a worker found dead (its heartbeats stopped) that this worker woke to take over.",
+)
 DEAD_LETTERS = Counter(
     "sojourn_dead_letters",
     "Records written to the dead-letter stream, by code (rejected input, poison history, "
@@ -334,23 +366,55 @@ def track_projector(projector: Any, on: bool = True) -> None:
     (_projectors.add if on else _projectors.discard)(projector)
 
 
-def serve_metrics(port: int, host: str = "127.0.0.1") -> Any:
-    """Serve ``/metrics`` on ``host:port`` in a background thread; returns the server.
+def serve_metrics(port: int, host: str = "127.0.0.1", health: Health = PROCESS_HEALTH) -> Any:
+    """Serve ``/metrics``, and the probes ``/healthz`` and ``/readyz`` of ``health``
+    (``actors/_health.py``), on ``host:port`` in background threads; returns the server.
+
+    Called on the event loop (as the serving commands do), it starts ``health`` ticking there:
+    the probes judge what that loop last recorded.
 
     Raises:
         SojournError: the port is taken or the address is not ours, said plainly.
     """
+
+    class Server(ProbeServer):
+        """A class per server: the address family is a class attribute."""
+
     try:
-        server, _thread = start_http_server(port, addr=host)
+        Server.address_family, addr = _best_family(host, port)
+        server = make_server(
+            addr,
+            port,
+            ProbeApp(make_wsgi_app(REGISTRY), health),
+            Server,
+            handler_class=ProbeRequestHandler,
+        )
     except OSError as e:
         raise SojournError(
             f"cannot serve metrics on {host}:{port}: {e.strerror or e}; choose another "
             "--metrics-port"
         ) from e
+    health.start()
+    _served[server] = health
+    threading.Thread(target=server.serve_forever, name="sojourn-metrics", daemon=True).start()
     return server
 
 
+def _best_family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
+    """The address family of ``host`` (an IPv6 address needs AF_INET6), as prometheus-client
+    chooses it."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, sockaddr = infos[0]
+    return family, str(sockaddr[0])
+
+
+_served: weakref.WeakKeyDictionary[Any, Health] = weakref.WeakKeyDictionary()
+
+
 def stop_metrics(server: Any) -> None:
-    """Stop serving and close the listening socket."""
+    """Stop serving, close the listening socket and stop the health ticks it started."""
     server.shutdown()
     server.server_close()
+    health = _served.pop(server, None)
+    if health is not None:
+        health.stop()

@@ -8,9 +8,9 @@ created, in parallel with its first steps (``acquire_late``): nobody else can be
 that did not exist a moment ago, and should its lease be held after all, the activation is
 fenced at its next append (docs/architecture.md, "The life of a run").
 
-While the tenancy holds the lease, its keepalive renews it (with the step the run is in and
-its last heartbeat details) and restarts the delivery's ack deadline every ``period`` seconds,
-sooner (at most once a second) when a step reports progress.
+While the tenancy holds the lease, its keepalive restarts the delivery's ack deadline every
+``period`` seconds. The lease itself is held by the worker's heartbeats; it is written again
+only when a step reports progress (``ctx.heartbeat``), at most once a second, to carry it.
 """
 
 from __future__ import annotations
@@ -160,7 +160,11 @@ class Tenancy:
                 continue  # look again: progress, the end of the activation, or time is up
             last = time.monotonic()
             try:
-                if not await self.leases.renew(lease, self.ttl, self.progress):
+                # A lease that names its worker is held by the worker's heartbeats: it is
+                # written again only to carry a step's reported progress.
+                if (self.progress.changed or not lease.worker) and not await self.leases.renew(
+                    lease, self.ttl, self.progress
+                ):
                     log.warning("run %s: lease lost", lease.run_id)
                     return
                 await self.delivery.in_progress()

@@ -10,6 +10,10 @@ Several watchdogs may run at once (one per worker host, say). Before acting on a
 watchdog claims the action with a compare-and-set on ``<prefix>.watch.<run_id>``; the claim
 names the problem (state and the run's last event), so of several watchdogs that see the same
 problem exactly one acts, and the same problem is acted on again only after ``rewake_every``.
+
+With ``Settings.retain_ended`` set, the watchdog also runs retention (``actors._archive``) every
+``archive_every`` seconds: ended runs older than that leave the hot streams. Of several
+watchdogs, the one holding the archiver's leader record (``<prefix>.leader.archiver``) does.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import Liveness, WatchClaim
 
+from ._archive import Archiver
 from ._metrics import WATCHDOG_ACTIONS, track_watchdog
 
 __all__ = ["REWAKE_STATES", "Watchdog"]
@@ -53,9 +58,12 @@ class Watchdog:
         nats: server URL (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``), or
             ``ConnectOptions`` (credentials, TLS).
         settings: the deployment's settings (thresholds come from them).
-        interval: seconds between two judgements (default: half a heartbeat).
+        interval: seconds between two judgements (default: 0.5 s, at least one worker beat).
         rewake_every: seconds before the same problem of the same run is acted on again.
         on_change: called with a run's liveness whenever its state changes (the CLI prints it).
+        archive_every: seconds between two retention passes (only with
+            ``settings.retain_ended``; default 5 minutes).
+        clock: the time retention judges ages by (default the wall clock; tests simulate one).
     """
 
     def __init__(
@@ -68,10 +76,12 @@ class Watchdog:
         rewake_every: float | None = None,
         watchdog_id: str | None = None,
         on_change: Callable[[Liveness, Liveness | None], None] | None = None,
+        archive_every: float = 300.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings or Settings()
         self.names = Names(self.settings.prefix)
-        self.interval = interval or max(0.25, self.settings.heartbeat_every / 2)
+        self.interval = interval or max(0.5, self.settings.worker_beat_interval)
         self.rewake_every = rewake_every or max(5.0, 2 * self.settings.stall_threshold)
         self.watchdog_id = (
             watchdog_id or f"wd-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -87,6 +97,11 @@ class Watchdog:
         self._acted: dict[tuple[str, str, int], float] = {}
         self._scanned = asyncio.Event()
         self.model: RunModel
+        self.archive_every = archive_every
+        self.clock = clock
+        self.archiver: Archiver | None = None
+        self.archive_passes = 0
+        self._archive_task: asyncio.Task[None] | None = None
 
     async def _open(self) -> None:
         if self._broker is None:
@@ -109,15 +124,21 @@ class Watchdog:
         await self._open()
         track_watchdog(self)
         self._task = asyncio.create_task(self._loop(), name="sojourn-watchdog")
+        if self.settings.retain_ended is not None:
+            self.archiver = Archiver(self._broker_or_fail(), self.settings, owner=self.watchdog_id)
+            self._archive_task = asyncio.create_task(
+                self._archive_loop(self.archiver), name="sojourn-archiver"
+            )
         return self
 
     async def stop(self) -> None:
         track_watchdog(self, on=False)
         self._stopping = True  # the loop also ends on this: a cancel can be lost (see _loop)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+        for task in (self._task, self._archive_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         if self._owns_broker and self._broker is not None:
             await self._broker.close()
 
@@ -158,6 +179,30 @@ class Watchdog:
                 log.exception("watchdog: scan failed; retrying")
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
+    async def _archive_loop(self, archiver: Archiver) -> None:
+        """A retention pass every ``archive_every`` seconds while this watchdog leads the
+        archivers (the record outlives two missed passes, and at least a minute, then another
+        watchdog takes over)."""
+        me = asyncio.current_task()
+        while not self._stopping and not (me is not None and me.cancelling()):
+            try:
+                if await archiver.lead(max(3 * self.archive_every, 60.0)):
+                    report = await archiver.run_pass(now=self.clock())
+                    self.archive_passes += 1
+                    if report.moved or report.errors:
+                        log.info(
+                            "retention: %d run(s) left the hot streams, %d stay for errors",
+                            len(report.moved),
+                            len(report.errors),
+                        )
+            except asyncio.CancelledError:
+                raise
+            except SojournError as e:
+                log.warning("retention: %s; retrying in %gs", e, self.archive_every)
+            except Exception:
+                log.exception("retention: pass failed; retrying")
+            await asyncio.sleep(self.archive_every)
+
     async def scan(self) -> dict[str, Liveness]:
         """Read what is new, judge every run, act on the stuck ones."""
         caught_up = await self.model.refresh()
@@ -197,7 +242,9 @@ class Watchdog:
         if not await self._claim(liv, seq, now):
             return
         reason = f"watchdog:{liv.state}"
-        await publish_wake(self._broker_or_fail(), self.names, liv.run_id, reason)
+        await publish_wake(
+            self._broker_or_fail(), self.names, liv.run_id, reason, agent=liv.agent or None
+        )
         self.actions += 1
         WATCHDOG_ACTIONS.labels("rewake", liv.state).inc()
         log.info("run %s: re-woken (%s: %s)", liv.run_id, liv.state, liv.reason)

@@ -1,7 +1,9 @@
 """The worker host: takes triggers and wakes from JetStream and executes runs.
 
-Two durable pull consumers feed it: ``intake`` (the inbox: starts, cancels, signals) and
-``workers`` (wakes). For each wake it takes the run's lease, loads and folds the history, and
+Durable pull consumers feed it: ``intake`` (the inbox: starts, cancels, signals), one
+``wake-<agent>`` per agent it serves (the wakes of that agent's runs, so it never receives a wake
+it would have to hand back) and ``workers`` (wakes that name no agent). For each wake it takes
+the run's lease, loads and folds the history, and
 runs an ``Activation`` while it keeps the lease and the wake's ack deadline alive. A worker that
 dies simply stops renewing: after ``lease_ttl`` the wake is redelivered to another worker, which
 takes the expired lease and continues from the last recorded event.
@@ -22,6 +24,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, ConnectOptions, PullConsumer
 from sojourn.broker.delivery import Delivery, NotADelivery
@@ -29,12 +33,12 @@ from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
 from sojourn.broker.leases import LeaseStore
 from sojourn.broker.names import Names
 from sojourn.broker.registry import AgentRecord, AgentRegistry
-from sojourn.broker.topology import ensure_topology
+from sojourn.broker.topology import agent_wake_consumer_config, check, ensure_topology
 from sojourn.broker.wake import publish_wake
-from sojourn.schemas.codec import encode, peek_run_id
+from sojourn.schemas.codec import decode_worker_beat, encode, peek_run_id
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError, InvalidName, SojournError
-from sojourn.schemas.health import WedgeRecord, WorkerBeat
+from sojourn.schemas.health import BEAT_RUNS_MAX, ActiveRun, WedgeRecord, WorkerBeat
 from sojourn.schemas.wire import DeadLetter
 
 from . import _metrics as metrics
@@ -42,6 +46,7 @@ from ._agent import Agent
 from ._executor import Activation
 from ._faults import fault
 from ._intake import HANDBACK_MAX_DELAY, Intake, dead_letter
+from ._membership import Membership
 from ._tenancy import Tenancy, times_delivered
 
 __all__ = ["Worker"]
@@ -54,6 +59,12 @@ another worker finished, or that never came back here, must not stay in memory f
 
 HISTORY_CACHE_MIN = 16
 """Histories shorter than this are read again on every wake (a few messages: < 1 ms)."""
+
+HELD_TRIGGERS_MAX = 64
+"""Inbox messages a worker keeps unacknowledged while it runs the runs they created. Beyond
+it a new run is acked and woken instead (one wake more): the intake consumer's unacked
+messages stay bounded, so starts, signals and cancels keep flowing however many runs execute
+and however long their steps take."""
 
 BEAT_TTL = "24h"
 """How long the broker keeps a worker's last heartbeat (the watchdog forgets it after 1 h)."""
@@ -121,6 +132,16 @@ class Worker:
         self.started_at = time.time()
         self._failures = FailureCounts(FAILURES_KEPT)
         self._rewake: set[str] = set()
+        self._holding: set[str] = set()
+        """Runs executing here whose creating inbox message this worker holds (settled when
+        the run rests; at most ``HELD_TRIGGERS_MAX``)."""
+        self._run_agents: dict[str, str] = {}
+        """The agent of each run executing here, once its history is loaded (to route the
+        wake published again when a run rests)."""
+        self.membership = Membership(self.settings.worker_dead_after)
+        """Which other workers are alive (their leases held), from their heartbeats."""
+        self.misrouted = 0
+        """Wakes taken for runs of agents this worker does not serve (and handed back)."""
         self._background: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -138,7 +159,7 @@ class Worker:
             cache_bytes=self.history_cache_bytes,
             cache_min=HISTORY_CACHE_MIN,
         )
-        self.leases = LeaseStore(b, self.names)
+        self.leases = LeaseStore(b, self.names, worker=self.worker_id, holds=self.membership.holds)
         self.registry = AgentRegistry(b, self.names)
         for a in self.agents.values():
             await self.registry.register(
@@ -155,12 +176,24 @@ class Worker:
             on_created=self._run_new,
         )
         intake_sub = await b.pull(self.names.inbox_stream, self.names.intake_consumer)
-        wake_sub = await b.pull(self.names.wake_stream, self.names.wake_consumer)
+        wake_subs = {
+            self.names.wake_consumer: await b.pull(self.names.wake_stream, self.names.wake_consumer)
+        }
+        for name in sorted(self.agents):
+            config = agent_wake_consumer_config(self.names, self.settings, name)
+            check(self.names, [await b.ensure_consumer(self.names.wake_stream, config)])
+            consumer = config["durable_name"]
+            wake_subs[consumer] = await b.pull(self.names.wake_stream, consumer)
         await self._beat()
+        await self._look_at_workers()
         self._tasks = [
             asyncio.create_task(self._intake_loop(intake_sub), name="sojourn-intake"),
-            asyncio.create_task(self._wake_loop(wake_sub), name="sojourn-wakes"),
+            *(
+                asyncio.create_task(self._wake_loop(sub, consumer), name=f"sojourn-{consumer}")
+                for consumer, sub in wake_subs.items()
+            ),
             asyncio.create_task(self._heartbeat_loop(), name="sojourn-heartbeat"),
+            asyncio.create_task(self._membership_loop(), name="sojourn-membership"),
         ]
         metrics.track_worker(self)
         log.info("worker %s serving %s on %s", self.worker_id, sorted(self.agents), b.url)
@@ -183,8 +216,13 @@ class Worker:
                 t.cancel()
             await _settle(still, grace)
         metrics.track_worker(self, on=False)
-        with contextlib.suppress(Exception):
-            await self._beat(stopped=True)  # a graceful stop: not "down"
+        if self._broker is not None and self._broker.connected:
+            # A graceful stop: not "down". Not sent while the server is gone (it would wait
+            # for its ack timeout), and bounded when a server does not answer: a stop must end
+            # within a couple of seconds whatever the server's state.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await self._beat(stopped=True)
         if self._owns_broker and self._broker is not None:
             await self._broker.close()
         self._closed.set()
@@ -201,6 +239,10 @@ class Worker:
     # --- heartbeats --------------------------------------------------------------------------
 
     async def _beat(self, stopped: bool = False) -> None:
+        runs = tuple(
+            ActiveRun(run_id, self._run_agents.get(run_id, ""))
+            for run_id in itertools.islice(self._active, BEAT_RUNS_MAX)
+        )
         beat = WorkerBeat(
             worker_id=self.worker_id,
             host=socket.gethostname(),
@@ -210,23 +252,76 @@ class Worker:
             capacity=self.concurrency,
             started_at=self.started_at,
             at=time.time(),
-            interval=self.settings.heartbeat_every,
+            interval=self.settings.worker_beat_interval,
             stopped=stopped,
+            runs=() if stopped else runs,
         )
         await self._broker_or_fail().publish(
             self.names.worker(self.worker_id), encode(beat), {h.TTL: BEAT_TTL}
         )
 
     async def _heartbeat_loop(self) -> None:
-        """The worker's own heartbeat (runs heartbeat through their lease renewals)."""
+        """The worker's heartbeat: one write per interval, listing the runs it executes; while
+        it goes on, the leases of those runs are held (however long they execute)."""
         while not self._stopping.is_set():
-            await asyncio.sleep(self.settings.heartbeat_every)
+            await asyncio.sleep(self.settings.worker_beat_interval)
             try:
                 await self._beat()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.debug("heartbeat failed: %s", e)
+
+    async def _look_at_workers(self) -> None:
+        """Read every worker's heartbeat and judge who is alive (``Membership``)."""
+        b = self._broker_or_fail()
+        beats: list[tuple[int, WorkerBeat]] = []
+        seq = 1
+        while True:
+            msgs, more = await b.direct_get_batch(
+                self.names.health_stream, self.names.workers_all, seq, 1000
+            )
+            for m in msgs:
+                with contextlib.suppress(msgspec.DecodeError):
+                    beats.append((m.seq, decode_worker_beat(m.data)))
+            if not msgs or more <= 0:
+                break
+            seq = msgs[-1].seq + 1
+        for dead in self.membership.observe(beats, time.monotonic(), time.time()):
+            if dead.worker_id != self.worker_id:
+                await self._take_over(dead)
+
+    async def _membership_loop(self) -> None:
+        """Watch the other workers; when one dies, wake its runs at once (``_take_over``)."""
+        while not self._stopping.is_set():
+            await asyncio.sleep(self.settings.worker_beat_interval)
+            try:
+                await self._look_at_workers()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.debug("reading worker heartbeats failed: %s", e)
+
+    async def _take_over(self, dead: WorkerBeat) -> None:
+        """A worker died (its beats stopped): wake the runs it was executing, of the agents
+        served here, so they resume now rather than when their wakes' ack deadline passes.
+        Every surviving worker does it; the wakes' Msg-Id makes them one."""
+        mine = [r for r in dead.runs if r.agent in self.agents]
+        if not mine:
+            return
+        log.warning(
+            "worker %s is silent (no heartbeat for %.1fs): waking %d of its runs",
+            dead.worker_id, self.settings.worker_dead_after, len(mine),
+        )  # fmt: skip
+        b = self._broker_or_fail()
+        incarnation = f"{dead.worker_id}:{dead.started_at:.6f}"
+        for r in mine:
+            await b.publish(
+                self.names.wake(r.run_id, r.agent),
+                b"",
+                {h.WAKE_REASON: "takeover", h.MSG_ID: f"takeover:{incarnation}:{r.run_id}"},
+            )
+        metrics.TAKEOVERS.inc(len(mine))
 
     # --- loops -------------------------------------------------------------------------------
 
@@ -298,21 +393,43 @@ class Worker:
         """Run a run this worker's intake just created, at once, without a wake round trip.
 
         The inbox message stays unacknowledged (kept alive like a wake) until the run rests;
-        if this worker dies first, its redelivery makes the intake wake the run.
+        if this worker dies first, its redelivery makes the intake wake the run. When this
+        worker already holds ``HELD_TRIGGERS_MAX`` of them, it declines: the intake acks the
+        message and wakes the run.
         """
-        if self._stopping.is_set() or run_id in self._active or self._free_slots() <= 0:
+        if (
+            self._stopping.is_set()
+            or run_id in self._active
+            or self._free_slots() <= 0
+            or len(self._holding) >= HELD_TRIGGERS_MAX
+        ):
             return False
+        self._holding.add(run_id)
         await self._slots.acquire()
-        self._spawn(run_id, msg, [first])
+        self._spawn(run_id, msg, [first], self.names.intake_consumer, self._agent_of([first]))
         return True
 
-    def _spawn(self, run_id: str, msg: Delivery, history: list[Decision] | None) -> None:
-        """Start an activation; the caller holds a slot, released when it ends."""
-        task = asyncio.create_task(self._activate(run_id, msg, history), name=f"run {run_id}")
+    def _spawn(
+        self,
+        run_id: str,
+        msg: Delivery,
+        history: list[Decision] | None,
+        consumer: str,
+        agent: Agent[Any, Any] | str | None,
+    ) -> None:
+        """Start an activation; the caller holds a slot, released when it ends. The run is in
+        the next heartbeat from now on (with ``agent`` if known: what a survivor's wake needs
+        should this worker die), so its lease, once taken, is vouched for."""
+        task = asyncio.create_task(
+            self._activate(run_id, msg, history, consumer), name=f"run {run_id}"
+        )
+        if agent is not None:
+            self._run_agents[run_id] = agent if isinstance(agent, str) else agent.name
         self._active[run_id] = task
         task.add_done_callback(functools.partial(self._done, run_id))
 
-    async def _wake_loop(self, sub: PullConsumer) -> None:
+    async def _wake_loop(self, sub: PullConsumer, consumer: str) -> None:
+        """Take wakes from one consumer (an agent's, or the unrouted one) while slots are free."""
         while not self._stopping.is_set():
             try:
                 await self._slots.acquire()
@@ -320,8 +437,12 @@ class Worker:
                 free = max(1, min(256, self._free_slots()))
                 msgs = await sub.fetch(batch=free, timeout=1.0)
                 for msg in msgs:
-                    _count_redelivery(msg, "workers")
-                    run_id = self.names.subject_token(msg.subject, 1)
+                    _count_redelivery(msg, consumer)
+                    try:
+                        routed, run_id = self.names.parse_wake(msg.subject)
+                    except InvalidName as e:
+                        await self._drop_bad_wake(msg, e)
+                        continue
                     if times_delivered(msg) >= self.settings.max_deliveries:
                         await self._drop_wake(msg, run_id)
                         continue
@@ -332,7 +453,7 @@ class Worker:
                         await msg.nak(delay=min(5.0, 0.25 * times_delivered(msg)))
                         continue
                     await self._slots.acquire()
-                    self._spawn(run_id, msg, None)
+                    self._spawn(run_id, msg, None, consumer, routed)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -344,18 +465,20 @@ class Worker:
 
     def _done(self, run_id: str, _task: object = None) -> None:
         self._active.pop(run_id, None)
+        self._holding.discard(run_id)
+        agent = self._run_agents.pop(run_id, None)
         self._slots.release()
         if run_id in self._rewake and not self._stopping.is_set():
             self._rewake.discard(run_id)
-            task = asyncio.create_task(self._wake_again(run_id))
+            task = asyncio.create_task(self._wake_again(run_id, agent))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _wake_again(self, run_id: str) -> None:
+    async def _wake_again(self, run_id: str, agent: str | None) -> None:
         """A wake arrived while the run was executing here: publish a fresh one now that it
         rests (a wake is a hint; a spare one changes nothing)."""
         try:
-            await publish_wake(self._broker_or_fail(), self.names, run_id, "rewake")
+            await publish_wake(self._broker_or_fail(), self.names, run_id, "rewake", agent=agent)
         except Exception as e:  # the watchdog re-wakes a run whose wake was lost
             log.warning("run %s: could not wake it again: %s", run_id, e)
 
@@ -375,10 +498,26 @@ class Worker:
         metrics.DEAD_LETTERS.labels("max_deliveries").inc()
         await msg.ack()
 
+    async def _drop_bad_wake(self, msg: Delivery, error: InvalidName) -> None:
+        """A message on a wake subject that names no valid run (only a deployment without
+        authentication lets anyone publish there): dead-lettered, never executed."""
+        log.error("dropped a wake on %r: %s", msg.subject[:200], error)
+        b = self._broker_or_fail()
+        record = dead_letter(
+            msg, "other", "invalid_run_id", str(error), limit=b.max_payload or (1024 * 1024)
+        )
+        await b.publish(self.names.dlq("other"), encode(record))
+        metrics.DEAD_LETTERS.labels("invalid_run_id").inc()
+        await msg.ack()
+
     # --- one activation ----------------------------------------------------------------------
 
     async def _activate(
-        self, run_id: str, wake: Delivery, history: list[Decision] | None = None
+        self,
+        run_id: str,
+        wake: Delivery,
+        history: list[Decision] | None = None,
+        consumer: str = "",
     ) -> None:
         """Execute ``run_id`` until it rests. ``wake`` is the message that asked for it (a wake,
         or the trigger that created the run, whose ``history`` is then given); it is settled
@@ -398,9 +537,11 @@ class Worker:
             ttl=settings.lease_ttl,
             period=settings.heartbeat_every,
         ) as tenancy:
-            await self._execute(tenancy, history)
+            await self._execute(tenancy, history, consumer)
 
-    async def _execute(self, tenancy: Tenancy, history: list[Decision] | None) -> None:
+    async def _execute(
+        self, tenancy: Tenancy, history: list[Decision] | None, consumer: str = ""
+    ) -> None:
         """Take the lease (unless the run is new), load, run the activation and settle the
         wake: acked when the run rests, handed back on trouble, given up on a poison."""
         run_id, wake = tenancy.run_id, tenancy.delivery
@@ -421,10 +562,13 @@ class Worker:
             if agent is None:
                 # Not ours (or not created yet): leave it for a worker that serves it.
                 if history:
+                    self.misrouted += 1
+                    metrics.MISROUTED_WAKES.labels(consumer or "?").inc()
                     await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(times_delivered(wake))))
                 else:
                     await wake.ack()
                 return
+            self._run_agents[run_id] = agent.name
             agent_name = metrics.agent_label(agent.name)
             t0 = time.perf_counter()
             act = Activation(

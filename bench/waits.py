@@ -586,7 +586,7 @@ class Bench:
         # Untimed: when did each fired wake reach the wake stream (server timestamp)?
         wakes = await gather_limited(
             [
-                self.c.broker.direct_get_last(self.names.wake_stream, self.names.wake(r))
+                self.c.broker.direct_get_last(self.names.wake_stream, self.names.wake(r, "sleeper"))
                 for r in rids
             ],
             64,
@@ -951,7 +951,8 @@ async def raw_schedules(
         deadlines = {f"r{i}": first + spread * i / max(n - 1, 1) for i in range(n)}
         log(f"raw schedules: {n} over {spread:g} s, first in {lead:.1f} s")
         await gather_limited(
-            [schedule_timer(b, names, r, "0", d) for r, d in deadlines.items()], 256
+            [schedule_timer(b, names, r, "0", d, agent=None) for r, d in deadlines.items()],
+            256,
         )
         margin = first - time.time()
         await asyncio.sleep(max(0.0, first + spread - time.time()) + 0.5)

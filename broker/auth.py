@@ -11,8 +11,10 @@ Two rules carry the trust boundary:
   ``<prefix>.as.<user>.<kind>...``: the intake records that token as who sent the message, so
   no user can speak for another, and the anonymous forms are closed to everyone but admins;
 - run histories (``<prefix>.ev.*``) are written by workers only, and no role but ``admin`` may
-  delete a stream, purge the events stream, delete a message or update the events stream's
-  configuration (which could shorten its retention).
+  delete a stream, delete a message or update the events stream's configuration (which could
+  shorten its retention); only the ``watchdog`` (which runs retention: ended runs' histories
+  archived, then removed, ``sojourn.actors._archive``) and ``admin`` may purge the events
+  stream.
 
 Print the block for a prefix (users ``client``, ``worker``, ``watchdog``, ``admin`` with
 passwords from ``$SOJOURN_<USER>_PASSWORD``)::
@@ -128,9 +130,10 @@ def _direct_get(stream: str) -> list[str]:
 def _reading(names: Names) -> list[str]:
     """Read a deployment: its runs, leases, health and agents, and stream info."""
     out = ["$JS.API.INFO"]
-    out += [f"$JS.API.STREAM.INFO.{s}" for s in _streams(names)]
+    out += [f"$JS.API.STREAM.INFO.{s}" for s in (*_streams(names), names.archive_stream)]
     for stream in (
         names.events_stream,
+        names.archive_stream,  # the histories of archived runs (retention)
         names.inbox_stream,  # a pending run: its start, stored and not yet taken
         names.leases_stream,
         names.health_stream,
@@ -156,6 +159,31 @@ def _never(names: Names) -> list[str]:
     ]
 
 
+def _retention(names: Names) -> list[str]:
+    """Retention (the watchdog's archiver): write archived histories to the object store,
+    purge an ended run's subjects from the streams that hold them (its events, wakes and
+    timers, lease, output, watchdog claim and wedge record), mark its view archived, and hold
+    the archiver's leadership."""
+    archive = names.archive_stream
+    return [
+        f"$O.{names.archive_bucket}.>",
+        f"$JS.API.STREAM.CREATE.{archive}",
+        f"$JS.API.STREAM.PURGE.{archive}",  # the chunks of a replaced or deleted archive
+        *(
+            f"$JS.API.STREAM.PURGE.{s}"
+            for s in (
+                names.events_stream,
+                names.wake_stream,
+                names.leases_stream,
+                names.output_stream,
+                names.health_stream,
+            )
+        ),
+        names.run_keys_all,
+        names.leader("archiver"),
+    ]
+
+
 def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
     """The permissions of ``user`` with ``role`` in the deployment ``names``; ``None`` for
     ``admin`` (unrestricted within the account)."""
@@ -177,8 +205,11 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
         subscribe: tuple[str, ...] = (inbox, names.events_all, f"{p}.runs.>", names.outputs_all)
         return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     if role == "watchdog":
-        publish = [f"{p}.wake.*", names.watch("*"), *_reading(names)]
-        return Permissions(tuple(publish), tuple(_never(names)), (inbox,))
+        publish = [names.wake("*"), names.wake("*", "*"), names.watch("*"), *_reading(names)]
+        publish += _retention(names)
+        purge_events = f"$JS.API.STREAM.PURGE.{names.events_stream}"
+        deny = [d for d in _never(names) if d != purge_events]  # retention purges ended runs
+        return Permissions(tuple(publish), tuple(deny), (inbox,))
     if role == "worker":
         streams = _streams(names)
         publish = [
@@ -203,19 +234,22 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             inbox,  # the intake's and the listing service's answers
             "$JS.API.INFO",
             *(f"$JS.API.STREAM.INFO.{s}" for s in streams),
-            # A fresh deployment: the first worker creates the streams and may reconfigure
-            # all but the events stream (whose retention no worker may ever shorten).
+            # A fresh deployment: the first worker creates the streams. No worker updates
+            # one: what exists is an operator's (`sojourn topology --apply` is an admin's).
             *(f"$JS.API.STREAM.CREATE.{s}" for s in streams),
-            *(f"$JS.API.STREAM.UPDATE.{s}" for s in streams if s != names.events_stream),
             # Timers are purged by subject filter; no other stream is ever purged.
             f"$JS.API.STREAM.PURGE.{names.wake_stream}",
             *(d for s in streams for d in _direct_get(s)),
         ]
+        # The intake's consumer; on the wake stream the unrouted wakes' (``workers``) and one
+        # per agent (``wake-<agent>``, for whatever agents a worker serves): any name there.
         for stream, consumer in (
             (names.inbox_stream, names.intake_consumer),
-            (names.wake_stream, names.wake_consumer),
+            (names.wake_stream, "*"),
         ):
             publish += [
+                # info first: an existing consumer is compared, never rewritten on start
+                f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
                 f"$JS.API.CONSUMER.CREATE.{stream}.{consumer}",
                 f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
                 f"$JS.ACK.{stream}.{consumer}.>",

@@ -50,6 +50,7 @@ from sojourn.schemas.errors import (
 
 from . import headers as h
 from .delivery import Delivery, OnDelivery, PublishAck, StoredMessage, Subscription
+from .drift import Finding, consumer_finding, stream_finding
 
 __all__ = [
     "BATCH_MAX",
@@ -69,6 +70,7 @@ __all__ = [
     "header",
     "redact_url",
     "resolve_url",
+    "server_urls",
     "url_user",
 ]
 
@@ -91,8 +93,23 @@ def resolve_url(url: str | None) -> str:
     return url or os.environ.get(ENV_URL) or DEFAULT_URL
 
 
+def server_urls(url: str) -> list[str]:
+    """The servers of ``url``: one URL, or several joined by commas
+    (``nats://n1:4222,nats://n2:4222``), the members of a cluster to try in turn. A client
+    also learns the other members from the server it reaches, but listing them lets it start
+    while that one is down."""
+    return [u.strip() for u in url.split(",") if u.strip()] or [url]
+
+
 def redact_url(url: str) -> str:
-    """``url`` fit for logs and messages: a password (or a token) in it replaced by ``***``."""
+    """``url`` fit for logs and messages: a password (or a token) in it replaced by ``***``
+    (in each URL of a comma-separated list)."""
+    if "," in url:
+        return ",".join(_redact_one(u) for u in server_urls(url))
+    return _redact_one(url)
+
+
+def _redact_one(url: str) -> str:
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -107,9 +124,9 @@ def redact_url(url: str) -> str:
 
 def url_user(url: str) -> str | None:
     """The user name in ``nats://user:password@host``; ``None`` without one (a lone
-    ``token@`` is a token, not a user)."""
+    ``token@`` is a token, not a user). Of a list of URLs, the first one's."""
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(server_urls(url)[0])
     except ValueError:
         return None
     if parts.password is None or not parts.username:
@@ -364,6 +381,9 @@ def _parse_version(text: str) -> tuple[int, int, int]:
 
 
 _STREAM_NOT_FOUND = 10059
+_STREAM_EXISTS = 10058
+_CONSUMER_NOT_FOUND = 10014
+_CONSUMER_EXISTS = 10148
 
 _MISSING = ("404", "503")
 """Direct-get answers meaning "nothing there": no such message, or no such stream yet (a
@@ -475,7 +495,8 @@ class Broker:
             options["tls"] = tls
         if opts.creds is not None:
             options["user_credentials"] = opts.creds
-        attempt = asyncio.ensure_future(nc.connect(url, **options))
+        servers = server_urls(url)
+        attempt = asyncio.ensure_future(nc.connect(servers, **options))
         try:
             await attempt
         except asyncio.CancelledError:
@@ -524,13 +545,36 @@ class Broker:
     def server_version(self) -> str:
         return str(self._nc._server_info.get("version", "?"))
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up now (``False`` while it reconnects, and once closed):
+        what readiness probes report."""
+        return bool(self._nc.is_connected)
+
     async def close(self) -> None:
-        # Not drain(): a worker's outstanding pull requests make drain wait its full timeout
-        # (30 s); everything we must not lose has been acknowledged by then anyway.
-        if not self._nc.is_closed:
+        """Close the connection, promptly whatever the server's state.
+
+        Not drain(): a worker's outstanding pull requests make drain wait its full timeout
+        (30 s); everything we must not lose has been acknowledged by then anyway. While the
+        connection is down, whatever nats-py buffered for the reconnect cannot reach a server:
+        it is dropped, because nats-py's close would write it to the dead socket and raise
+        half-way (``RuntimeError`` under uvloop), leaving the process to exit with a traceback.
+        """
+        nc = self._nc
+        if nc.is_closed:
+            return
+        if nc.is_connected:
             with contextlib.suppress(Exception):
-                await self._nc.flush(timeout=2)
-            await self._nc.close()
+                await nc.flush(timeout=1)
+        else:
+            nc._pending = []
+            nc._pending_data_size = 0
+        try:
+            await nc.close()
+        except (OSError, RuntimeError) as e:  # the socket died under the close
+            log.debug("NATS (%s): closing: %s: %s", self.url, type(e).__name__, e)
+            with contextlib.suppress(Exception):
+                nc._transport.close()  # type: ignore[union-attr]
 
     # --- core NATS -----------------------------------------------------------------------------
 
@@ -907,46 +951,69 @@ class Broker:
         config: dict[str, Any] = info["config"]
         return config
 
-    async def ensure_stream(self, config: dict[str, Any], *, update: bool = True) -> bool:
-        """Create the stream if it is missing; update it to ``config`` if that changes anything
-        (and ``update``). Returns whether the stream now has ``config``.
+    async def ensure_stream(self, config: dict[str, Any]) -> Finding:
+        """Create the stream if it is missing; never change one that exists: the answer says
+        how it differs from ``config`` (``sojourn.broker.drift``), and the caller decides what
+        that means (``ensure_topology`` refuses to start on a key sojourn relies on).
 
-        Asks first, so a user allowed only to read stream info (a client, a watchdog, a worker
-        that may not reconfigure the events stream) can start against streams an admin set up.
+        Only reads an existing stream, so a user allowed only to read stream info (a client, a
+        watchdog) can start against streams an admin or a worker created.
 
         Raises:
-            PermissionDenied: the stream is missing (or differs, with ``update``) and this
-                user may not create (update) it.
+            PermissionDenied: the stream is missing and this user may not create it, or may not
+                read its info.
         """
         name = config["name"]
         current = await self.stream_config(name)
         if current is None:
             try:
                 await self.api(f"$JS.API.STREAM.CREATE.{name}", config)
-                return True
+                return Finding("stream", name, None, "created")
             except JetStreamError as e:
-                if e.err_code != 10058:  # created meanwhile, with another config
+                if e.err_code != _STREAM_EXISTS:  # created meanwhile, with another config
                     raise
             current = await self.stream_config(name)
             if current is None:  # pragma: no cover - created and deleted at once
                 raise JetStreamError(f"stream {name} vanished", code=404, err_code=0)
-        # Keep what operators may have tuned on a live stream (replicas, placement).
-        ours = {k: v for k, v in config.items() if k not in ("num_replicas", "placement")}
-        merged = {**current, **ours}
-        if merged == current:
-            return True
-        if not update:
-            return False
-        await self.api(f"$JS.API.STREAM.UPDATE.{name}", merged)
-        return True
+        return stream_finding(config, current)
 
-    async def ensure_consumer(self, stream: str, config: dict[str, Any]) -> None:
-        """Create or update a durable consumer (``CONSUMER.CREATE`` is create-or-update)."""
+    async def consumer_config(self, stream: str, name: str) -> dict[str, Any] | None:
+        """The durable consumer's current config, or ``None`` when there is no such consumer
+        (or no such stream)."""
+        try:
+            info = await self.api(f"$JS.API.CONSUMER.INFO.{stream}.{name}")
+        except JetStreamError as e:
+            if e.err_code not in (_CONSUMER_NOT_FOUND, _STREAM_NOT_FOUND):
+                raise
+            return None
+        config: dict[str, Any] = info["config"]
+        return config
+
+    async def ensure_consumer(self, stream: str, config: dict[str, Any]) -> Finding:
+        """Create the durable consumer if it is missing; never change one that exists: the
+        answer says how it differs from ``config``, as ``ensure_stream``'s does.
+
+        Raises:
+            PermissionDenied: this user may not read the consumer's info or create it.
+        """
         name = config["durable_name"]
-        await self.api(
-            f"$JS.API.CONSUMER.CREATE.{stream}.{name}",
-            {"stream_name": stream, "config": config, "action": ""},
-        )
+        current = await self.consumer_config(stream, name)
+        if current is None:
+            try:
+                await self.api(
+                    f"$JS.API.CONSUMER.CREATE.{stream}.{name}",
+                    # "create" fails on an existing consumer with another config instead of
+                    # overwriting it (one created meanwhile by another process).
+                    {"stream_name": stream, "config": config, "action": "create"},
+                )
+                return Finding("consumer", stream, name, "created")
+            except JetStreamError as e:
+                if e.err_code != _CONSUMER_EXISTS:
+                    raise
+            current = await self.consumer_config(stream, name)
+            if current is None:  # pragma: no cover - created and deleted at once
+                raise JetStreamError(f"consumer {stream}/{name} vanished", code=404, err_code=0)
+        return consumer_finding(stream, config, current)
 
     async def pull(self, stream: str, consumer: str) -> PullConsumer:
         sub = await self._js.pull_subscribe_bind(durable=consumer, stream=stream)

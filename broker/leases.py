@@ -1,18 +1,23 @@
 """Run leases: which worker executes a run right now.
 
 A lease is the single message on ``<prefix>.lease.<run_id>`` in a stream that keeps one message
-per subject. Taking or renewing it is a compare-and-set on that subject's sequence, so two
-workers can never both believe they won. Leases make conflicts rare and take-over fast; they
-are *not* what correctness rests on: the event store's sequence fence is (docs/design.md). A worker
-that was paused past its lease (SIGSTOP, a long GC) is refused at its next append.
+per subject. Taking it is a compare-and-set on that subject's sequence, so two workers can
+never both believe they won. Leases make conflicts rare and take-over fast; they are *not* what
+correctness rests on: the event store's sequence fence is (docs/design.md). A worker that was
+paused past its death (SIGSTOP, a long GC) is refused at its next append.
 
-Expiry compares wall clocks of different workers; keep them NTP-synced. Skew only delays a
-take-over or causes a refused append, never two histories.
+A lease names its worker and is not renewed: it is held while that worker's heartbeats go on
+and list the run (``sojourn.schemas.health.lease_covered``), so its cost is two writes per
+activation (take, release), not one per run per interval. Whether a worker is alive is the
+acquirer's judgement (``holds``, from ``Membership``); a lease that names no worker (written
+by an older version) is held until its ``expires_at``, a wall-clock time: keep clocks
+NTP-synced; skew then only delays a take-over or causes a refused append, never two histories.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -24,7 +29,19 @@ from . import headers as h
 from .connection import Broker, JetStreamError
 from .names import Names
 
-__all__ = ["NO_DETAILS", "Lease", "LeaseHolder", "LeaseStore", "Progress", "decode_lease"]
+__all__ = [
+    "NO_DETAILS",
+    "HoldsLease",
+    "Lease",
+    "LeaseHolder",
+    "LeaseStore",
+    "Progress",
+    "decode_lease",
+]
+
+HoldsLease = Callable[[LeaseHolder, str], bool | None]
+"""Whether a lease (its holder, the run id) is held by a live worker; ``None``: cannot tell
+(the lease names no worker), go by its ``expires_at``."""
 
 _EXPECT = h.EXPECTED_LAST_SUBJECT_SEQUENCE
 
@@ -50,6 +67,7 @@ class Lease:
     held: bool = True
     """Cleared when the holder is done: renewals stop even if a cancellation got lost."""
     acquired_at: float = 0.0
+    worker: str = ""
 
 
 decode_lease = decode_lease_holder
@@ -60,9 +78,16 @@ decode_lease = decode_lease_holder
 class LeaseStore:
     """Acquire, renew and release run leases."""
 
-    def __init__(self, broker: Broker, names: Names) -> None:
+    def __init__(
+        self, broker: Broker, names: Names, *, worker: str = "", holds: HoldsLease | None = None
+    ) -> None:
+        """``worker``: the id whose heartbeats vouch for the leases taken here (none: the
+        leases expire at ``expires_at`` and must be renewed). ``holds``: judges other
+        workers' leases (none: by ``expires_at`` alone)."""
         self.broker = broker
         self.names = names
+        self.worker = worker
+        self.holds = holds
         # The sequence we last wrote for a run we released: lets the same worker take the run
         # again with one round trip (no read) in the common steady state.
         self._released: dict[str, int] = {}
@@ -88,13 +113,21 @@ class LeaseStore:
                 return lease
         seq, current = await self.holder(run_id)
         now = time.time()
-        if current is not None and current.owner not in (None, owner) and current.expires_at > now:
+        if (
+            current is not None
+            and current.owner not in (None, owner)
+            and self._held(current, run_id, now)
+        ):
             return current
         lease = await self._write(run_id, owner, ttl, seq)
         if lease is not None:
             return lease
         seq, current = await self.holder(run_id)
         return current or LeaseHolder(owner="?", expires_at=now + ttl)
+
+    def _held(self, holder: LeaseHolder, run_id: str, now: float) -> bool:
+        judged = self.holds(holder, run_id) if self.holds is not None else None
+        return holder.expires_at > now if judged is None else judged
 
     async def renew(self, lease: Lease, ttl: float, progress: Progress | None = None) -> bool:
         """Extend a held lease (and heartbeat ``progress``); ``False`` means it was lost
@@ -139,6 +172,7 @@ class LeaseStore:
         acquired_at = acquired_at or now
         holder = LeaseHolder(
             owner=owner,
+            worker=self.worker,
             expires_at=now + ttl,
             acquired_at=acquired_at,
             heartbeat_at=now,
@@ -159,4 +193,5 @@ class LeaseStore:
             seq=ack.seq,
             expires_at=now + ttl,
             acquired_at=acquired_at,
+            worker=self.worker,
         )

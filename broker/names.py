@@ -144,7 +144,14 @@ class Names:
 
     @property
     def wake_consumer(self) -> str:
+        """The shared consumer of unrouted wakes (``wake(run_id)`` without an agent): wakes
+        published before routing existed, or by a process that does not know the run's agent."""
         return "workers"
+
+    def agent_wake_consumer(self, agent: str) -> str:
+        """The consumer of ``agent``'s wakes, shared by the workers that serve it: a worker
+        receives only wakes of runs it can execute."""
+        return f"wake-{agent}"
 
     # subjects
     def events(self, run_id: str) -> str:
@@ -252,6 +259,17 @@ class Names:
                 return InboxSubject("child", parent, validate_token(rest[1], "run_id"), sender)
         raise InvalidName(f"subject {subject!r} is not a sojourn inbox subject")
 
+    # the archive (retention: ended runs' histories once they leave the events stream)
+    @property
+    def archive_bucket(self) -> str:
+        """The object store bucket of archived run histories (one object per run id)."""
+        return self._stream("ARCHIVE")
+
+    @property
+    def archive_stream(self) -> str:
+        """The stream behind ``archive_bucket`` (NATS object stores are streams ``OBJ_<b>``)."""
+        return f"OBJ_{self.archive_bucket}"
+
     # the read side (docs/wire.md, "The read side")
     @property
     def runs_bucket(self) -> str:
@@ -311,15 +329,48 @@ class Names:
         leadership, by compare-and-set, in the health stream."""
         return f"{self.prefix}.leader.{role}"
 
-    def wake(self, run_id: str) -> str:
-        return f"{self.prefix}.wake.{run_id}"
+    def wake(self, run_id: str, agent: str | None = None) -> str:
+        """Where a wake of ``run_id`` goes: ``<prefix>.wake.<agent>.<run_id>``, consumed only by
+        workers serving ``agent``; without the agent, ``<prefix>.wake.<run_id>`` (any worker)."""
+        if agent is None:
+            return f"{self.prefix}.wake.{run_id}"
+        return f"{self.prefix}.wake.{agent}.{run_id}"
+
+    def agent_wakes(self, agent: str) -> str:
+        """The filter of ``agent``'s wake consumer."""
+        return f"{self.prefix}.wake.{agent}.*"
+
+    @property
+    def unrouted_wakes(self) -> str:
+        """The filter of the shared consumer of wakes that name no agent."""
+        return f"{self.prefix}.wake.*"
+
+    def parse_wake(self, subject: str) -> tuple[str | None, str]:
+        """``(agent or None, run_id)`` of a wake subject, validated.
+
+        Raises:
+            InvalidName: not a wake subject of this deployment, or a token is not a valid name.
+        """
+        head = f"{self.prefix}.wake."
+        if not subject.startswith(head):
+            raise InvalidName(f"not a wake subject: {subject[:200]!r}")
+        tokens = subject[len(head) :].split(".")
+        if len(tokens) == 1:
+            return None, validate_token(tokens[0], "run id")
+        if len(tokens) == 2:
+            return validate_token(tokens[0], "agent"), validate_token(tokens[1], "run id")
+        raise InvalidName(f"not a wake subject: {subject[:200]!r}")
 
     def timer(self, run_id: str, timer_id: str) -> str:
         return f"{self.prefix}.timer.{run_id}.{timer_id}"
 
     @property
     def wake_subjects(self) -> list[str]:
-        return [f"{self.prefix}.wake.*", f"{self.prefix}.timer.*.*"]
+        return [
+            f"{self.prefix}.wake.*",
+            f"{self.prefix}.wake.*.*",
+            f"{self.prefix}.timer.*.*",
+        ]
 
     def dlq(self, kind: str) -> str:
         return f"{self.prefix}.dlq.{kind}"

@@ -1,7 +1,7 @@
 """Durable timers: JetStream message schedules that wake a run when its deadline passes.
 
 A timer is one message on ``<prefix>.timer.<run_id>.<timer_id>`` carrying
-``Nats-Schedule: @at <RFC3339>`` and ``Nats-Schedule-Target: <prefix>.wake.<run_id>``. The
+``Nats-Schedule: @at <RFC3339>`` and ``Nats-Schedule-Target: <prefix>.wake.<agent>.<run_id>``. The
 broker keeps it (it survives restarts; an overdue one fires right after start-up) and, when it
 is due, publishes a wake. No process waits. Publishing again on the same subject replaces the
 timer (the stream keeps one message per subject). A fired timer is only a wake: the run's
@@ -25,12 +25,19 @@ def rfc3339(ts: float) -> str:
 
 
 async def schedule_timer(
-    broker: Broker, names: Names, run_id: str, timer_id: str, deadline: float
+    broker: Broker,
+    names: Names,
+    run_id: str,
+    timer_id: str,
+    deadline: float,
+    *,
+    agent: str | None,
 ) -> int:
-    """Create or replace the timer ``timer_id`` of ``run_id``; returns its stream sequence."""
+    """Create or replace the timer ``timer_id`` of ``run_id``; returns its stream sequence.
+    It fires a wake routed to ``agent``'s workers (``None``: to any worker)."""
     headers = {
         h.SCHEDULE: f"@at {rfc3339(deadline)}",
-        h.SCHEDULE_TARGET: names.wake(run_id),
+        h.SCHEDULE_TARGET: names.wake(run_id, agent),
         h.WAKE_REASON: "timer",
     }
     ack = await broker.publish(names.timer(run_id, timer_id), b"", headers)

@@ -1,25 +1,42 @@
-"""Creating sojourn's streams and durable consumers, idempotently.
+"""Creating sojourn's streams and durable consumers, idempotently, and reporting how existing
+ones differ from sojourn's config.
 
 Called by every worker at start-up and by the client before its first publish, so a fresh
 server needs no manual setup. See docs/design.md and docs/wire.md.
 
-Streams are looked at before anything is written: one that exists with sojourn's config is left
-alone, so users with least privilege (docs/operations.md, "Security") start against streams an
-admin or the first worker created.
+What exists is read, never rewritten on start: an operator may have tuned it (replicas,
+retention of disposable data). A difference in a tunable key is logged; one in a key sojourn
+relies on stops the start with the command that fixes it (``sojourn.broker.drift`` says which
+keys are which and why). Users with least privilege (docs/operations.md, "Security") so start
+against streams an admin or the first worker created. ``sojourn topology`` reports, and
+``sojourn topology --apply`` (an admin) brings everything to sojourn's config.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import PermissionDenied
+from sojourn.schemas.errors import PermissionDenied, SojournError
 
 from .connection import Broker
+from .drift import Finding, KeyDiff, consumer_finding, reconciled, stream_finding
 from .names import Names
 
-__all__ = ["ensure_topology", "stream_configs"]
+__all__ = [
+    "TopologyMismatch",
+    "agent_wake_consumer_config",
+    "apply_topology",
+    "check",
+    "consumer_configs",
+    "ensure_topology",
+    "fix_command",
+    "inspect_topology",
+    "mismatch",
+    "stream_configs",
+]
 
 log = logging.getLogger("sojourn.broker")
 
@@ -31,7 +48,9 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
     """The stream configs of a deployment (JetStream API JSON)."""
     dedup = int(settings.dedup_window * _NS)
     return [
-        {  # the source of truth: one subject per run, never deleted, never purged
+        {  # the source of truth: one subject per run, never deleted. Purgeable only so that
+            # retention can remove ended runs (by subject); only the watchdog role may purge it,
+            # and JetStream cannot lift deny_purge from an existing stream.
             "name": names.events_stream,
             "subjects": [names.events_all],
             "retention": "limits",
@@ -41,10 +60,10 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "max_bytes": -1,
             "max_age": 0,
             "deny_delete": True,
-            "deny_purge": True,
+            "deny_purge": False,
             "allow_direct": True,
             "duplicate_window": dedup,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
         {  # what the outside world publishes; the publish ack is the durable receipt
             "name": names.inbox_stream,
@@ -56,7 +75,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             # A stored start not yet taken is a pending run: found by run id with a direct get.
             "allow_direct": True,
             "duplicate_window": dedup,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
         {  # "this run has something to do"; timers are schedules that target wake subjects
             "name": names.wake_stream,
@@ -69,7 +88,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "allow_rollup_hdrs": True,
             "allow_direct": True,
             "duplicate_window": dedup,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
         {  # every rejected inbound message, verbatim, with the reason
             "name": names.dlq_stream,
@@ -78,7 +97,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "storage": "file",
             "max_age": 30 * _DAY * _NS,
             "allow_direct": True,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
         {  # one lease message per run; CAS on the subject sequence decides ownership
             "name": names.leases_stream,
@@ -88,7 +107,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "max_msgs_per_subject": 1,
             "max_age": _DAY * _NS,
             "allow_direct": True,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
         {  # worker heartbeats, watchdog action claims, wedged runs: one message per subject.
             # No max age: a wedge record must outlive any outage; heartbeats and claims carry
@@ -106,7 +125,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "max_age": 0,
             "allow_msg_ttl": True,
             "allow_direct": True,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
         {  # the runs KV bucket: one view per run, laid out as NATS KV clients expect
             "name": names.runs_kv_stream,
@@ -121,7 +140,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "allow_direct": True,
             "allow_atomic": True,  # the projector writes views in batches
             "duplicate_window": dedup,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
         {  # every view written, on <prefix>.runs.<agent>.<run_id>: run timelines and watches
             "name": names.changes_stream,
@@ -133,7 +152,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "allow_direct": True,
             "allow_atomic": True,
             "duplicate_window": dedup,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
         {  # runs' output chunks (ctx.stream, ctx.progress): resumable by stream sequence
             "name": names.output_stream,
@@ -144,7 +163,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "max_age": int(settings.output_max_age * _NS),
             "allow_direct": True,
             "duplicate_window": dedup,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
         {  # agents any worker has ever served (what "unknown agent" means)
             "name": names.agents_stream,
@@ -153,7 +172,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "storage": "file",
             "max_msgs_per_subject": 1,
             "allow_direct": True,
-            "num_replicas": 1,
+            "num_replicas": settings.replicas,
         },
     ]
 
@@ -174,19 +193,84 @@ def consumer_configs(names: Names, settings: Settings) -> list[tuple[str, dict[s
                 "max_ack_pending": 10_000,
             },
         ),
-        (
-            names.wake_stream,
-            {
-                "durable_name": names.wake_consumer,
-                "filter_subject": f"{names.prefix}.wake.*",
-                "ack_policy": "explicit",
-                "deliver_policy": "all",
-                "ack_wait": ack_wait,
-                "max_deliver": -1,
-                "max_ack_pending": 100_000,
-            },
-        ),
+        (names.wake_stream, _wake_consumer(names.wake_consumer, names.unrouted_wakes, ack_wait)),
     ]
+
+
+def agent_wake_consumer_config(names: Names, settings: Settings, agent: str) -> dict[str, Any]:
+    """The durable consumer of ``agent``'s wakes (``<prefix>.wake.<agent>.*``), created by the
+    first worker that serves the agent and shared by all that do: a worker pulls only wakes of
+    runs it can execute, so no wake is taken by a worker that must hand it back."""
+    ack_wait = int(max(settings.lease_ttl, 1.0) * _NS)
+    return _wake_consumer(names.agent_wake_consumer(agent), names.agent_wakes(agent), ack_wait)
+
+
+def _wake_consumer(durable: str, filter_subject: str, ack_wait: int) -> dict[str, Any]:
+    return {
+        "durable_name": durable,
+        "filter_subject": filter_subject,
+        "ack_policy": "explicit",
+        "deliver_policy": "all",
+        "ack_wait": ack_wait,
+        "max_deliver": -1,
+        "max_ack_pending": 100_000,
+    }
+
+
+class TopologyMismatch(SojournError):
+    """Streams or durable consumers exist with a config that differs from sojourn's in keys it
+    relies on (``sojourn.broker.drift``). sojourn leaves them alone and refuses to start: an
+    admin fixes them (``sojourn topology --apply``).
+
+    Attributes:
+        findings: the incompatible streams and consumers, with the keys that differ.
+    """
+
+    def __init__(self, message: str, findings: Sequence[Finding]) -> None:
+        super().__init__(message)
+        self.findings = tuple(findings)
+
+
+def fix_command(names: Names) -> str:
+    """The command that brings a deployment's streams and consumers to sojourn's config."""
+    prefix = "" if names.prefix == "sojourn" else f" --prefix {names.prefix}"
+    return f"sojourn topology --apply{prefix}"
+
+
+def _values(diffs: Sequence[KeyDiff]) -> str:
+    return "; ".join(f"{d.key}: sojourn's {d.ours!r}, the server's {d.theirs!r}" for d in diffs)
+
+
+def mismatch(names: Names, findings: Sequence[Finding]) -> TopologyMismatch:
+    """The error for incompatible ``findings``: each stream or consumer, its keys, both
+    values, and the command that fixes them."""
+    parts = [f"{f.what} ({_values(f.relied)})" for f in findings]
+    return TopologyMismatch(
+        "refusing to start: "
+        + "; and ".join(parts)
+        + f" differ{'s' if len(parts) == 1 else ''} from sojourn's config in keys it relies on, "
+        "and sojourn does not rewrite what an operator changed. See `sojourn topology`; fix "
+        f"with `{fix_command(names)}` (admin credentials)",
+        findings,
+    )
+
+
+_reported: set[tuple[str, str | None, tuple[KeyDiff, ...]]] = set()
+"""Tunable drift already logged by this process (once is enough: it is not a problem)."""
+
+
+def _report_drift(names: Names, finding: Finding) -> None:
+    key = (finding.stream, finding.consumer, finding.diffs)
+    if key in _reported:
+        return
+    _reported.add(key)
+    log.info(
+        "%s differs from this sojourn's config in tunable keys, left as they are (%s); "
+        "`%s` keeps them too, see `sojourn topology`",
+        finding.what,
+        _values(finding.diffs),
+        fix_command(names),
+    )
 
 
 async def ensure_topology(
@@ -195,23 +279,30 @@ async def ensure_topology(
     settings: Settings,
     *,
     consumers: bool = True,
-    update: bool = True,
-) -> None:
-    """Create the streams that are missing (and the workers' durable consumers); with
-    ``update``, bring streams that differ from sojourn's config to it.
+) -> list[Finding]:
+    """Create the streams that are missing (and, with ``consumers``, the workers' durable
+    consumers); never change one that exists. One that differs from sojourn's config only in
+    tunable keys (replicas, retention of disposable data, ...) is left as it is, logged once
+    at INFO; one that differs in a key sojourn relies on fails the start.
 
-    A stream that differs and that this user may not update (no worker may update the events
-    stream) is left as it is, with a warning: it works, and an admin can update it.
+    Bringing existing streams to this config is ``sojourn topology --apply``'s job, done on
+    purpose by an admin (it used to happen on every start, undoing operators' tuning).
+
+    Returns:
+        What was found for every stream and consumer.
 
     Raises:
+        TopologyMismatch: a stream or consumer differs in a key sojourn relies on; the
+            message names them, the keys, both values and the command that fixes them.
         PermissionDenied: a stream is missing and this user may not create it, or may not even
             read it (credentials made for another prefix); the message says which and what to do.
     """
     who = f"user '{broker.user}'" if broker.user else "this connection"
+    found: list[Finding] = []
     for cfg in stream_configs(names, settings):
         name = cfg["name"]
         try:
-            await broker.ensure_stream(cfg, update=update)
+            found.append(await broker.ensure_stream(cfg))
         except PermissionDenied as e:
             if ".STREAM.INFO." in e.subject:
                 raise PermissionDenied(
@@ -219,20 +310,95 @@ async def ensure_topology(
                     f"'{names.prefix}'? (check --prefix)",
                     subject=e.subject,
                 ) from None
-            if ".STREAM.CREATE." in e.subject:
-                raise PermissionDenied(
-                    f"stream {name} does not exist and {who} may not create it: start a "
-                    f"worker for prefix '{names.prefix}' first (workers and admins create the "
-                    "streams)",
-                    subject=e.subject,
-                ) from None
-            log.warning(
-                "stream %s differs from this sojourn's config, and %s may not update it; "
-                "it is left as it is (an admin can update it, e.g. by starting a worker with "
-                "admin credentials)",
-                name,
-                who,
-            )
+            raise PermissionDenied(
+                f"stream {name} does not exist and {who} may not create it: start a "
+                f"worker for prefix '{names.prefix}' first (workers and admins create the "
+                "streams)",
+                subject=e.subject,
+            ) from None
     if consumers:
         for stream, ccfg in consumer_configs(names, settings):
-            await broker.ensure_consumer(stream, ccfg)
+            found.append(await broker.ensure_consumer(stream, ccfg))
+    check(names, found)
+    return found
+
+
+def check(names: Names, found: Sequence[Finding]) -> None:
+    """Log tunable drift once; raise ``TopologyMismatch`` for what sojourn cannot work with.
+
+    For callers that ensure a consumer of their own (``Broker.ensure_consumer``) too."""
+    for f in found:
+        if f.state == "drift":
+            _report_drift(names, f)
+    bad = [f for f in found if f.state == "incompatible"]
+    if bad:
+        raise mismatch(names, bad)
+
+
+async def inspect_topology(
+    broker: Broker,
+    names: Names,
+    settings: Settings,
+    consumers: Sequence[tuple[str, dict[str, Any]]] = (),
+) -> list[Finding]:
+    """Every stream and durable consumer of the deployment compared with sojourn's config,
+    changing nothing (``sojourn topology``). ``consumers`` adds durable consumers to the
+    ones ``consumer_configs`` names (e.g. per-agent ones)."""
+    found: list[Finding] = []
+    for cfg in stream_configs(names, settings):
+        found.append(stream_finding(cfg, await broker.stream_config(cfg["name"])))
+    for stream, ccfg in [*consumer_configs(names, settings), *consumers]:
+        live = await broker.consumer_config(stream, ccfg["durable_name"])
+        found.append(consumer_finding(stream, ccfg, live))
+    return found
+
+
+async def apply_topology(
+    broker: Broker,
+    names: Names,
+    settings: Settings,
+    *,
+    replicas: int | None = None,
+    consumers: Sequence[tuple[str, dict[str, Any]]] = (),
+) -> list[Finding]:
+    """Bring the deployment to sojourn's config (``sojourn topology --apply``, admin): create
+    what is missing, set every key sojourn relies on, keep the tunable keys an operator
+    changed; with ``replicas``, set every stream's replica count to it too.
+
+    Returns:
+        What was found before anything was changed (``inspect_topology``).
+
+    Raises:
+        JetStreamError: the server refused a change (some keys, such as ``storage``, cannot be
+            changed on a live stream: the message says which).
+    """
+    before = await inspect_topology(broker, names, settings, consumers)
+    ours_streams = {c["name"]: c for c in stream_configs(names, settings)}
+    ours_consumers = {
+        (s, c["durable_name"]): c for s, c in [*consumer_configs(names, settings), *consumers]
+    }
+    for f in before:
+        if f.consumer is None:
+            ours = ours_streams[f.stream]
+            live = await broker.stream_config(f.stream)
+            if live is None:
+                await broker.ensure_stream(ours)
+                continue
+            want = reconciled(ours, live, f.diffs)
+            if replicas is not None:
+                want["num_replicas"] = replicas
+            if want != live:
+                await broker.api(f"$JS.API.STREAM.UPDATE.{f.stream}", want)
+        else:
+            ccfg = ours_consumers[(f.stream, f.consumer)]
+            clive = await broker.consumer_config(f.stream, f.consumer)
+            if clive is None:
+                await broker.ensure_consumer(f.stream, ccfg)
+                continue
+            cwant = reconciled(ccfg, clive, f.diffs)
+            if cwant != clive:
+                await broker.api(
+                    f"$JS.API.CONSUMER.CREATE.{f.stream}.{f.consumer}",
+                    {"stream_name": f.stream, "config": cwant, "action": "update"},
+                )
+    return before

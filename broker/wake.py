@@ -1,7 +1,9 @@
-"""Wakes: "this run has something to do" hints on ``<prefix>.wake.<run_id>``.
+"""Wakes: "this run has something to do" hints on ``<prefix>.wake.<agent>.<run_id>``.
 
 A wake is never the truth (the run's events are); a duplicate wake costs one history read. The
 wake stream keeps one message per run subject, so a burst of wakes for one run is one delivery.
+Wakes are routed by agent: each agent's wakes have their own durable consumer, pulled only by
+the workers that serve it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from .names import Names
 __all__ = ["publish_wake"]
 
 
-async def publish_wake(broker: Broker, names: Names, run_id: str, reason: str = "") -> int:
-    """Durably ask some worker to look at ``run_id``; returns the wake's stream sequence."""
+async def publish_wake(
+    broker: Broker, names: Names, run_id: str, reason: str = "", *, agent: str | None
+) -> int:
+    """Durably ask a worker serving ``agent`` to look at ``run_id``; returns the wake's stream
+    sequence. ``agent=None`` (the run's agent is not known here) asks any worker; one that does
+    not serve the run hands it back, so pass the agent whenever it is known."""
     headers = {h.WAKE_REASON: reason} if reason else None
-    ack = await broker.publish(names.wake(run_id), b"", headers)
+    ack = await broker.publish(names.wake(run_id, agent), b"", headers)
     return ack.seq

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from sojourn.schemas.health import Liveness, LivenessState, WedgeRecord
+from sojourn.schemas.health import Liveness, LivenessState, WedgeRecord, WorkerBeat, lease_covered
 from sojourn.schemas.vocabulary import SuspendReason
 from sojourn.schemas.wire import LeaseHolder
 
@@ -45,8 +45,10 @@ def classify(
     now: float,
     limits: Thresholds,
     wedge: WedgeRecord | None = None,
+    worker: WorkerBeat | None = None,
 ) -> Liveness:
-    """The liveness of one run at ``now``."""
+    """The liveness of one run at ``now``. ``worker`` is the last heartbeat of the lease's
+    worker: while it vouches for the lease (``lease_covered``), each beat is the run's."""
 
     def make(state: LivenessState, **fields: Any) -> Liveness:
         return Liveness(
@@ -72,6 +74,9 @@ def classify(
 
     owner = lease.owner if lease is not None else None
     beat = (lease.heartbeat_at or lease.acquired_at) if lease is not None else 0.0
+    if lease is not None and lease_covered(lease, worker, s.run_id):
+        assert worker is not None
+        beat = max(beat, worker.at)
     fresh = owner is not None and now - beat <= limits.stall_after
     held = owner is not None and lease is not None and lease.expires_at > now
     if lease is not None and owner is not None and fresh:
@@ -79,7 +84,7 @@ def classify(
             "running",
             owner=owner,
             last_heartbeat=beat,
-            step=lease.step,
+            step=lease.step or s.step,
             details=_details(lease),
             since=lease.acquired_at or beat,
         )
@@ -99,17 +104,18 @@ def classify(
         return running
     if lease is not None and owner is not None:
         # Its owner went silent and nobody took over (yet): a paused or dead worker.
-        expiry = (
-            f"its lease ran out {now - lease.expires_at:.1f}s ago"
-            if not held
-            else f"its lease runs out in {lease.expires_at - now:.1f}s"
-        )
+        if lease.worker:
+            expiry = f"its worker {lease.worker} has not heartbeat since"
+        elif held:
+            expiry = f"its lease runs out in {lease.expires_at - now:.1f}s"
+        else:
+            expiry = f"its lease ran out {now - lease.expires_at:.1f}s ago"
         return make(
             "stalled",
             reason=f"owner {owner} silent for {now - beat:.1f}s; {expiry}",
             owner=owner,
             last_heartbeat=beat,
-            step=lease.step,
+            step=lease.step or s.step,
             details=_details(lease),
             since=beat,
         )

@@ -207,12 +207,23 @@ class RunModel:
         if not self.caught_up:
             return {}
         out = {
-            run_id: classify(s, self.leases.get(run_id), now, self.limits, self.wedges.get(run_id))
+            run_id: classify(
+                s,
+                lease := self.leases.get(run_id),
+                now,
+                self.limits,
+                self.wedges.get(run_id),
+                self.owner_beat(lease),
+            )
             for run_id, s in self.runs.items()
         }
         self.assessed, self.assessed_at = out, now
         self._prune(now)
         return out
+
+    def owner_beat(self, lease: LeaseHolder | None) -> WorkerBeat | None:
+        """The last heartbeat of the worker a lease names (its beats are the run's)."""
+        return self.workers.get(lease.worker) if lease is not None and lease.worker else None
 
     def _prune(self, now: float) -> None:
         for run_id in [r for r, lh in self.leases.items() if r not in self.runs]:

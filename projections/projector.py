@@ -230,9 +230,12 @@ class Projector:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
-        if self.leading:
+        if self.leading and self._broker is not None and self._broker.connected:
+            # Bounded: a stop ends within a couple of seconds whatever the server's state (a
+            # record left behind only makes the next leader wait for it to expire).
             with contextlib.suppress(SojournError, TimeoutError):
-                await self._resign()
+                async with asyncio.timeout(1.0):
+                    await self._resign()
         if self._owns_broker and self._broker is not None:
             await self._broker.close()
 
@@ -324,7 +327,8 @@ class Projector:
         liveness: LivenessState | None = None
         if m.caught_up and not s.terminal:
             lease, wedge = m.leases.get(s.run_id), m.wedges.get(s.run_id)
-            liveness = classify(s, lease, time.time(), m.limits, wedge).state
+            beat = m.owner_beat(lease)
+            liveness = classify(s, lease, time.time(), m.limits, wedge, beat).state
         view = view_of(s, liveness)
         if s.terminal:
             self._live.pop(s.run_id, None)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
-__all__ = ["VALUE_ENVELOPE", "Settings"]
+__all__ = ["ARCHIVE_POLICIES", "VALUE_ENVELOPE", "ArchivePolicy", "Settings"]
+
+ArchivePolicy = Literal["object_store", "discard"]
+"""What retention does with an ended run's history before removing it from the hot streams:
+``object_store`` keeps a verified copy in the deployment's archive bucket (``sojourn history``
+still reads it); ``discard`` keeps nothing (the history is gone for good)."""
+ARCHIVE_POLICIES: tuple[ArchivePolicy, ...] = ("object_store", "discard")
 
 VALUE_ENVELOPE = 64 * 1024
 """Bytes an event, a decision or a child's end notice may need besides the one stored value it
@@ -25,17 +33,26 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             limit in effect is also at most the server's ``max_payload`` less 64 KiB
             (``VALUE_ENVELOPE``), so that the event carrying the value always fits in a
             message. From 1 KiB to 64 MiB.
-        lease_ttl: seconds a worker owns a run without renewing; after it another worker
-            may take the run over. Renewed every third of it while the run executes.
+        lease_ttl: the ack deadline of wakes and triggers (kept alive every
+            ``heartbeat_interval`` while their run executes), and how long a lease counts as
+            held when its holder's worker cannot be judged (a lease written by an older
+            version). A lease names its worker; it is held while that worker's heartbeats go
+            on and list the run (``worker_dead_after``), however long the run executes.
         dedup_window: seconds the broker remembers ``Nats-Msg-Id`` values.
         append_timeout: seconds an event append keeps retrying through a broker outage before
             the worker gives the run up (it is re-woken later, nothing is lost).
-        heartbeat_interval: seconds between heartbeats of a worker and of every run it
-            executes (the run's heartbeat is its lease renewal). Default: ``lease_ttl / 3``,
-            at most 5 s. Must leave room for three heartbeats per lease period.
+        heartbeat_interval: seconds between keepalives of the wake (or trigger) of a run that
+            executes: each restarts its ack deadline. Default: ``lease_ttl / 3``, at most 5 s.
+            Must leave room for three per lease period.
+        worker_beat_interval: seconds between a worker's heartbeats (``<prefix>.worker.<id>``),
+            each listing the runs it executes: one write per worker, however many runs.
+        worker_dead_after: seconds without a new heartbeat after which other workers count a
+            worker as dead, take over its runs and wake them (default 1.5 s: six missed
+            beats). An async step that blocks the event loop this long makes its worker look
+            dead: its run is then taken over, and the blocked worker is fenced at its next
+            append.
         stall_after: seconds of silence after which a worker, or the owner of a run, counts as
-            stalled. Default: three heartbeats, but at most two thirds of ``lease_ttl``, so that
-            a stall shows before another worker may take the run over.
+            stalled. Default: ``worker_dead_after``.
         overdue_after: seconds past its due time after which a wake that has not happened (a
             timer that did not fire, a signal that did not wake its run) counts as lost.
         max_activation_failures: consecutive failed activations of one run (errors outside
@@ -59,6 +76,20 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             kept: a reader can resume a stream from an offset for this long (default 7 days).
         changes_max_age: seconds the projector's change messages are kept: ``sojourn watch``
             shows a run's timeline from them for this long (default 1 day).
+        replicas: copies JetStream keeps of every sojourn stream (its ``num_replicas``), from
+            1 to 5. 1 (default) suits the embedded single-node server; 3 is the production
+            choice on a cluster (deploy/nats/): any one node may fail, and no acknowledged
+            write is lost while a quorum of two holds it. NATS does not require an odd count,
+            but an even one tolerates no more failures than the odd count below it. Used when
+            a stream is created; an existing stream keeps its replica count (``sojourn
+            topology --apply --replicas N`` changes it).
+        retain_ended: seconds an ended run (completed, failed, cancelled) stays in the hot
+            streams after its end; then retention (``sojourn archive``, or the watchdog when
+            this is set) archives it per ``archive`` and removes its events, wakes, timers,
+            lease and output. ``None`` (the default): forever, nothing is ever removed. 30 days
+            (``2_592_000``) is a typical choice. Runs that have not ended are never touched.
+        archive: what happens to an ended run's history when it leaves the hot streams
+            (``ArchivePolicy``): ``object_store`` (the default) or ``discard``.
     """
 
     prefix: str = "sojourn"
@@ -76,6 +107,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_buffered_signals: int = 1_000
     output_max_age: float = 7 * 86_400.0
     changes_max_age: float = 86_400.0
+    worker_beat_interval: float = 0.25
+    worker_dead_after: float = 1.5
+    replicas: int = 1
+    retain_ended: float | None = None
+    archive: ArchivePolicy = "object_store"
 
     def __post_init__(self) -> None:
         if not 1024 <= self.max_value <= 64 * 1024 * 1024:
@@ -91,10 +127,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 f"heartbeat_interval {hb} must be positive and at most lease_ttl / 3 "
                 f"({self.lease_ttl / 3:g}): a lease must survive two missed heartbeats"
             )
-        if self.stall_after is not None and self.stall_after <= self.heartbeat_every:
+        if not 0 < self.worker_beat_interval <= self.worker_dead_after / 2:
             raise ValueError(
-                f"stall_after {self.stall_after} must exceed the heartbeat interval "
-                f"({self.heartbeat_every:g})"
+                f"worker_beat_interval {self.worker_beat_interval} must be positive and at "
+                f"most worker_dead_after / 2 ({self.worker_dead_after / 2:g}): a live worker "
+                "must never look dead for one late beat"
+            )
+        if self.stall_after is not None and self.stall_after <= self.worker_beat_interval:
+            raise ValueError(
+                f"stall_after {self.stall_after} must exceed the worker heartbeat interval "
+                f"({self.worker_beat_interval:g})"
             )
         if self.overdue_after <= 0:
             raise ValueError(f"overdue_after must be positive, not {self.overdue_after}")
@@ -106,9 +148,20 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("max_deliveries must be at least 10")
         if self.max_buffered_signals < 1:
             raise ValueError("max_buffered_signals must be at least 1")
+        if not 1 <= self.replicas <= 5:
+            raise ValueError(
+                f"replicas must be from 1 to 5 (JetStream's limit), not {self.replicas}"
+            )
         for name in ("output_max_age", "changes_max_age"):
             if not getattr(self, name) >= 60:
                 raise ValueError(f"{name} must be at least 60 seconds")
+        if self.retain_ended is not None and not self.retain_ended >= 60:
+            raise ValueError(
+                f"retain_ended must be at least 60 seconds (or None: forever), "
+                f"not {self.retain_ended}"
+            )
+        if self.archive not in ARCHIVE_POLICIES:
+            raise ValueError(f"archive must be one of {', '.join(ARCHIVE_POLICIES)}")
 
     @property
     def max_child_notice(self) -> int:
@@ -130,4 +183,4 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         """Seconds of silence after which an owner counts as stalled."""
         if self.stall_after is not None:
             return self.stall_after
-        return min(3 * self.heartbeat_every, self.lease_ttl * 2 / 3)
+        return self.worker_dead_after

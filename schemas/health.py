@@ -11,14 +11,19 @@ from typing import Literal, get_args
 
 import msgspec
 
+from .wire import LeaseHolder
+
 __all__ = [
+    "BEAT_RUNS_MAX",
     "LIVENESS_STATES",
+    "ActiveRun",
     "LeaderRecord",
     "Liveness",
     "LivenessState",
     "WatchClaim",
     "WedgeRecord",
     "WorkerBeat",
+    "lease_covered",
 ]
 
 LivenessState = Literal[
@@ -48,8 +53,21 @@ LIVENESS_STATES: tuple[LivenessState, ...] = get_args(LivenessState)
 """
 
 
+class ActiveRun(msgspec.Struct, frozen=True, array_like=True):
+    """A run a worker is executing, as its heartbeat lists it: ``[run_id, agent]``."""
+
+    run_id: str
+    agent: str
+
+
+BEAT_RUNS_MAX = 4096
+"""Runs one heartbeat lists at most (about 250 KiB); a worker executing more lists the oldest
+that many, and the others are found by the watchdog's orphan check instead."""
+
+
 class WorkerBeat(msgspec.Struct, frozen=True, kw_only=True):
-    """A worker's heartbeat: the one message on ``<prefix>.worker.<token>``."""
+    """A worker's heartbeat: the one message on ``<prefix>.worker.<token>``. Its ``runs`` are
+    what the worker's leases cover: when the beats stop, other workers take them over."""
 
     worker_id: str
     host: str = ""
@@ -62,6 +80,8 @@ class WorkerBeat(msgspec.Struct, frozen=True, kw_only=True):
     interval: float = 0.0
     stopped: bool = False
     """Set by the last beat of a worker that stopped gracefully (it is not "down")."""
+    runs: tuple[ActiveRun, ...] = ()
+    """The runs it executes (at most ``BEAT_RUNS_MAX``), each with its agent."""
 
 
 class Liveness(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -135,3 +155,13 @@ class LeaderRecord(msgspec.Struct, frozen=True, kw_only=True):
     position: int = 0
     horizon: int = 0
     at: float = 0.0
+
+
+def lease_covered(holder: LeaseHolder, beat: WorkerBeat | None, run_id: str) -> bool:
+    """Whether ``beat``, the last heartbeat of the lease's worker, vouches for the lease: it
+    lists the run, or it was written before the lease was taken (both times are the same
+    worker's clock, so no clocks of different hosts are compared). A graceful stop vouches for
+    nothing: a stopping worker releases its leases, and one it failed to release is free."""
+    if beat is None or holder.owner is None or beat.stopped or beat.worker_id != holder.worker:
+        return False
+    return holder.acquired_at >= beat.at or any(r.run_id == run_id for r in beat.runs)

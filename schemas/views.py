@@ -71,6 +71,10 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
         updated_at: the time of the last event applied (unix seconds).
         last_seq: the events-stream sequence of the last decision applied (0 while pending):
             views of one run only ever move forward in it.
+        archived: the run ended long ago and left the hot streams (retention,
+            ``Settings.retain_ended``): its history is read from the archive (or, archived
+            with the ``discard`` policy, is gone). Written by the archiver, never by the
+            projector; absent (``false``) in views written before retention existed.
     """
 
     run_id: str
@@ -104,6 +108,7 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     ended_at: float | None = None
     last_seq: int = 0
     events: int = 0
+    archived: bool = False
 
 
 class RunsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -16,11 +16,14 @@ import msgspec
 from .vocabulary import ChildStatus
 
 __all__ = [
+    "ARCHIVE_FORMAT",
     "CHILD_SIGNAL",
     "DECIDE_SIGNAL",
     "NO_DETAILS",
     "REJECT_CODES",
     "RESERVED_SIGNAL_PREFIX",
+    "ArchivedDecision",
+    "ArchivedRun",
     "CancelBody",
     "ChildOutcome",
     "DeadLetter",
@@ -154,14 +157,18 @@ NO_DETAILS = msgspec.Raw(b"null")
 
 
 class LeaseHolder(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The body of a run's lease message (``<prefix>.lease.<run_id>``): who executes the run,
-    until when. Every renewal is also the run's heartbeat; ``owner`` ``None`` is a release."""
+    """The body of a run's lease message (``<prefix>.lease.<run_id>``): who executes the run.
+    ``owner`` ``None`` is a release. The lease is held while the heartbeats of ``worker`` go
+    on and list the run (or were written before ``acquired_at``, by the worker's own clock);
+    ``expires_at`` is for leases that name no worker (written by older versions)."""
 
     owner: str | None
+    worker: str = ""
+    """The worker whose activation ``owner`` is (``WorkerBeat.worker_id``)."""
     expires_at: float = 0.0
     acquired_at: float = 0.0
     heartbeat_at: float = 0.0
-    """When this message was written (the owner's last heartbeat)."""
+    """When this message was written: taken, or renewed with a step's ``ctx.heartbeat``."""
     step: str | None = None
     """The step the owner is running, if any."""
     step_started_at: float | None = None
@@ -207,3 +214,28 @@ class ResumeBody(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     note: str = ""
+
+
+ARCHIVE_FORMAT = 1
+"""The version of ``ArchivedRun`` this code writes and the newest it reads."""
+
+
+class ArchivedDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """One stored message of a run's history, as the events stream held it."""
+
+    seq: int
+    writer: str
+    msg_id: str
+    data: bytes
+    """The message body: the decision's events, encoded as stored (a JSON array)."""
+
+
+class ArchivedRun(msgspec.Struct, frozen=True, kw_only=True):
+    """An archived run (retention): its whole history, in order. The body of the object named
+    by its run id in the bucket ``<PREFIX>_ARCHIVE``, MessagePack; readers refuse a ``format``
+    newer than ``ARCHIVE_FORMAT``."""
+
+    format: int
+    run_id: str
+    archived_at: float
+    decisions: tuple[ArchivedDecision, ...]

@@ -25,10 +25,17 @@ class WorkerProc:
         )
 
     async def ready(self) -> WorkerProc:
+        """Wait for its ``ready`` line (log lines, such as a takeover at start, may come
+        first)."""
         assert self.proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 60)
-        assert line.startswith(b"ready"), line
-        return self
+        seen: list[bytes] = []
+        for _ in range(100):
+            line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 60)
+            if line.startswith(b"ready"):
+                return self
+            assert line, f"the worker exited before it was ready: {b''.join(seen)!r}"
+            seen.append(line)
+        raise AssertionError(f"no ready line: {b''.join(seen)!r}")
 
     def kill(self) -> None:
         """SIGKILL, the crash no code can react to."""
@@ -36,6 +43,14 @@ class WorkerProc:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
         self._close()
+
+    def pause(self) -> None:
+        """SIGSTOP: alive, holding its connection, doing nothing (a long GC, a frozen VM)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

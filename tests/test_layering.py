@@ -50,10 +50,12 @@ PURE_MODULES = (
     "actors/_machine.py",
     "actors/_replay.py",
     "actors/_retry.py",
+    "actors/_membership.py",
     "projections/summary.py",
     "projections/views.py",
     "projections/anomaly.py",
     "projections/liveness.py",
+    "projections/retention.py",
 )
 IMPURE = ("asyncio", "nats", "sojourn.broker")
 

@@ -63,9 +63,12 @@ class UsageError(Exception):
 
 
 def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
-    """The deployment's ``Settings`` from ``--prefix`` and ``extra``."""
+    """The deployment's ``Settings`` from ``--prefix``, ``--replicas`` and ``extra``."""
     prefix = args.prefix or DEFAULT_PREFIX
     validate_token(prefix, "prefix")
+    replicas = getattr(args, "replicas", None)
+    if replicas is not None:
+        extra.setdefault("replicas", replicas)
     return Settings(prefix=prefix, **extra)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from sojourn.broker.connection import ENV_CREDS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY
 
+from ._archive import cmd_archive
 from ._common import DEFAULT_PREFIX, Handler
 from ._projector import cmd_projector
 from ._read import cmd_runs
@@ -25,6 +26,7 @@ from ._runs import (
 )
 from ._serve import cmd_demo, cmd_dev, cmd_watchdog, cmd_worker
 from ._stream import cmd_stream
+from ._topology import cmd_topology
 from ._watch import cmd_watch
 
 __all__ = ["build_parser"]
@@ -68,6 +70,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _replicas(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= value <= 5:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 5, got {text}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -90,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         default=None,
         help=f"deployment prefix of subjects and streams (default: {DEFAULT_PREFIX})",
+    )
+    g.add_argument(
+        "--replicas",
+        metavar="N",
+        type=_replicas,
+        default=None,
+        help="copies of each stream sojourn creates, 1-5 (default: 1; 3 on a cluster, see "
+        "deploy/nats/); existing streams keep theirs",
     )
     c = common.add_argument_group(
         "credentials and TLS",
@@ -157,8 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=_positive_float,
         default=30.0,
-        help="seconds before another worker may take over a run of a worker that "
-        "died (default: 30)",
+        help="the ack deadline of wakes and triggers, kept alive while their run executes "
+        "(default: 30)",
+    )
+    s.add_argument(
+        "--dead-after",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=None,
+        help="seconds without a heartbeat after which other workers take over a worker's "
+        "runs (default: 1.5; give every worker the same)",
     )
     s.add_argument(
         "--worker-id",
@@ -267,16 +295,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=_positive_float,
         default=30.0,
-        help="the workers' --lease-ttl; heartbeats come every third of it, at most 5 s "
-        "(default: 30)",
+        help="the workers' --lease-ttl (judges leases written by older versions; default: 30)",
     )
     p.add_argument(
         "--stall-after",
         metavar="SECONDS",
         type=_positive_float,
         default=None,
-        help="silence after which an owner counts as stalled (default: 3 heartbeats, at "
-        "most 2/3 of the lease)",
+        help="silence after which an owner counts as stalled (default: the workers' "
+        "worker_dead_after, 1.5 s)",
+    )
+    p.add_argument(
+        "--retain-ended",
+        metavar="AGE",
+        default=None,
+        help="move ended runs older than AGE (30d, 12h...) out of the hot streams, every 5 "
+        "minutes, as `sojourn archive` does (default: keep everything)",
     )
     p.add_argument(
         "--overdue-after",
@@ -545,12 +579,81 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per run")
 
     p = command(
+        "topology",
+        cmd_topology,
+        "Compare the deployment's streams and consumers with sojourn's config; --apply fixes.",
+        "sojourn topology --nats nats://admin:pw@nats:4222 --apply --replicas 3",
+        detail="Prints one line per stream and durable consumer: missing, ok, drift (differs "
+        "in keys an operator may tune: left as it is) or incompatible (differs in a key sojourn "
+        "relies on: workers refuse to start), with the keys and both values. Exits 0 when "
+        "nothing is missing or incompatible, else 1. Workers never rewrite an existing stream; "
+        "--apply (admin credentials) creates what is missing and sets what sojourn relies on, "
+        "keeping what was tuned (the replica count too, unless --replicas is given).",
+    )
+    p.add_argument(
+        "--apply", action="store_true", help="create what is missing, fix what is incompatible"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=_positive_float,
+        default=30.0,
+        help="the workers' --lease-ttl, which the consumers' ack_wait follows (default: 30)",
+    )
+    p.add_argument(
+        "--agent",
+        metavar="AGENT",
+        action="append",
+        default=[],
+        dest="agents",
+        help="also check the wake consumer of this agent (repeatable)",
+    )
+
+    p = command(
         "schemas",
         cmd_schemas,
         "Write JSON Schemas of the wire messages into a directory.",
         "sojourn schemas --out ./schemas-json",
     )
     p.add_argument("--out", metavar="DIR", required=True, help="directory to write into")
+
+    p = command(
+        "archive",
+        cmd_archive,
+        "Move ended runs older than an age out of the hot streams (one pass; cron-friendly).",
+        "sojourn archive --older-than 30d --dry-run",
+        detail="Finds ended runs in the read side's views (a projector must be running), "
+        "checks each against its own history, copies the history to the object store "
+        "bucket <PREFIX>_ARCHIVE, reads the copy back and compares it, then purges the run's "
+        "events, wakes, timers, lease and output. `sojourn history` and `sojourn status` "
+        "still read archived runs. Runs that have not ended are never touched, nor a child "
+        "run whose parent has not ended. Needs watchdog or admin credentials. Exits 1 if "
+        "any run could not be moved (it stays hot; the next pass retries it).",
+    )
+    p.add_argument(
+        "--older-than",
+        metavar="AGE",
+        default="30d",
+        help="move runs that ended at least this long ago: 3600s, 90m, 12h, 30d (default: 30d)",
+    )
+    p.add_argument(
+        "--policy",
+        metavar="POLICY",
+        default=None,
+        help="object_store (keep a verified copy: the default) or discard (keep nothing)",
+    )
+    p.add_argument(
+        "--limit",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="move at most this many runs, oldest end first (default: all that are due)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="list the runs that would move; change nothing"
+    )
+    p.add_argument("--json", action="store_true", help="print the pass's report as JSON")
 
     p = command(
         "demo",

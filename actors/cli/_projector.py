@@ -18,6 +18,7 @@ from sojourn.projections.projector import Projector
 from sojourn.projections.sqlite import SqliteModel
 from sojourn.schemas.config import Settings
 
+from .._health import PROCESS_HEALTH, Phase, projector_check
 from .._metrics import stop_metrics, track_projector
 from ._common import (
     EXIT_OK,
@@ -57,6 +58,7 @@ async def running_projector(
             nats=opts, settings=settings, sink=sink, rebuild=rebuild
         ).start()
         track_projector(projector)
+        PROCESS_HEALTH.add("projector", projector_check(projector))
         # Every projector with a read model answers listings (one of them per request).
         listing = None if sink is None else ListingService(projector.broker, projector.names, sink)
         try:
@@ -66,6 +68,7 @@ async def running_projector(
         finally:
             if listing is not None:
                 await listing.stop()
+            PROCESS_HEALTH.remove("projector")
             track_projector(projector, on=False)
             await projector.stop()
     finally:
@@ -88,9 +91,13 @@ async def cmd_projector(args: argparse.Namespace) -> int:
         sqlite = Path(args.sqlite) if args.sqlite else default_sqlite_path(settings.prefix)
     stopper = StopSignal()
     metrics_server = None
+    phase = Phase()
+    PROCESS_HEALTH.add("process", phase)
     try:
         metrics_server = start_metrics(args)
         async with running_projector(opts, settings, sqlite=sqlite, rebuild=args.rebuild) as p:
+            phase.serving()
+            PROCESS_HEALTH.refresh()
             out(
                 f"projecting prefix {settings.prefix} on {opts.display_url} (projector "
                 f"{p.projector_id}"
@@ -100,8 +107,11 @@ async def cmd_projector(args: argparse.Namespace) -> int:
             )
             await stopper.wait()
             out(f"{stopper.name} received: stopping the projector")
+            phase.stopping()
+            PROCESS_HEALTH.refresh()
     finally:
         stopper.remove()
+        PROCESS_HEALTH.remove("process")
         if metrics_server is not None:
             stop_metrics(metrics_server)
     out("stopped")

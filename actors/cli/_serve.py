@@ -19,6 +19,7 @@ from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import Liveness
 
 from .._app import load_app
+from .._health import PROCESS_HEALTH, Phase, watchdog_check, worker_check
 from .._metrics import stop_metrics
 from .._watchdog import Watchdog
 from .._worker import Worker
@@ -33,6 +34,7 @@ from ._common import (
     start_metrics,
 )
 from ._projector import running_projector
+from ._read import age_seconds
 from ._render import liveness_line, out
 
 __all__ = ["cmd_demo", "cmd_dev", "cmd_watchdog", "cmd_worker"]
@@ -74,13 +76,22 @@ def _write_dev_urls(server: EmbeddedServer, auth_dir: Path) -> None:
 async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
     configure_logging(args.log_level)
     app = load_app(args.app)
-    settings = settings_from(args, lease_ttl=args.lease_ttl)
+    extra: dict[str, Any] = {"lease_ttl": args.lease_ttl}
+    if args.dead_after is not None:
+        extra["worker_dead_after"] = args.dead_after
+        extra["worker_beat_interval"] = min(0.25, args.dead_after / 4)
+    try:
+        settings = settings_from(args, **extra)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     auth = dev and args.auth
     if auth and args.nats is not None:
         raise UsageError("--auth configures the local server: it cannot be used with --nats")
     stopper = StopSignal()
     server: EmbeddedServer | None = None
     metrics_server = None
+    phase = Phase()
+    PROCESS_HEALTH.add("process", phase)
     try:
         metrics_server = start_metrics(args)
         if dev and args.nats is None:
@@ -119,10 +130,12 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
             worker_id=args.worker_id,
         )
         await worker.start()
+        PROCESS_HEALTH.add("worker", worker_check(worker))
         watchdog = None
         try:
             if dev and not args.no_watchdog:
                 watchdog = await Watchdog(nats=watch_opts, settings=settings).start()
+                PROCESS_HEALTH.add("watchdog", watchdog_check(watchdog))
             async with contextlib.AsyncExitStack() as stack:
                 projector = None
                 if dev and not args.no_projector:
@@ -139,12 +152,19 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
                     f"{settings.prefix}, worker {worker.worker_id}"
                     + (f", with {' and '.join(extras)})" if extras else ")")
                 )
+                phase.serving()
+                PROCESS_HEALTH.refresh()
                 out("ready; press Ctrl-C to stop")
                 await stopper.wait(server)
                 out(f"{stopper.name} received: stopping the worker")
+                phase.stopping()
+                PROCESS_HEALTH.refresh()
         finally:
+            phase.stopping()
             if watchdog is not None:
+                PROCESS_HEALTH.remove("watchdog")
                 await watchdog.stop()
+            PROCESS_HEALTH.remove("worker")
             await worker.stop()
     finally:
         try:
@@ -152,6 +172,7 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
                 await server.stop()
         finally:
             stopper.remove()
+            PROCESS_HEALTH.remove("process")
             if metrics_server is not None:
                 stop_metrics(metrics_server)
     out("stopped")
@@ -173,6 +194,14 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
         extra["stall_after"] = args.stall_after
     if args.overdue_after is not None:
         extra["overdue_after"] = args.overdue_after
+    if args.retain_ended is not None:
+        try:
+            extra["retain_ended"] = float(age_seconds(args.retain_ended))
+        except UsageError:
+            raise UsageError(
+                f"--retain-ended {args.retain_ended!r}: a number and a unit s, m, h or d "
+                "(3600s, 90m, 12h, 30d)"
+            ) from None
     try:
         settings = settings_from(args, **extra)
     except ValueError as e:
@@ -198,11 +227,16 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
 
     stopper = StopSignal()
     metrics_server = None
+    phase = Phase()
+    PROCESS_HEALTH.add("process", phase)
     try:
         metrics_server = start_metrics(args)
         watchdog = await Watchdog(
             nats=opts, settings=settings, interval=args.interval, on_change=report
         ).start()
+        PROCESS_HEALTH.add("watchdog", watchdog_check(watchdog))
+        phase.serving()
+        PROCESS_HEALTH.refresh()
         out(
             f"watching prefix {settings.prefix} on {opts.display_url} (stalled after "
             f"{settings.stall_threshold:g}s of silence, overdue {settings.overdue_after:g}s "
@@ -211,9 +245,12 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
         try:
             await stopper.wait()
         finally:
+            phase.stopping()
+            PROCESS_HEALTH.remove("watchdog")
             await watchdog.stop()
     finally:
         stopper.remove()
+        PROCESS_HEALTH.remove("process")
         if metrics_server is not None:
             stop_metrics(metrics_server)
     out("stopped")

@@ -4,18 +4,29 @@ A cancel that lands while nats-py waits on a subscription's inner task can be lo
 (``asyncio.wait_for`` in Python 3.11 may return a result that raced the cancel); agent code
 can swallow one too. ``sojourn dev`` then hung on SIGINT about once in fifteen stops under
 load, waiting for the watchdog's loop. These tests swallow the cancel on purpose.
+
+A stop also ends whatever became of the server: a ``sojourn worker`` process gets SIGTERM
+after its nats-server was killed or frozen (issue 12).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import contextlib
+import os
+import re
+import signal
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from sojourn.actors import Client, Context, Watchdog, Worker, agent
 from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.health import Liveness
+from tests.actors.test_health import CliProc
 
 
 async def ends(stop: Coroutine[Any, Any, None], deadline: float = 60.0) -> bool:
@@ -96,3 +107,47 @@ async def test_a_worker_stops_within_its_grace_although_a_step_swallowed_the_can
         for t in stubborn_tasks:
             t.cancel()  # the second cancel ends it
         await asyncio.gather(*stubborn_tasks, return_exceptions=True)
+
+
+@pytest.fixture
+async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
+    server = EmbeddedServer(store_dir=tmp_path / "nats", port=0)
+    await server.start()
+    try:
+        yield server
+    finally:
+        if server.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server.pid, signal.SIGCONT)
+        await server.stop()
+
+
+@pytest.mark.parametrize("fate", ["killed", "frozen"])
+async def test_an_idle_worker_process_exits_on_sigterm_whatever_became_of_its_server(
+    own_server: EmbeddedServer, settings: Settings, fate: str
+) -> None:
+    """Issue 12: an idle ``sojourn worker`` whose server had gone did not exit on SIGTERM
+    within 6 s. Its "stopped" heartbeat waited 5 s for an ack that could not come, and closing
+    the connection then wrote the heartbeat nats-py had buffered for the reconnect to the dead
+    socket and raised (exit 1, with a traceback). A frozen (SIGSTOPped) server, which nothing
+    has noticed yet, cost the 5 s and a 2 s flush."""
+    worker = CliProc(
+        "worker", "--app", "tests.apps.cli_agents", "--nats", own_server.url,
+        "--prefix", settings.prefix, "--log-level", "debug",
+    )  # fmt: skip
+    try:
+        await worker.line(re.compile(rb"ready; press Ctrl-C to stop\s*"))
+        assert own_server.pid is not None
+        if fate == "killed":
+            own_server.kill()
+            # Wait until the worker knows: it is reconnecting.
+            await worker.line(re.compile(rb".*NATS \(.*\): .*(refused|EOF).*\s*"))
+        else:
+            os.kill(own_server.pid, signal.SIGSTOP)
+        code, took = await worker.terminate(timeout=20)
+        print(f"{fate} server: the worker exited {took:.2f}s after SIGTERM")
+        assert code == 0, f"exit code {code} after {took:.2f}s:\n{worker.output}"
+        assert "Traceback" not in worker.output, worker.output
+        assert worker.output.rstrip().endswith("stopped"), worker.output
+    finally:
+        worker.kill()

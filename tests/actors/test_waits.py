@@ -320,11 +320,13 @@ async def test_sleep_fires_while_no_worker_process_exists(
         first.kill()
         assert first.proc.poll() is not None  # no worker process exists from here on
 
-        # The broker itself fires the timer: a wake lands on the run's wake subject.
+        # The broker itself fires the timer: a wake lands on the run's wake subject, routed
+        # to the workers of its agent.
         names = client.names
 
         async def fired() -> bool:
-            m = await client.broker.direct_get_last(names.wake_stream, names.wake(run_id))
+            wake = names.wake(run_id, "napper")
+            m = await client.broker.direct_get_last(names.wake_stream, wake)
             return m is not None and m.header(h.SCHEDULER) == names.timer(run_id, "0")
 
         await wait_for(fired, timeout=15, what="the broker to fire the timer")

@@ -23,7 +23,8 @@ async def main() -> None:
     agents = [v for v in vars(mod).values() if isinstance(v, Agent)]
     limit = int(os.environ.get("SOJOURN_TEST_CRASH_LOOP_LIMIT", "0"))
     settings = Settings(prefix=prefix, lease_ttl=ttl, crash_loop_limit=limit)
-    worker = Worker(agents, nats=url, settings=settings)
+    concurrency = int(os.environ.get("SOJOURN_TEST_CONCURRENCY", "256"))
+    worker = Worker(agents, nats=url, settings=settings, concurrency=concurrency)
     await worker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

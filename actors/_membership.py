@@ -1,0 +1,95 @@
+"""Which workers are alive, as one process sees them: the judgement behind run takeover.
+
+A worker heartbeats every ``Settings.worker_beat_interval`` on ``<prefix>.worker.<id>`` (one
+write per worker, however many runs it executes), listing the runs it executes. A worker is
+alive while its heartbeat message keeps *changing* as this process looks (a new stream
+sequence): the judgement uses only this process's monotonic clock, so clock skew between hosts
+cannot make a live worker look dead. The one exception is a worker this process sees for the
+first time: its beat's age by the wall clocks (``age``, at most ``dead_after``) is taken as the
+time it has already been silent, so a worker started right after another died takes over as
+fast as one that was watching (clocks skewed by more than ``dead_after`` would make such a
+first look wrong: keep them NTP-synced). One whose beats stop for ``dead_after``, that stopped
+gracefully, or that came back under the same id from a new start (another incarnation) is
+dead, and ``observe`` reports it once, with its last beat: its runs are then taken over.
+
+Pure: no I/O and no clock of its own, so it is tested exhaustively.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sojourn.schemas.health import WorkerBeat, lease_covered
+from sojourn.schemas.wire import LeaseHolder
+
+__all__ = ["Membership"]
+
+
+@dataclass(slots=True)
+class _Seen:
+    seq: int
+    beat: WorkerBeat
+    changed_at: float
+    dead: bool = False
+
+
+class Membership:
+    """The workers of one deployment, judged alive or dead from their heartbeats."""
+
+    def __init__(self, dead_after: float) -> None:
+        self.dead_after = dead_after
+        self._seen: dict[str, _Seen] = {}
+
+    def observe(
+        self, beats: Iterable[tuple[int, WorkerBeat]], now: float, wall: float | None = None
+    ) -> list[WorkerBeat]:
+        """Take the current heartbeat of each worker (stream sequence, body) at monotonic time
+        ``now`` (and wall-clock time ``wall``, for first looks); return the last beats of the
+        workers found dead since the last call (each incarnation once)."""
+        died: list[WorkerBeat] = []
+        current: set[str] = set()
+        for seq, beat in beats:
+            wid = beat.worker_id
+            current.add(wid)
+            seen = self._seen.get(wid)
+            if seen is None:
+                age = 0.0 if wall is None else max(wall - beat.at, 0.0)
+                credit = min(age, self.dead_after)
+                seen = self._seen[wid] = _Seen(seq, beat, now - credit, dead=beat.stopped)
+                if not seen.dead and age > self.dead_after:
+                    seen.dead = True
+                    died.append(beat)
+                continue
+            if seq != seen.seq:
+                if beat.started_at != seen.beat.started_at and not seen.dead:
+                    died.append(seen.beat)  # restarted under the same id: the old one is gone
+                seen.seq, seen.beat, seen.changed_at = seq, beat, now
+                seen.dead = beat.stopped
+                continue
+            if not seen.dead and now - seen.changed_at > self.dead_after:
+                seen.dead = True
+                died.append(seen.beat)
+        for wid in [w for w in self._seen if w not in current]:
+            gone = self._seen.pop(wid)  # its heartbeat expired from the stream
+            if not gone.dead:
+                died.append(gone.beat)
+        return died
+
+    def alive(self, worker_id: str) -> bool:
+        seen = self._seen.get(worker_id)
+        return seen is not None and not seen.dead
+
+    def beat(self, worker_id: str) -> WorkerBeat | None:
+        seen = self._seen.get(worker_id)
+        return None if seen is None else seen.beat
+
+    def holds(self, holder: LeaseHolder, run_id: str) -> bool | None:
+        """Whether a lease is held: its worker is alive and vouches for it
+        (``lease_covered``). ``None`` when the lease names no worker (an older writer): the
+        caller then goes by ``expires_at``."""
+        if holder.owner is None:
+            return False
+        if not holder.worker:
+            return None
+        return self.alive(holder.worker) and lease_covered(holder, self.beat(holder.worker), run_id)

@@ -1,0 +1,73 @@
+"""``sojourn archive``: one retention pass (ended runs older than an age leave the hot
+streams), for cron or a systemd timer; the watchdog runs the same pass periodically when
+``Settings.retain_ended`` is set."""
+
+from __future__ import annotations
+
+import argparse
+
+from sojourn.schemas.codec import encode
+from sojourn.schemas.config import ARCHIVE_POLICIES, ArchivePolicy
+
+from .._archive import Archiver, ArchiveReport
+from ._common import EXIT_ERROR, EXIT_OK, UsageError, connect_client
+from ._read import age_seconds
+from ._render import out, stamp
+
+__all__ = ["cmd_archive", "report_lines"]
+
+
+def _older_than(text: str) -> int:
+    try:
+        return age_seconds(text)
+    except UsageError:
+        raise UsageError(
+            f"--older-than {text!r}: a number and a unit s, m, h or d (3600s, 90m, 12h, 30d)"
+        ) from None
+
+
+def _policy(text: str) -> ArchivePolicy:
+    for p in ARCHIVE_POLICIES:
+        if text == p:
+            return p
+    raise UsageError(f"--policy {text!r}: one of {', '.join(ARCHIVE_POLICIES)}")
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"  # pragma: no cover - the loop always returns
+
+
+def report_lines(report: ArchiveReport) -> list[str]:
+    """What ``sojourn archive`` prints for a pass (without ``--json``)."""
+    verb = "would move" if report.dry_run else "moved"
+    kept = ", ".join(f"{k} {v}" for k, v in sorted(report.skipped.items())) or "none"
+    lines = [
+        f"{verb} {len(report.moved)} run(s) that ended before {stamp(report.cutoff)} "
+        f"(policy {report.policy}); kept {sum(report.skipped.values())} ({kept}); "
+        f"{len(report.errors)} error(s)"
+    ]
+    if report.dry_run:
+        lines += [f"  {run_id}" for run_id in sorted(report.moved)]
+    else:
+        lines.append(f"events stream: {_size(report.bytes_before)} -> {_size(report.bytes_after)}")
+    lines += [f"  error: {run_id}: {why}" for run_id, why in sorted(report.errors.items())]
+    return lines
+
+
+async def cmd_archive(args: argparse.Namespace) -> int:
+    age = _older_than(args.older_than)
+    policy = _policy(args.policy) if args.policy is not None else None
+    async with await connect_client(args) as client:
+        archiver = Archiver(client.broker, client.settings, retain_ended=age, policy=policy)
+        report = await archiver.run_pass(limit=args.limit, dry_run=args.dry_run)
+    if args.json:
+        out(encode(report.to_json()).decode())
+    else:
+        for line in report_lines(report):
+            out(line)
+    return EXIT_ERROR if report.errors else EXIT_OK
