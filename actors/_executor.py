@@ -69,7 +69,7 @@ from ._context import Context
 from ._machine import Limits, Machine, Park, Parked, RunCancelledInterrupt, clip_text, error_info
 from ._metrics import APPENDS, EVENTS_APPENDED, TOOL_CALLS, agent_label
 from ._output import StepOutput, chunk_limit
-from ._state import RunState, fold
+from ._state import OpRecord, RunState, fold
 
 __all__ = ["Activation", "AppendRefused", "Outcome", "RunCancelledInterrupt", "fit_prefix"]
 
@@ -615,10 +615,20 @@ class Activation:
                 encode(outcome),
                 {MSG_ID: f"child-end:{self.run_id}"},
             )
-        if self.timers_used or any(
-            op.kind == "wait" or (op.kind == "step" and op.attempts > 1) for op in s.ops
-        ):
+        if self.timers_used or any(_timer_may_be_stored(op) for op in s.ops):
             await cancel_timers(broker, names, self.run_id)
+
+
+def _timer_may_be_stored(op: OpRecord) -> bool:
+    """Whether a timer of ``op`` may still be in the wake stream when its run ends: a wait with
+    a deadline that ended otherwise than by it (cancelled, or by a signal whose own purge may
+    have failed), or a step that was retried (a short backoff is waited out in the process,
+    its timer left to fire). A wait that timed out was woken by its timer, which the broker
+    removed when it fired; should it fire later after all, it wakes an ended run: nothing.
+    So the usual timer-driven run ends without a purge (one write fewer)."""
+    if op.kind == "wait":
+        return op.deadline is not None and op.outcome != "timeout"
+    return op.kind == "step" and op.attempts > 1
 
 
 def _error_body(code: str, message: str) -> ErrorBody:
