@@ -4,10 +4,10 @@ The demo needs nothing set up. It starts a NATS server in a temporary directory 
 ``--nats``), worker A as a subprocess serving ``examples/welcome.py``, and one ``welcome`` run.
 When worker A is inside the third operation (``provision_account``: the account exists, the
 step's completion is not recorded), it SIGKILLs worker A and starts worker B. Worker B takes
-the run over once A's heartbeats have stopped for ``worker_dead_after``, replays the recorded steps without running them, runs the
-in-doubt step again with the same idempotency key, and finishes. The demo then prints the
-history, the outbox and how often each step's code really ran, and checks that every effect
-(two emails, one account) exists exactly once.
+the run over once A's heartbeats have stopped for ``worker_dead_after``, replays the recorded
+steps without running them, runs the in-doubt step again with the same idempotency key, and
+finishes. The demo then prints the history, the outbox and how often each step's code really
+ran, and checks that every effect (two emails, one account) exists exactly once.
 """
 
 from __future__ import annotations

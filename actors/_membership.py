@@ -5,12 +5,16 @@ write per worker, however many runs it executes), listing the runs it executes. 
 alive while its heartbeat message keeps *changing* as this process looks (a new stream
 sequence): the judgement uses only this process's monotonic clock, so clock skew between hosts
 cannot make a live worker look dead. The one exception is a worker this process sees for the
-first time: its beat's age by the wall clocks (``age``, at most ``dead_after``) is taken as the
-time it has already been silent, so a worker started right after another died takes over as
-fast as one that was watching (clocks skewed by more than ``dead_after`` would make such a
-first look wrong: keep them NTP-synced). One whose beats stop for ``dead_after``, that stopped
-gracefully, or that came back under the same id from a new start (another incarnation) is
-dead, and ``observe`` reports it once, with its last beat: its runs are then taken over.
+first time: its beat's age by the wall clocks is taken as the time it has already been silent,
+but never all of ``dead_after`` (``FIRST_LOOK``: a third of it is always watched), so a worker
+started right after another died takes over almost as fast as one that was watching, and a
+skewed clock or a beat held up by a broker restart cannot condemn a live worker at first
+sight. One whose beats stop for ``dead_after``, that stopped gracefully, or that came back
+under the same id from a new start (another incarnation) is dead, and ``observe`` reports it
+once, with its last beat: its runs are then taken over.
+
+A process that could not look for a while (its own connection, or the broker, was down: then
+nobody could heartbeat either) calls ``resume``: every live worker's silence counts from then.
 
 Pure: no I/O and no clock of its own, so it is tested exhaustively.
 """
@@ -23,7 +27,10 @@ from dataclasses import dataclass
 from sojourn.schemas.health import WorkerBeat, lease_covered
 from sojourn.schemas.wire import LeaseHolder
 
-__all__ = ["Membership"]
+__all__ = ["FIRST_LOOK", "Membership"]
+
+FIRST_LOOK = 1 / 3
+"""The part of ``dead_after`` a first look at a worker always watches for itself."""
 
 
 @dataclass(slots=True)
@@ -55,11 +62,8 @@ class Membership:
             seen = self._seen.get(wid)
             if seen is None:
                 age = 0.0 if wall is None else max(wall - beat.at, 0.0)
-                credit = min(age, self.dead_after)
-                seen = self._seen[wid] = _Seen(seq, beat, now - credit, dead=beat.stopped)
-                if not seen.dead and age > self.dead_after:
-                    seen.dead = True
-                    died.append(beat)
+                credit = min(age, self.dead_after * (1 - FIRST_LOOK))
+                self._seen[wid] = _Seen(seq, beat, now - credit, dead=beat.stopped)
                 continue
             if seq != seen.seq:
                 if beat.started_at != seen.beat.started_at and not seen.dead:
@@ -75,6 +79,13 @@ class Membership:
             if not gone.dead:
                 died.append(gone.beat)
         return died
+
+    def resume(self, now: float) -> None:
+        """This process has not been able to look since long before ``now``: restart every
+        live worker's silence from ``now`` instead of counting the blind time against it."""
+        for seen in self._seen.values():
+            if not seen.dead:
+                seen.changed_at = max(seen.changed_at, now)
 
     def alive(self, worker_id: str) -> bool:
         seen = self._seen.get(worker_id)

@@ -139,6 +139,7 @@ class Worker:
         """The agent of each run executing here, once its history is loaded (to route the
         wake published again when a run rests)."""
         self.membership = Membership(self.settings.worker_dead_after)
+        self._looked_at = 0.0
         """Which other workers are alive (their leases held), from their heartbeats."""
         self.misrouted = 0
         """Wakes taken for runs of agents this worker does not serve (and handed back)."""
@@ -287,7 +288,13 @@ class Worker:
             if not msgs or more <= 0:
                 break
             seq = msgs[-1].seq + 1
-        for dead in self.membership.observe(beats, time.monotonic(), time.time()):
+        now = time.monotonic()
+        if self._looked_at and now - self._looked_at > self.settings.worker_dead_after / 2:
+            # Blind for a while (this connection, or the broker, was down: no worker could
+            # heartbeat either): the silence is not the others' fault.
+            self.membership.resume(now)
+        self._looked_at = now
+        for dead in self.membership.observe(beats, now, time.time()):
             if dead.worker_id != self.worker_id:
                 await self._take_over(dead)
 

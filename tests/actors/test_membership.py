@@ -34,12 +34,22 @@ def test_a_worker_whose_beats_stop_dies_once_after_dead_after() -> None:
     assert m.alive("w1")
 
 
-def test_a_first_look_credits_the_beats_age_but_never_more_than_dead_after() -> None:
+def test_a_first_look_credits_the_beats_age_but_always_watches_a_third_itself() -> None:
     m = Membership(DEAD_AFTER)
-    died = m.observe([(1, beat(at=100.0)), (2, beat("w2", at=99.9))], now=0.0, wall=101.5)
-    assert [b.worker_id for b in died] == ["w2"]  # 1.6 s old at first sight
-    assert m.alive("w1")
-    assert [b.worker_id for b in m.observe([(1, beat(at=100.0))], now=0.1, wall=101.6)] == ["w1"]
+    beats = [(1, beat(at=100.0)), (2, beat("w2", at=90.0)), (3, beat("w3", at=101.4))]
+    assert m.observe(beats, now=0.0, wall=101.5) == []  # never dead at first sight
+    assert m.alive("w1") and m.alive("w2")
+    # w2 (10 s old) and w1 (1.5 s old) were credited 1.0 s: dead 0.5 s later; w3 (0.1 s) not.
+    died = m.observe(beats, now=0.51, wall=102.01)
+    assert sorted(b.worker_id for b in died) == ["w1", "w2"] and m.alive("w3")
+
+
+def test_after_a_blind_spell_silence_counts_from_the_resume() -> None:
+    m = Membership(DEAD_AFTER)
+    m.observe([(1, beat())], now=0.0)
+    m.resume(10.0)  # this process could not look from 0 to 10 s (a broker restart)
+    assert m.observe([(1, beat())], now=10.1) == [] and m.alive("w1")
+    assert [b.worker_id for b in m.observe([(1, beat())], now=11.6)] == ["w1"]
 
 
 def test_a_restart_under_the_same_id_ends_the_old_incarnation() -> None:

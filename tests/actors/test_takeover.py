@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +186,43 @@ async def test_a_thousand_running_runs_cost_a_few_writes_per_second(
     rate = len(seen) / window
     print(f"\nownership and heartbeat writes with 1,000 running runs: {rate:.1f}/s")
     assert rate <= 10.0, rate
+
+
+@pytest.fixture
+async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
+    server = EmbeddedServer(store_dir=tmp_path / "nats", port=0)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def test_a_broker_outage_longer_than_dead_after_takes_no_run_over(
+    own_server: EmbeddedServer, settings: Settings, procs: list[WorkerProc]
+) -> None:
+    """While the broker is down nobody can heartbeat, and nobody can look either: when it is
+    back, no worker counts the silence against the others, so no run changes hands. (The
+    owner's first beat usually lands before the standby's first look, so this guards the
+    outcome; ``Membership.resume`` itself is tested in test_membership.py.)"""
+    owner = await start_worker(own_server, settings.prefix, procs)
+    client = await Client.connect(own_server.url, settings=settings)
+    try:
+        run_ids = [f"outage-{i}" for i in range(5)]
+        await asyncio.gather(*(client.start("long_step", 6.0, run_id=r) for r in run_ids))
+        owner_id = (await worker_ids(client))[owner.proc.pid]
+        await wait_for(
+            lambda: runs_on(client, run_ids, owner_id, 1), timeout=60, what="the steps running"
+        )
+        await start_worker(own_server, settings.prefix, procs)  # a standby that could take over
+        await client.close()
+        own_server.kill()
+        await asyncio.sleep(3 * Settings().worker_dead_after)  # the outage itself
+        await own_server.start()  # same store, same port: every process reconnects
+        client = await Client.connect(own_server.url, settings=settings)
+        results = await asyncio.gather(*(client.result(r, timeout=120) for r in run_ids))
+        assert results == [6.0] * len(run_ids)
+        for r in run_ids:
+            assert {w for w, _ in await writers_of(client, r)} == {owner_id}, r
+    finally:
+        await client.close()
