@@ -4,10 +4,13 @@ Run from the repository root::
 
     python -m bench.chaos                                   # 50 runs, 2 workers, 20 faults
     python -m bench.chaos --runs 1000 --faults 200 --seed 7 # the large run of docs/chaos.md
+    python -m bench.chaos --cluster                         # on a 3-node cluster, R3 streams
 
 It starts, all on 127.0.0.1 and all its own:
 
-- an ``EmbeddedServer`` (temporary store directory, free port, ``sync_interval: always``);
+- an ``EmbeddedServer`` (temporary store directory, free port, ``sync_interval: always``), or
+  with ``--cluster`` a 3-node ``LocalCluster`` on loopback whose streams (and every process's
+  ``Settings``) have 3 replicas (``bench/chaos_nats.py``);
 - the effect store ``python -m bench.chaos_store`` (SQLite in WAL mode, its own process), which
   applies each effect once per idempotency key and also counts every raw execution;
 - K worker processes ``python -m bench.chaos_agents`` serving the ``chaos`` agent
@@ -21,6 +24,9 @@ Then it starts N runs (at random times over the fault window, ``--faults x --fau
 seconds) and injects F faults at random times in it, each one of: SIGKILL a worker; SIGSTOP a
 worker for longer than the lease, then SIGCONT it (its runs are taken over meanwhile, and it
 wakes up as a stale writer); SIGKILL the nats-server and restart it on the same store and port.
+On a cluster the broker fault is ``kill_node`` instead: SIGKILL one node (the events stream's
+leader half of the time) and restart it shortly after, one node at a time; ``restart_nats``
+there crashes the whole cluster (opt-in).
 
 When the window is over the faults stop: workers started from then on are not armed, and every
 run must end within ``--timeout`` seconds (liveness). Then it stops the workers and the store,
@@ -53,8 +59,9 @@ from typing import Any
 import msgspec
 
 from sojourn.actors import Client, Watchdog, fold
-from sojourn.broker import Delivery, EmbeddedServer
+from sojourn.broker import Broker, Delivery
 from sojourn.broker.eventstore import Decision
+from sojourn.broker.topology import stream_configs
 from sojourn.schemas.codec import decode_events
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
@@ -63,11 +70,15 @@ from sojourn.schemas.health import Liveness
 
 from .chaos_agents import AGENT, GATE
 from .chaos_check import TERMINAL, Report, check_effects, check_run, check_watchdog
+from .chaos_nats import ClusterNats, SingleNats
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 SEAMS = ("after_step", "before_ack", "replay", "timer_wake", "intake_recorded")
-FAULT_TYPES = ("sigkill_worker", "sigstop_worker", "restart_nats")
+FAULT_TYPES = ("sigkill_worker", "sigstop_worker", "restart_nats", "kill_node")
+DEFAULT_FAULTS = ("sigkill_worker", "sigstop_worker", "restart_nats")
+CLUSTER_FAULTS = ("sigkill_worker", "sigstop_worker", "kill_node")
+"""A cluster's default faults: one node at a time (``restart_nats``, every node, is opt-in)."""
 
 
 def log(msg: str) -> None:
@@ -220,7 +231,6 @@ class Tally:
     other_exits: Counter[str] = field(default_factory=Counter)
     other_exit_tails: list[str] = field(default_factory=list)
     workers_started: int = 0
-    nats_down: float = 0.0
     fault_window: float = 0.0
     heal: float = 0.0
     flags: Counter[str] = field(default_factory=Counter)
@@ -287,7 +297,13 @@ class WorkerPool:
             return
         tail = c.tail()
         if code == 1 and not c.ready.is_set() and "BrokerUnavailable" in tail:
-            self.tally.other_exits["no nats-server at start-up (restarting)"] += 1
+            # Down, or (on a cluster) up but a stream without a leader for a moment.
+            why = (
+                "JetStream did not answer"
+                if "JetStream did not answer" in tail
+                else "no nats-server"
+            )
+            self.tally.other_exits[f"{why} at start-up (restarting)"] += 1
             return
         why = f"exit {code}" if code is not None and code >= 0 else f"signal {-(code or 0)}"
         self.tally.other_exits[why] += 1
@@ -352,17 +368,18 @@ class Chaos:
     def __init__(
         self,
         pool: WorkerPool,
-        server: EmbeddedServer,
+        nats: SingleNats | ClusterNats,
+        broker: Broker,
         rng: random.Random,
         lease: float,
         tally: Tally,
     ) -> None:
         self.pool = pool
-        self.server = server
+        self.nats = nats
+        self.broker = broker
         self.rng = rng
         self.lease = lease
         self.tally = tally
-        self.nats_lock = asyncio.Lock()
         self.holds: set[asyncio.Task[None]] = set()
         self.done = False
 
@@ -377,8 +394,9 @@ class Chaos:
         return None
 
     async def inject(self, kind: str) -> None:
-        if kind == "restart_nats":
-            await self._restart_nats()
+        if kind in self.nats.kinds:
+            await self.nats.inject(kind, self.rng, self.broker)
+            self.tally.faults[kind] += 1
             return
         target = await self._target()
         if target is None:
@@ -410,27 +428,9 @@ class Chaos:
             target.signal(signal.SIGCONT)
             target.stopped = False
 
-    async def _restart_nats(self) -> None:
-        async with self.nats_lock:
-            down = self.rng.uniform(0.1, 1.0)
-            t0 = time.monotonic()
-            self.server.kill()
-            self.tally.faults["restart_nats"] += 1
-            await asyncio.sleep(down)
-            for attempt in range(5):
-                try:
-                    await self.server.start()
-                    break
-                except Exception as e:  # the port lingering, a slow recovery: try again
-                    log(f"  nats-server restart attempt {attempt + 1} failed: {e}")
-                    await asyncio.sleep(1.0)
-            else:
-                raise RuntimeError("the nats-server could not be restarted")
-            self.tally.nats_down += time.monotonic() - t0
-
     async def run(self, schedule: list[tuple[float, str]], t0: float, window: float) -> None:
-        """Inject the scheduled faults; return when the window is over and every paused
-        worker has been resumed."""
+        """Inject the scheduled faults; return when the window is over, every paused worker
+        has been resumed and the broker is whole again (every node up, every stream led)."""
         for at, kind in schedule:
             delay = t0 + at - time.monotonic()
             if delay > 0:
@@ -441,6 +441,7 @@ class Chaos:
         delay = t0 + window - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+        await self.nats.heal(self.broker)
         self.done = True
 
 
@@ -562,19 +563,38 @@ class Runs:
         return out
 
     async def wake_backlog(self) -> str:
-        """What the wake consumer still holds: a stuck run with no wake pending anywhere
-        will never be looked at again."""
+        """What the wake consumers (the agent's and the unrouted one) still hold: a stuck run
+        with no wake pending anywhere will never be looked at again."""
         c = self.client
-        try:
-            info = await c.broker.api(
-                f"$JS.API.CONSUMER.INFO.{c.names.wake_stream}.{c.names.wake_consumer}", {}
+        out = []
+        for consumer in (c.names.agent_wake_consumer(AGENT), c.names.wake_consumer):
+            try:
+                info = await c.broker.api(
+                    f"$JS.API.CONSUMER.INFO.{c.names.wake_stream}.{consumer}", {}
+                )
+            except Exception as e:
+                out.append(f"consumer {consumer} unreadable ({type(e).__name__})")
+                continue
+            out.append(
+                f"consumer {consumer}: {info.get('num_pending', '?')} wake(s) pending, "
+                f"{info.get('num_ack_pending', '?')} delivered and awaiting ack"
             )
-        except Exception as e:
-            return f"wake consumer unreadable ({type(e).__name__})"
-        return (
-            f"wake consumer: {info.get('num_pending', '?')} wake(s) pending, "
-            f"{info.get('num_ack_pending', '?')} delivered and awaiting ack"
-        )
+        return "; ".join(out)
+
+    async def describe_pending(self, limit: int = 5) -> str:
+        """The first ``limit`` runs not ended yet and their last stored decision, for the
+        progress log of a heal that takes long."""
+        pending = [r for r in self.started if r not in self.ended]
+        parts = []
+        for run_id in pending[:limit]:
+            try:
+                last = [type(e).__name__ for e in await self._last_events(run_id)]
+            except Exception as e:
+                parts.append(f"{run_id} unreadable ({type(e).__name__})")
+                continue
+            parts.append(f"{run_id} last decision {last}")
+        more = f" and {len(pending) - limit} more" if len(pending) > limit else ""
+        return "; ".join(parts) + more
 
     @property
     def all_ended(self) -> bool:
@@ -601,9 +621,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--fault-rate", type=float, default=0.05, help="kill probability at an armed seam (0.05)"
     )
     ap.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a 3-node loopback cluster with R3 streams (default: one nats-server)",
+    )
+    ap.add_argument(
         "--fault-types",
-        default=",".join(FAULT_TYPES),
-        help=f"harness faults to draw from (default {','.join(FAULT_TYPES)})",
+        default=None,
+        help=f"harness faults to draw from (default {','.join(DEFAULT_FAULTS)}; with "
+        f"--cluster {','.join(CLUSTER_FAULTS)}; restart_nats on a cluster crashes every node)",
     )
     ap.add_argument(
         "--fault-gap", type=float, default=1.5, help="mean seconds between harness faults (1.5)"
@@ -643,10 +669,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         ap.error(f"unknown seam(s) {bad}; known: {', '.join(SEAMS)}")
     args.seam_list = seams
+    if args.fault_types is None:
+        args.fault_types = ",".join(CLUSTER_FAULTS if args.cluster else DEFAULT_FAULTS)
     types = [t for t in args.fault_types.split(",") if t]
     bad = [t for t in types if t not in FAULT_TYPES]
     if bad or (not types and args.faults):
         ap.error(f"unknown fault type(s) {bad}; known: {', '.join(FAULT_TYPES)}")
+    if "kill_node" in types and not args.cluster:
+        ap.error("kill_node needs --cluster")
     args.fault_type_list = types
     if args.runs < 1 or args.workers < 1 or args.faults < 0 or args.steps < 1:
         ap.error("--runs, --workers and --steps must be >= 1, --faults >= 0")
@@ -673,9 +703,11 @@ async def harness(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="sojourn-chaos-"))
     (workdir / "workers").mkdir()
     prefix = f"chaos{args.seed}"
-    settings = Settings(prefix=prefix, lease_ttl=args.lease)
+    nats: SingleNats | ClusterNats = (
+        ClusterNats(workdir / "cluster") if args.cluster else SingleNats(workdir / "nats")
+    )
+    settings = Settings(prefix=prefix, lease_ttl=args.lease, replicas=nats.replicas)
     tally = Tally()
-    server = EmbeddedServer(store_dir=workdir / "nats", port=0)
     store: Child | None = None
     pool: WorkerPool | None = None
     client: Client | None = None
@@ -687,11 +719,12 @@ async def harness(args: argparse.Namespace) -> int:
         f"sojourn chaos: {args.runs} runs x {args.steps} steps, {args.workers} workers, "
         f"{args.faults} faults ({','.join(args.fault_type_list)}), "
         f"seams {','.join(args.seam_list) or 'none'} @ {args.fault_rate}, "
-        f"lease {args.lease:g} s, seed {args.seed}",
+        f"lease {args.lease:g} s, "
+        f"{'3-node cluster, R3' if args.cluster else 'one nats-server'}, seed {args.seed}",
         flush=True,
     )
     try:
-        await server.start()
+        await nats.start()
         store, store_addr = await _start_store(workdir)
         env = _child_env(
             CHAOS_STORE=store_addr,
@@ -703,17 +736,21 @@ async def harness(args: argparse.Namespace) -> int:
         if args.seam_list:
             env["SOJOURN_FAULTS"] = ",".join(args.seam_list)
             env["SOJOURN_FAULT_RATE"] = str(args.fault_rate)
-        argv = [PYTHON, "-m", "bench.chaos_agents", server.url, prefix, str(args.lease)]
+        argv = [PYTHON, "-m", "bench.chaos_agents", nats.url, prefix, str(args.lease)]
+        argv.append(str(nats.replicas))
         pool = WorkerPool(args.workers, argv, env, workdir / "workers", tally)
         pool.start()
-        client = await Client.connect(server.url, settings=settings)
+        client = await Client.connect(nats.url, settings=settings)
         await client._ensure()  # create the streams before the first worker needs them
+        if isinstance(nats, ClusterNats):
+            nats.events_stream = client.names.events_stream
+            nats.streams = [c["name"] for c in stream_configs(client.names, settings)]
         # A watchdog through all of it (broker restarts included): it re-wakes stuck runs, and
         # its run model must end up agreeing with the histories. Its flags are counted in the
         # report rather than logged one by one.
         logging.getLogger("sojourn.watchdog").setLevel(logging.ERROR)
         watchdog = await Watchdog(
-            nats=server.url, settings=settings, on_change=tally.on_liveness
+            nats=nats.url, settings=settings, on_change=tally.on_liveness
         ).start()
         await pool.wait_ready(60)
         tasks.append(asyncio.create_task(pool.supervise()))
@@ -725,8 +762,8 @@ async def harness(args: argparse.Namespace) -> int:
         run_ids = [f"r{i:05d}" for i in range(args.runs)]
         job = {"steps": args.steps, "sleep": args.sleep, "gate": not args.no_gate}
         runs = Runs(client, run_ids, job)
-        chaos = Chaos(pool, server, rng, args.lease, tally)
-        log(f"  work dir {workdir}; nats {server.url}; store {store_addr}")
+        chaos = Chaos(pool, nats, client.broker, rng, args.lease, tally)
+        log(f"  work dir {workdir}; nats {nats.url}; store {store_addr}")
         t0 = time.monotonic()
         starter = asyncio.create_task(runs.start_all(start_times, t0))
         injector = asyncio.create_task(chaos.run(schedule, t0, window))
@@ -758,6 +795,11 @@ async def harness(args: argparse.Namespace) -> int:
                     f"workers up {len(pool.targets())}/{args.workers} "
                     f"(armed {pool.armed_alive()}) started so far {tally.workers_started}"
                 )
+                if t_heal is not None and now - t_heal > 15:
+                    log(
+                        f"    still open {now - t_heal:.0f} s after the faults: "
+                        f"{await runs.describe_pending()}"
+                    )
             if injector.done() and runs.all_ended:
                 break
             if deadline is not None and now > deadline:
@@ -806,7 +848,7 @@ async def harness(args: argparse.Namespace) -> int:
         tally.rewakes = watchdog.actions
         tally.fault_window = (t_heal - t0) if t_heal is not None else t_end - t0
         tally.heal = heal
-        _print_report(args, report, tally, runs, t_end - t0, time.monotonic() - t_begin)
+        _print_report(args, report, tally, nats, runs, t_end - t0, time.monotonic() - t_begin)
         ok = not report.violations
         if not ok and not args.clean:
             keep = True
@@ -836,7 +878,7 @@ async def harness(args: argparse.Namespace) -> int:
             with contextlib.suppress(BaseException):
                 await client.close()
         with contextlib.suppress(BaseException):
-            await server.stop()
+            await nats.stop()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not ok:
@@ -878,6 +920,7 @@ def _print_report(
     args: argparse.Namespace,
     report: Report,
     tally: Tally,
+    nats: SingleNats | ClusterNats,
     runs: Runs,
     elapsed: float,
     total: float,
@@ -923,7 +966,7 @@ def _print_report(
         ("seam passes", _fmt_counter(sorted(tally.seam_passes.items()))),
         ("worker processes", f"{tally.workers_started} started"),
         ("other worker exits", _fmt_counter(sorted(tally.other_exits.items()))),
-        ("nats-server down", f"{tally.nats_down:.1f} s in total"),
+        nats.summary(),
         (
             "watchdog",
             f"flagged {_fmt_counter(sorted(tally.flags.items()))}; {tally.rewakes} re-wakes",

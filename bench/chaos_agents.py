@@ -18,7 +18,11 @@ self-test) adds the attempt to the key, so a step that runs again applies its ef
 
 Run a worker (the harness does)::
 
-    python -m bench.chaos_agents NATS_URL PREFIX LEASE_TTL
+    python -m bench.chaos_agents NATS_URL PREFIX LEASE_TTL [REPLICAS]
+
+``NATS_URL`` may be a comma-separated list (every node of a cluster); ``REPLICAS`` (default 1)
+is ``Settings.replicas``, what the harness's own ``Settings`` say, so that streams a worker
+creates or checks for drift agree with the cluster's R3.
 
 It prints ``ready <pid>`` once it takes work. While ``$SOJOURN_FAULTS`` arms seams it also
 prints ``seam <name>`` each time it reaches an armed seam, just before ``sojourn.actors._faults``
@@ -154,8 +158,9 @@ def _trace_seams() -> None:
             mod.fault = wrap(real)  # type: ignore[attr-defined]
 
 
-async def _serve(url: str, prefix: str, ttl: float) -> None:
-    worker = Worker([chaos], nats=url, settings=Settings(prefix=prefix, lease_ttl=ttl))
+async def _serve(url: str, prefix: str, ttl: float, replicas: int) -> None:
+    settings = Settings(prefix=prefix, lease_ttl=ttl, replicas=replicas)
+    worker = Worker([chaos], nats=url, settings=settings)
     await worker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -167,16 +172,17 @@ async def _serve(url: str, prefix: str, ttl: float) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) != 4:
-        sys.exit("usage: python -m bench.chaos_agents NATS_URL PREFIX LEASE_TTL")
+    if len(sys.argv) not in (4, 5):
+        sys.exit("usage: python -m bench.chaos_agents NATS_URL PREFIX LEASE_TTL [REPLICAS]")
     url, prefix, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    replicas = int(sys.argv[4]) if len(sys.argv) == 5 else 1
     logging.basicConfig(
         level=logging.WARNING,
         stream=sys.stderr,
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
     )
     _trace_seams()
-    asyncio.run(_serve(url, prefix, ttl))
+    asyncio.run(_serve(url, prefix, ttl, replicas))
 
 
 if __name__ == "__main__":

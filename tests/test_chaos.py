@@ -5,6 +5,8 @@
 faults (SIGKILL and SIGSTOP of workers, SIGKILL and restart of the nats-server) plus the
 runtime's named fault seams armed in every worker (the intake's ``intake_recorded`` among them:
 every run ends waiting for a signal the harness sends), and every history and effect checked.
+``test_chaos_cluster_small`` is the same on a 3-node cluster, with node SIGKILLs among the
+faults.
 """
 
 from __future__ import annotations
@@ -71,6 +73,45 @@ def test_chaos_small() -> None:
     assert "runs parked on it" in row(p.stdout, "gate signal to resume"), report
     assert "intake_recorded" in row(p.stdout, "seam passes"), report
     assert elapsed < 120, report
+
+
+CLUSTER_SEED = 3
+"""Its schedule draws 5 node kills among 15 faults (the schedule is a function of the seed)."""
+
+
+@pytest.mark.slow
+def test_chaos_cluster_small() -> None:
+    """The harness on a 3-node loopback cluster with R3 streams (issue 12's Proof): node
+    SIGKILLs (the events stream's leader half of the time, one node at a time, each restarted)
+    among worker SIGKILLs and SIGSTOPs, every seam armed; every history and effect checked."""
+    t0 = time.monotonic()
+    p = harness(
+        "--cluster",
+        "--runs",
+        "40",
+        "--workers",
+        "2",
+        "--faults",
+        "15",
+        "--seed",
+        str(CLUSTER_SEED),
+        timeout=400,
+    )
+    elapsed = time.monotonic() - t0
+    report = f"exit {p.returncode} after {elapsed:.0f} s\n{p.stdout}\n--- stderr ---\n{p.stderr}"
+    assert p.returncode == 0, report
+    assert "3-node cluster, R3" in p.stdout, report
+    assert re.search(r"^violations: 0$", p.stdout, re.MULTILINE), report
+    assert row(p.stdout, "runs completed") == "40", report
+    assert row(p.stdout, "runs lost (no history)") == "0", report
+    assert row(p.stdout, "runs stuck (not ended)") == "0", report
+    assert row(p.stdout, "effects applied per step").startswith("exactly one"), report
+    faults = row(p.stdout, "faults injected")
+    assert faults.startswith("15 "), report
+    kills = re.search(r"\bkill_node (\d+)\b", faults)
+    assert kills and int(kills.group(1)) >= 3, report
+    node_kills = re.match(r"(\d+) \(", row(p.stdout, "node kills"))
+    assert node_kills and int(node_kills.group(1)) == int(kills.group(1)), report
 
 
 @pytest.mark.slow
