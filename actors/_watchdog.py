@@ -1,10 +1,14 @@
 """The watchdog: tells waiting runs from dead ones, and gets the dead ones moving again.
 
 It keeps the run model (``sojourn.projections.model``) current and judges every live run's
-liveness each ``interval``. Runs that are ``stalled`` (owner silent), ``orphaned`` (work, no
-owner) or ``overdue`` (a wake that should have happened) are re-woken: a wake message makes
-some worker look at the run, take its lease once the old one lapses, and continue from the last
-recorded event. ``wedged`` runs are reported (they need a human), never retried.
+liveness each ``interval``. At start-up the model starts from the snapshot the projector leader
+stores (``<PREFIX>_SNAPSHOTS``), when there is a usable one, and reads only the decisions after
+it; without one it reads the events stream from the first message.
+
+Runs that are ``stalled`` (owner silent), ``orphaned`` (work, no owner) or ``overdue`` (a wake
+that should have happened) are re-woken: a wake message makes some worker look at the run, take
+its lease once the old one lapses, and continue from the last recorded event. ``wedged`` runs are
+reported (they need a human), never retried.
 
 Several watchdogs may run at once (one per worker host, say). Before acting on a run, a
 watchdog claims the action with a compare-and-set on ``<prefix>.watch.<run_id>``; the claim
@@ -35,7 +39,7 @@ from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError, he
 from sojourn.broker.names import Names
 from sojourn.broker.topology import ensure_topology
 from sojourn.broker.wake import publish_wake
-from sojourn.projections.model import RunModel
+from sojourn.projections.model import RunModel, read_snapshot
 from sojourn.schemas.codec import decode_watch_claim, encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
@@ -64,6 +68,8 @@ class Watchdog:
         archive_every: seconds between two retention passes (only with
             ``settings.retain_ended``; default 5 minutes).
         clock: the time retention judges ages by (default the wall clock; tests simulate one).
+        from_snapshot: start the model from the stored snapshot, if one is usable (default);
+            ``False`` reads the events stream from the first message.
     """
 
     def __init__(
@@ -78,6 +84,7 @@ class Watchdog:
         on_change: Callable[[Liveness, Liveness | None], None] | None = None,
         archive_every: float = 300.0,
         clock: Callable[[], float] = time.time,
+        from_snapshot: bool = True,
     ) -> None:
         self.settings = settings or Settings()
         self.names = Names(self.settings.prefix)
@@ -87,6 +94,7 @@ class Watchdog:
             watchdog_id or f"wd-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
         self.on_change = on_change
+        self.from_snapshot = from_snapshot
         self.actions = 0
         self._url = nats
         self._broker = broker
@@ -108,6 +116,14 @@ class Watchdog:
             self._broker = await Broker.connect(self._url, name=f"sojourn {self.watchdog_id}")
         await ensure_topology(self._broker, self.names, self.settings, consumers=False)
         self.model = RunModel(self._broker, self.names, self.settings)
+        snap = await read_snapshot(self._broker, self.names) if self.from_snapshot else None
+        if snap is not None:
+            self.model.restore(snap)
+            log.info(
+                "watchdog: started from the snapshot at sequence %d (%d live runs)",
+                snap.position,
+                len(snap.runs),
+            )
 
     async def survey(self) -> dict[str, Liveness]:
         """Read everything, judge every live run once, act on nothing, disconnect."""

@@ -184,6 +184,25 @@ def _retention(names: Names) -> list[str]:
     ]
 
 
+def _snapshot_reading(names: Names) -> list[str]:
+    """Read the run model's snapshot (the watchdog starts from it; the bucket may be
+    missing: a direct get on a missing stream answers nothing)."""
+    return [f"$JS.API.STREAM.INFO.{names.snapshots_stream}", *_direct_get(names.snapshots_stream)]
+
+
+def _snapshot_writing(names: Names) -> list[str]:
+    """Store the run model's snapshot (the projector leader, which runs with the worker role):
+    create the bucket on demand, write its chunks and description, purge the replaced one's
+    chunks (nothing else in that stream is ever purged)."""
+    stream = names.snapshots_stream
+    return [
+        f"$O.{names.snapshots_bucket}.>",
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.STREAM.PURGE.{stream}",
+        *_snapshot_reading(names),
+    ]
+
+
 def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
     """The permissions of ``user`` with ``role`` in the deployment ``names``; ``None`` for
     ``admin`` (unrestricted within the account)."""
@@ -207,6 +226,7 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
     if role == "watchdog":
         publish = [names.wake("*"), names.wake("*", "*"), names.watch("*"), *_reading(names)]
         publish += _retention(names)
+        publish += _snapshot_reading(names)
         purge_events = f"$JS.API.STREAM.PURGE.{names.events_stream}"
         deny = [d for d in _never(names) if d != purge_events]  # retention purges ended runs
         return Permissions(tuple(publish), tuple(deny), (inbox,))
@@ -240,6 +260,7 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             # Timers are purged by subject filter; no other stream is ever purged.
             f"$JS.API.STREAM.PURGE.{names.wake_stream}",
             *(d for s in streams for d in _direct_get(s)),
+            *_snapshot_writing(names),
         ]
         # The intake's consumer; on the wake stream the unrouted wakes' (``workers``) and one
         # per agent (``wake-<agent>``, for whatever agents a worker serves): any name there.

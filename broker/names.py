@@ -270,6 +270,17 @@ class Names:
         """The stream behind ``archive_bucket`` (NATS object stores are streams ``OBJ_<b>``)."""
         return f"OBJ_{self.archive_bucket}"
 
+    # the run model's snapshots (the watchdog and the projector start from one)
+    @property
+    def snapshots_bucket(self) -> str:
+        """The object store bucket of run-model snapshots (one object per role: ``model``)."""
+        return self._stream("SNAPSHOTS")
+
+    @property
+    def snapshots_stream(self) -> str:
+        """The stream behind ``snapshots_bucket``."""
+        return f"OBJ_{self.snapshots_bucket}"
+
     # the read side (docs/wire.md, "The read side")
     @property
     def runs_bucket(self) -> str:

@@ -5,13 +5,23 @@ This is the projection the watchdog judges liveness from. It reads four streams 
 ``StreamFollower`` (no server-side state to recover after a restart): run events (folded into
 ``RunSummary``), leases (each renewal is a run's heartbeat), worker heartbeats and wedge
 records. Ended runs are dropped as they end, so memory follows the number of live runs, not
-the length of the stream. At start-up it reads the events stream from the beginning; until it
-has caught up it does not judge anything (a half-read history would look stale).
+the length of the stream. Until it has caught up it does not judge anything (a half-read
+history would look stale).
+
+At start-up it reads the events stream from the beginning, unless it restores a snapshot first
+(``read_snapshot``, ``restore``): the live runs' summaries, the ended count, the baselines and
+the agents as they were at some events-stream sequence, written by the projector leader to the
+object store (``<PREFIX>_SNAPSHOTS``, object ``model``; ``write_snapshot``). Then it reads from
+the sequence after it. Restoring a snapshot taken at a cut and folding the rest gives what
+folding everything gives (tests/projections/test_snapshot.py). A snapshot that is missing,
+damaged, in a newer format, beyond the stream's end or of another incarnation of the stream is
+logged and ignored: the model folds from sequence 1, as without one.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 
@@ -22,6 +32,7 @@ from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import StoredMessage
 from sojourn.broker.follow import StreamFollower
 from sojourn.broker.names import Names
+from sojourn.broker.objects import ObjectStore
 from sojourn.schemas.codec import (
     decode_events,
     decode_lease_holder,
@@ -29,21 +40,45 @@ from sojourn.schemas.codec import (
     decode_worker_beat,
 )
 from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import RunCompleted, RunEvent, RunStarted, StepStarted
 from sojourn.schemas.health import LIVENESS_STATES, Liveness, WedgeRecord, WorkerBeat
+from sojourn.schemas.snapshot import (
+    SNAPSHOT_FORMAT,
+    HistoryBaselineState,
+    ModelSnapshot,
+    RateBaselineState,
+    decode_snapshot,
+    encode_snapshot,
+)
 from sojourn.schemas.wire import LeaseHolder
 
 from .anomaly import HistoryBaseline, RateBaseline
 from .liveness import Thresholds, classify
 from .summary import RunSummary, close_decision, summarize
 
-__all__ = ["OnDecision", "RunModel", "gauge_families"]
+__all__ = [
+    "MAX_SNAPSHOT",
+    "SNAPSHOT_OBJECT",
+    "OnDecision",
+    "RunModel",
+    "gauge_families",
+    "read_snapshot",
+    "snapshot_store",
+    "write_snapshot",
+]
 
 log = logging.getLogger("sojourn.projections")
 
 SILENT_FOR = 3600.0
 """A worker silent longer than this (without a graceful stop) is forgotten, not "down"."""
 _MAX_AGENTS = 500
+
+SNAPSHOT_OBJECT = "model"
+"""The run model's snapshot: its object's name in the bucket ``<PREFIX>_SNAPSHOTS``."""
+MAX_SNAPSHOT = 2 * 1024 * 1024 * 1024
+"""The largest snapshot read back, in bytes (2 GiB, some millions of live runs): a description
+claiming more is refused before any chunk is read."""
 
 
 OnDecision = Callable[[int, RunSummary, tuple[RunEvent, ...]], None]
@@ -78,6 +113,10 @@ class RunModel:
         self.assessed_at = 0.0
         self.on_decision: OnDecision | None = None
         self.applied_time = 0.0
+        self.decisions_read = 0
+        """Event messages read from the stream by this model (not those a snapshot holds)."""
+        self.restored_from = 0
+        """The position of the snapshot this model started from (0: it folded from 1)."""
         self._events = StreamFollower(broker, names.events_stream, names.events_all, page=1000)
         self._leases = StreamFollower(broker, names.leases_stream, names.leases_all)
         self._workers = StreamFollower(broker, names.health_stream, names.workers_all)
@@ -103,6 +142,7 @@ class RunModel:
             if not msgs:
                 break
             pages += 1
+            self.decisions_read += len(msgs)
             for m in msgs:
                 self._on_decision(m)
             if self._events.pending == 0:
@@ -199,6 +239,76 @@ class RunModel:
             return
         self.wedges[rec.run_id] = rec
 
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(
+        self, *, taken_at: float = 0.0, stream_created: str = ""
+    ) -> ModelSnapshot[RunSummary]:
+        """The model as it is now, at ``position`` (pure: no I/O; the summaries are immutable
+        and shared, the baselines copied)."""
+        return ModelSnapshot(
+            format=SNAPSHOT_FORMAT,
+            position=self.position,
+            applied_time=self.applied_time,
+            taken_at=taken_at,
+            runs=tuple(self.runs.values()),
+            ended=self.ended,
+            tool_calls={
+                agent: RateBaselineState(
+                    minutes=tuple(sorted(rb.minutes.items())), first_at=rb.first_at
+                )
+                for agent, rb in self.tool_calls.items()
+            },
+            history={
+                agent: HistoryBaselineState(mean=hb.mean, runs=hb.runs)
+                for agent, hb in self.history.items()
+            },
+            agents=tuple(sorted(self.agents)),
+            wedges=tuple(w for r, w in self.wedges.items() if r in self.runs),
+            stream_created=stream_created,
+        )
+
+    def restore(self, snap: ModelSnapshot[RunSummary]) -> None:
+        """Start from ``snap``: its state, and the events stream read from ``position + 1``.
+
+        Raises:
+            ValueError: this model has read events already (a snapshot replaces a start, not a
+                fold in progress).
+        """
+        if self.position or self.runs or self.ended:
+            raise ValueError("a snapshot is restored into a model that has read no events")
+        interned: dict[str, str] = {}
+        runs: dict[str, RunSummary] = {}
+        for s in snap.runs:
+            if not s.run_id or s.terminal:
+                continue  # not something the fold keeps: a damaged or foreign document
+            agent = interned.setdefault(s.agent, sys.intern(s.agent))
+            if agent is not s.agent:  # one copy per agent name, as ``summarize`` keeps it
+                s = msgspec.structs.replace(s, agent=agent)
+            runs[s.run_id] = s
+        self.runs = runs
+        self.ended = snap.ended
+        self.tool_calls = {
+            agent: RateBaseline(minutes=dict(st.minutes), first_at=st.first_at)
+            for agent, st in snap.tool_calls.items()
+        }
+        self.history = {
+            agent: HistoryBaseline(mean=st.mean, runs=st.runs) for agent, st in snap.history.items()
+        }
+        self.agents = set()
+        for agent in snap.agents:
+            self._add_agent(agent)
+        self.wedges.update({w.run_id: w for w in snap.wedges if w.run_id in runs})
+        self.applied_time = snap.applied_time
+        self.restored_from = snap.position
+        self._events = StreamFollower(
+            self.broker,
+            self.names.events_stream,
+            self.names.events_all,
+            from_seq=snap.position + 1,
+            page=self._events.page,
+        )
+
     # --- judging -----------------------------------------------------------------------------
 
     def assess(self, now: float | None = None) -> dict[str, Liveness]:
@@ -260,6 +370,72 @@ class RunModel:
 
     def gauges(self) -> list[Metric]:
         return gauge_families(self)
+
+
+def snapshot_store(broker: Broker, names: Names) -> ObjectStore:
+    """The bucket of the run model's snapshots (``<PREFIX>_SNAPSHOTS``)."""
+    return ObjectStore(
+        broker,
+        names.snapshots_bucket,
+        max_bytes=MAX_SNAPSHOT,
+        description="a sojourn run model's snapshot (sojourn.projections.model)",
+    )
+
+
+async def events_stream_state(broker: Broker, names: Names) -> tuple[int, str]:
+    """The events stream's last sequence and creation time (JetStream's ``created``)."""
+    info = await broker.api(f"$JS.API.STREAM.INFO.{names.events_stream}")
+    state = info.get("state", {})
+    return int(state.get("last_seq", 0) or 0), str(info.get("created", ""))
+
+
+async def read_snapshot(broker: Broker, names: Names) -> ModelSnapshot[RunSummary] | None:
+    """The stored snapshot of the run model, if there is one a model may start from: readable
+    (bounded, digest verified, decodable, a format this code reads) and of this stream, at a
+    position not beyond its last sequence. Anything else is logged and ``None`` (fold from 1).
+    """
+    try:
+        data = await snapshot_store(broker, names).get(SNAPSHOT_OBJECT)
+        if data is None:
+            return None
+        snap = decode_snapshot(data, RunSummary)
+        last, created = await events_stream_state(broker, names)
+    except (SojournError, TimeoutError) as e:  # unreadable, refused, or no answer
+        log.warning("run model: the snapshot is not used (%s); folding from sequence 1", e)
+        return None
+    if snap.position > last:
+        log.warning(
+            "run model: the snapshot is at sequence %d, beyond the events stream's last (%d); "
+            "folding from sequence 1",
+            snap.position,
+            last,
+        )
+        return None
+    if snap.stream_created and created and snap.stream_created != created:
+        log.warning(
+            "run model: the snapshot is of an earlier events stream (created %s, this one %s); "
+            "folding from sequence 1",
+            snap.stream_created,
+            created,
+        )
+        return None
+    return snap
+
+
+async def write_snapshot(
+    broker: Broker, names: Names, snap: ModelSnapshot[RunSummary], *, replicas: int = 1
+) -> int:
+    """Store ``snap`` as the run model's snapshot (replacing the one before, whose chunks are
+    purged); its size in bytes. The bucket is created on demand, like retention's.
+
+    Raises:
+        JetStreamError / PermissionDenied / BrokerUnavailable: it was not stored.
+    """
+    data = encode_snapshot(snap)
+    store = snapshot_store(broker, names)
+    await store.ensure(replicas)
+    await store.put(SNAPSHOT_OBJECT, data)
+    return len(data)
 
 
 def gauge_families(model: RunModel | None) -> list[Metric]:

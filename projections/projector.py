@@ -19,6 +19,18 @@ it writes between the two, and writes beyond the horizon directly. The others ke
 (and feeding their SQLite model), so they can take over at once. Two leaders at once (a clock
 jump, a pause) write the same bytes under the same message ids and the same fences: one of
 each lands.
+
+Snapshots: the leader stores its run model (``RunModel.snapshot``) in the object store
+``<PREFIX>_SNAPSHOTS`` every ``snapshot_every`` seconds or ``snapshot_decisions`` decisions,
+whichever comes first, and at a graceful stop, and only at a point where every view of a
+decision up to the snapshot's position is written: so a snapshot at position P means that the
+views up to P are all written. A projector starts its fold from the snapshot (reading the
+events stream from P + 1) unless it rebuilds or its SQLite model is behind P (it must feed that
+model every decision after the model's own position, and the decisions before P are not read
+again): then it folds from sequence 1, as without a snapshot. A new leader starting from P
+writes nothing below P (written already), checks what lies between P and its predecessor's
+horizon as before, and rewrites the liveness of the restored live runs' views on its first
+liveness pass if it changed, as a leader that folded everything does.
 """
 
 from __future__ import annotations
@@ -48,10 +60,11 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import BrokerUnavailable, InvalidName, SojournError
 from sojourn.schemas.events import RunEvent
 from sojourn.schemas.health import LeaderRecord, LivenessState
+from sojourn.schemas.snapshot import ModelSnapshot
 from sojourn.schemas.views import RunView
 
 from .liveness import classify
-from .model import RunModel
+from .model import RunModel, read_snapshot, write_snapshot
 from .sqlite import Applied
 from .summary import RunSummary
 from .views import pending_view, view_of
@@ -120,6 +133,11 @@ class Projector:
         leader_ttl: how long a leader record stays valid without renewal: how soon another
             projector takes over from one that died.
         poll: seconds to wait for new messages once caught up.
+        snapshot_every / snapshot_decisions: as leader, store a snapshot of the run model
+            after this many seconds or this many decisions since the last one, whichever
+            comes first (and at a graceful stop); ``snapshot_every=0`` stores none.
+        from_snapshot: start the fold from the stored snapshot when it may be used (never
+            when rebuilding).
     """
 
     def __init__(
@@ -134,6 +152,9 @@ class Projector:
         leader_ttl: float = 5.0,
         poll: float = 0.25,
         projector_id: str | None = None,
+        snapshot_every: float = 300.0,
+        snapshot_decisions: int = 100_000,
+        from_snapshot: bool = True,
     ) -> None:
         self.settings = settings or Settings()
         self.names = Names(self.settings.prefix)
@@ -142,6 +163,9 @@ class Projector:
         self.interval = interval
         self.leader_ttl = max(leader_ttl, 2 * interval)
         self.poll = poll
+        self.snapshot_every = snapshot_every
+        self.snapshot_decisions = max(1, snapshot_decisions)
+        self.from_snapshot = from_snapshot and not rebuild
         self.projector_id = (
             projector_id or f"pj-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
@@ -156,6 +180,12 @@ class Projector:
         self.rows_written = 0
         self.malformed = {"inbox": 0, "dlq": 0}
         self.rebuild_seconds: float | None = None
+        self.snapshots_written = 0
+        self.snapshot_position = 0
+        """The position of the last snapshot this projector stored or started from."""
+        self._next_snapshot = 0.0
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._stream_created = ""
         self.stream_last_seq = 0
         self.stream_last_time = 0.0
         # leadership
@@ -200,7 +230,8 @@ class Projector:
             self._broker = await Broker.connect(self._url, name=f"sojourn {self.projector_id}")
         b = self._broker
         await ensure_topology(b, self.names, self.settings, consumers=False)
-        self._new_fold()
+        self._next_snapshot = time.monotonic() + self.snapshot_every
+        await self._new_fold()
         p = self.names.prefix
         self._inbox = [
             StreamFollower(b, self.names.inbox_stream, f"{p}.start.*.*"),
@@ -230,6 +261,7 @@ class Projector:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
+        await self._final_snapshot()
         if self.leading and self._broker is not None and self._broker.connected:
             # Bounded: a stop ends within a couple of seconds whatever the server's state (a
             # record left behind only makes the next leader wait for it to expire).
@@ -297,6 +329,9 @@ class Projector:
     async def _step(self) -> bool:
         """Read the next page of events while the views of the page before are written."""
         batch, self._applied = self._applied, []
+        # Nothing is read between here and the read below: the model is at the end of
+        # ``batch``, so a snapshot taken now is of the decisions written once it is applied.
+        snap = self.model.snapshot(taken_at=time.time()) if self._snapshot_due(batch) else None
         read = asyncio.create_task(self.model.refresh(max_pages=1))
         try:
             await self._apply(batch)
@@ -307,12 +342,15 @@ class Projector:
             self._applied[:0] = batch  # not lost: written on the next pass
             raise
         caught_up = await read
+        if snap is not None and self.leading and self.written >= snap.position:
+            self._store_snapshot(snap)
         if caught_up and not self._applied:
             await self._rebuild_finish()
         return bool(batch) or bool(self._applied) or not caught_up
 
-    def _new_fold(self) -> None:
-        """A fresh fold from sequence 1 (at start, and when a follower's backlog overflowed)."""
+    async def _new_fold(self) -> None:
+        """A fresh fold (at start, and when a follower's backlog overflowed): from the stored
+        snapshot if one may be used, else from sequence 1."""
         self.model = RunModel(self.broker, self.names, self.settings)
         self.model.on_decision = self._on_decision
         self._applied.clear()
@@ -321,6 +359,97 @@ class Projector:
         self._backlog.clear()
         self._backlog_lost = False
         self._backlog_from = 0
+        if not self.from_snapshot:
+            return
+        snap = await read_snapshot(self.broker, self.names)
+        if snap is None:
+            return
+        sunk = self.sink.position if self.sink is not None else snap.position
+        if sunk < snap.position:
+            log.info(
+                "projector: the SQLite model is at sequence %d, behind the snapshot (%d): "
+                "folding from sequence 1 to feed it every decision after its own position",
+                sunk,
+                snap.position,
+            )
+            return
+        self.model.restore(snap)
+        self.snapshot_position = max(self.snapshot_position, snap.position)
+        # Their views as a full fold would hold them before a liveness pass: the first pass
+        # rewrites a KV entry whose liveness changed (``_reassess``). A backlog from here
+        # covers a take-over from any position: every view up to the snapshot is written.
+        for run_id, s in self.model.runs.items():
+            self._live[run_id] = view_of(s, None)
+        log.info(
+            "projector: started from the snapshot at sequence %d (%d live runs)",
+            snap.position,
+            len(self.model.runs),
+        )
+
+    # --- snapshots -----------------------------------------------------------------------------
+
+    def _snapshot_due(self, batch: Sequence[Applied]) -> bool:
+        """Whether to take a snapshot now, at the end of ``batch``: one is due, and once
+        ``batch`` is written every decision the model holds will be."""
+        if not self.snapshot_every or not self.leading or self._rebuild_until:
+            return False
+        if (batch[-1].seq if batch else self.written) < self.model.position:
+            return False
+        if self._snapshot_task is not None and not self._snapshot_task.done():
+            return False  # one at a time
+        position = self.model.position
+        if position <= self.snapshot_position:
+            return False
+        return (
+            time.monotonic() >= self._next_snapshot
+            or position - self.snapshot_position >= self.snapshot_decisions
+        )
+
+    def _store_snapshot(self, snap: ModelSnapshot[RunSummary]) -> None:
+        """Store ``snap`` in the background (the views go on being written meanwhile)."""
+        self._next_snapshot = time.monotonic() + self.snapshot_every
+        self.snapshot_position = snap.position
+        self._snapshot_task = asyncio.create_task(
+            self._put_snapshot(snap), name="sojourn-projector-snapshot"
+        )
+
+    async def _put_snapshot(self, snap: ModelSnapshot[RunSummary]) -> None:
+        snap = msgspec.structs.replace(snap, stream_created=self._stream_created)
+        try:
+            size = await write_snapshot(
+                self.broker, self.names, snap, replicas=self.settings.replicas
+            )
+        except (SojournError, TimeoutError) as e:
+            log.warning("projector: the snapshot at %d was not stored: %s", snap.position, e)
+            return
+        self.snapshots_written += 1
+        log.info(
+            "projector: snapshot at sequence %d stored (%d live runs, %d bytes)",
+            snap.position,
+            len(snap.runs),
+            size,
+        )
+
+    async def _final_snapshot(self) -> None:
+        """At a graceful stop, as leader: write what was folded and not yet written, then
+        store a snapshot of it (bounded: a stop ends within seconds whatever the server's
+        state; a snapshot not stored only means the next start reads more)."""
+        if self._snapshot_task is not None:
+            with contextlib.suppress(BaseException):
+                await self._snapshot_task
+        if not (self.snapshot_every and self.leading and self.model.position):
+            return
+        if self._broker is None or not self._broker.connected or self._rebuild_until:
+            return
+        with contextlib.suppress(SojournError, TimeoutError):
+            async with asyncio.timeout(5.0):
+                if self._applied:
+                    batch, self._applied = self._applied, []
+                    await self._apply(batch)
+                if self.leading and self.written >= self.model.position > self.snapshot_position:
+                    snap = self.model.snapshot(taken_at=time.time())
+                    self.snapshot_position = snap.position
+                    await self._put_snapshot(snap)
 
     def _on_decision(self, seq: int, s: RunSummary, events: tuple[RunEvent, ...]) -> None:
         m = self.model
@@ -628,8 +757,8 @@ class Projector:
         covered = not self._backlog_lost and self._backlog_from <= position
         backlog, self._backlog = self._backlog, []
         if not covered:
-            log.info("projector %s: folding again from the start to take over", self.projector_id)
-            self._new_fold()
+            log.info("projector %s: folding again to take over", self.projector_id)
+            await self._new_fold()
             return
         await self._write([a for a in backlog if a.seq > position])
 
@@ -665,6 +794,7 @@ class Projector:
         except JetStreamError:
             return
         state = info.get("state", {})
+        self._stream_created = str(info.get("created", ""))
         self.stream_last_seq = int(state.get("last_seq", 0) or 0)
         self.stream_last_time = _rfc3339(str(state.get("last_ts", "")))
 

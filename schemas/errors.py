@@ -16,11 +16,13 @@ __all__ = [
     "HistoryError",
     "InvalidName",
     "NondeterminismError",
+    "ObjectUnreadable",
     "PayloadTooLarge",
     "PermissionDenied",
     "RetryableError",
     "RunNotFound",
     "ServerStartError",
+    "SnapshotUnreadable",
     "SojournError",
     "StepError",
     "TerminalError",
@@ -158,3 +160,13 @@ class Fenced(BaseException):
 
 class HistoryError(SojournError):
     """A run's history cannot be decoded (a poison message); the run needs a human."""
+
+
+class ObjectUnreadable(SojournError):
+    """A stored object (an archived run, a snapshot) cannot be read back as written: its
+    description is malformed or names another object, it is larger than the reader accepts,
+    or its chunks do not match."""
+
+
+class SnapshotUnreadable(SojournError, ValueError):
+    """The bytes are not a snapshot this code reads (undecodable, or a newer format)."""
