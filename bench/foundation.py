@@ -6,10 +6,16 @@ Run from the repository root::
     python -m bench.foundation --quick               # ~10 s
     python -m bench.foundation --sync-interval always --sync-interval 2m   # both, ~1.7 min
     python -m bench.foundation --auth                # without, then with auth: ~2 min
+    python -m bench.foundation --replicas 3          # R3 streams on a 3-node loopback cluster
 
-For each ``--sync-interval`` it starts its own ``EmbeddedServer`` (free port, temp dir), then,
-interleaved and repeated ``--repeats`` times (the table shows the median of the per-repeat
-figures):
+For each ``--sync-interval`` it starts its own ``EmbeddedServer`` (free port, temp dir), or with
+``--replicas N`` (3 or 5) a ``LocalCluster`` of N nats-server processes on loopback and
+every stream (sojourn's and the raw baselines') created with N replicas. On a cluster every
+connection of the bench goes to node ``n1`` and every stream's and consumer's leader is moved to
+``n1`` before the timed repeats, so that both sides of each pair pay the same path: a
+leader-local append that is acknowledged once a quorum has it. Then, interleaved and
+repeated ``--repeats`` times (the table shows the median of the per-repeat figures, and the
+ratios are taken per repeat, raw and sojourn measured back to back):
 
 - raw: sequential CAS appends on one subject of a stream configured exactly like sojourn's
   events stream (``Broker.publish_raw`` with ``Nats-Expected-Last-Subject-Sequence`` and
@@ -17,9 +23,14 @@ figures):
   and 200 subjects appended concurrently (one writer task per subject);
 - sojourn, one run of N trivial steps (worker in this process): per-step time is
   (RunCompleted.at - first StepStarted.at) / N from the recorded event stamps;
-- sojourn, 200 runs x M steps started at once: aggregate steps/s;
+- sojourn, 200 runs x M steps started at once: aggregate steps/s; and the same for the short
+  shape of issue 12 (100 runs x 10 steps, against 100 subjects x 10 raw appends);
 - sojourn, K sequential 1-step runs: ``client.start`` -> ``client.result`` wall time, and the
-  trigger publish -> ``RunCompleted.at`` time (the worker's stamp; same clock, same process).
+  trigger publish -> ``RunCompleted.at`` time (the worker's stamp; same clock, same process),
+  and the publish -> ``RunCompleted`` seen by a subscriber, against the raw inbox floor;
+- parked runs: N runs that wait for a signal (no timeout, so no timer), against N subjects
+  holding the same event messages written raw: nats-server RSS growth per run (all nodes'
+  mean on a cluster).
 
 Then (untimed) a trace of the broker operations per step and per 1-step run, and with
 ``--profile`` a cProfile of a sequential run. Nothing here asserts: it prints.
@@ -39,19 +50,22 @@ import contextlib
 import cProfile
 import itertools
 import logging
+import random
 import secrets
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.broker import Broker, Delivery, EmbeddedServer, find_nats_server
+from sojourn.broker import BROKER_ERRORS, Broker, Delivery, EmbeddedServer, find_nats_server
 from sojourn.broker.auth import AuthUser
+from sojourn.broker.cluster import LocalCluster
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.headers import EXPECTED_LAST_SUBJECT_SEQUENCE, MSG_ID
 from sojourn.broker.names import Names
@@ -79,11 +93,15 @@ from .util import (
     run_bench,
     summarize,
 )
+from .waits import rss
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_STEP_RATIO = 1.3
 TARGET_ONE_STEP_P50 = 0.002
-SECTIONS = ("seq", "conc", "lat")
+TARGET_ONE_STEP_FLOOR_RATIO = 1.3  # issue 12: a 1-step run within 1.3x the raw inbox floor
+TARGET_SHORT_CONC_RATIO = 0.8  # issue 12: 100 runs x 10 steps >= 0.8x the raw aggregate
+TARGET_PARKED_BYTES = 10_000  # issue 12: nats-server memory per parked run
+SECTIONS = ("seq", "conc", "lat", "park")
 BODY_TARGET = 300  # bytes of one steady-state decision (StepCompleted + StepStarted)
 
 
@@ -139,6 +157,12 @@ async def single(ctx: Context) -> int:
     return await ctx.step(once)
 
 
+@agent("parked")
+async def parked(ctx: Context) -> Any:
+    """Parks at once on a signal it is never sent (no timeout: no timer either)."""
+    return await ctx.wait_for("go")
+
+
 # --- configuration ------------------------------------------------------------------------------
 
 
@@ -150,7 +174,11 @@ class Config:
     latency_runs: int = 300
     latency_gap: float = 0.005
     raw_appends: int = 2000
+    short_runs: int = 100
+    short_steps: int = 10
+    park_runs: int = 5000
     repeats: int = 3
+    replicas: int = 1
     sync_intervals: list[str] = field(default_factory=lambda: ["always"])
     auth_modes: tuple[bool, ...] = (False,)
     trace: bool = True
@@ -158,7 +186,7 @@ class Config:
     store_dir: str | None = None
     json_out: str | None = None
     quick: bool = False
-    sections: tuple[str, ...] = ("seq", "conc", "lat")
+    sections: tuple[str, ...] = SECTIONS
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -169,12 +197,24 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="~10 s version: N=500, 200 runs x 10 steps, K=100 1-step runs",
+        help="~15 s version: N=500, 200 runs x 10 steps, K=100 1-step runs, 2,000 parked",
     )
     p.add_argument("--steps", type=int, help="steps of the sequential run (default 2000)")
     p.add_argument("--runs", type=int, help="concurrent runs (default 200)")
     p.add_argument("--run-steps", type=int, help="steps per concurrent run (default 50)")
+    p.add_argument(
+        "--short-runs",
+        type=int,
+        help="runs of the short concurrent shape (default 100; 0 skips it)",
+    )
+    p.add_argument("--short-steps", type=int, help="steps per run of the short shape (default 10)")
     p.add_argument("--latency-runs", type=int, help="sequential 1-step runs (default 300)")
+    p.add_argument(
+        "--park-runs",
+        type=int,
+        help="runs parked per repeat (default 5,000; quick 2,000; with fewer the server "
+        "heap's growth in steps swamps the figure)",
+    )
     p.add_argument(
         "--latency-gap",
         type=float,
@@ -188,6 +228,15 @@ def parse_args(argv: list[str] | None = None) -> Config:
         help="sequential raw appends per repeat (default: same as --steps)",
     )
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (default 3)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=(1, 3, 5),
+        metavar="N",
+        help="replicas of every stream: 1 (default, one embedded server), 3 or 5 (a loopback "
+        "cluster of N nodes, so every node holds a replica and can lead)",
+    )
     p.add_argument(
         "--sync-interval",
         action="append",
@@ -207,7 +256,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         action="append",
         choices=SECTIONS,
         metavar="SECTION",
-        help="run only this section (seq, conc or lat); repeat to pick several",
+        help="run only this section (seq, conc, lat or park); repeat to pick several",
     )
     p.add_argument(
         "--no-trace", action="store_true", help="skip the untimed broker-operation trace"
@@ -223,13 +272,19 @@ def parse_args(argv: list[str] | None = None) -> Config:
     )
     p.add_argument("--json", dest="json_out", help="also write all figures to this JSON file")
     a = p.parse_args(argv)
-    c = Config(quick=a.quick)
+    if a.replicas > 1 and a.auth:
+        p.error("--auth needs the embedded server: the loopback cluster has no users")
+    c = Config(quick=a.quick, replicas=a.replicas)
     if a.quick:
         c.steps, c.runs, c.run_steps, c.latency_runs = 500, 200, 10, 100
+        c.park_runs = 2000
     c.steps = a.steps or c.steps
     c.runs = a.runs or c.runs
     c.run_steps = a.run_steps or c.run_steps
     c.latency_runs = a.latency_runs or c.latency_runs
+    c.short_runs = c.short_runs if a.short_runs is None else max(0, a.short_runs)
+    c.short_steps = a.short_steps or c.short_steps
+    c.park_runs = a.park_runs or c.park_runs
     c.raw_appends = a.raw_appends or c.steps
     c.repeats = max(1, a.repeats)
     c.latency_gap = max(0.0, a.latency_gap)
@@ -243,19 +298,36 @@ def parse_args(argv: list[str] | None = None) -> Config:
     return c
 
 
+# --- the server(s) under a setting ------------------------------------------------------------
+
+
+Pids = Callable[[], list[int]]
+"""The nats-server processes of a setting (one, or every node of the cluster) as they are now."""
+
+
+def cpu_servers(pids: list[int]) -> float:
+    """CPU seconds all of these server processes used so far: on a cluster the followers'
+    replication work is part of what an append costs."""
+    return sum(cpu_server(pid) for pid in pids)
+
+
+def rss_mean(pids: list[int]) -> float:
+    """Mean RSS over these server processes: on a cluster every node holds a full replica, so
+    the mean is what one node pays."""
+    return sum(rss(pid) for pid in pids) / len(pids) if pids else float("nan")
+
+
 # --- raw JetStream baseline -----------------------------------------------------------------
 
 
 class RawBench:
     """CAS appends straight through ``Broker.publish_raw``, nothing else."""
 
-    def __init__(
-        self, broker: Broker, prefix: str, body: bytes, server_pid: Callable[[], int | None]
-    ) -> None:
+    def __init__(self, broker: Broker, prefix: str, body: bytes, server_pids: Pids) -> None:
         self.b = broker
         self.names = Names(prefix)
         self.body = body
-        self.server_pid = server_pid
+        self.server_pids = server_pids
         self._n = 0
 
     async def setup(self, settings: Settings) -> None:
@@ -285,11 +357,11 @@ class RawBench:
     async def sequential(self, n: int) -> dict[str, float]:
         subject, run = self._subject()
         lat: list[float] = []
-        c0, s0 = cpu_process(), cpu_server(self.server_pid())
+        c0, s0 = cpu_process(), cpu_servers(self.server_pids())
         t0 = time.perf_counter()
         await self._writer(subject, run, n, lat)
         wall = time.perf_counter() - t0
-        c1, s1 = cpu_process(), cpu_server(self.server_pid())
+        c1, s1 = cpu_process(), cpu_servers(self.server_pids())
         st = summarize(lat)
         return {**st, "rate": n / wall, "py_cpu": (c1 - c0) / n, "srv_cpu": (s1 - s0) / n}
 
@@ -389,11 +461,11 @@ class RawBench:
     async def concurrent(self, writers: int, n: int) -> dict[str, float]:
         subs = [self._subject() for _ in range(writers)]
         lat: list[float] = []
-        c0, s0 = cpu_process(), cpu_server(self.server_pid())
+        c0, s0 = cpu_process(), cpu_servers(self.server_pids())
         t0 = time.perf_counter()
         await asyncio.gather(*(self._writer(s, r, n, lat) for s, r in subs))
         wall = time.perf_counter() - t0
-        c1, s1 = cpu_process(), cpu_server(self.server_pid())
+        c1, s1 = cpu_process(), cpu_servers(self.server_pids())
         total = writers * n
         return {
             "rate": total / wall,
@@ -402,6 +474,32 @@ class RawBench:
             "py_cpu": (c1 - c0) / total,
             "srv_cpu": (s1 - s0) / total,
         }
+
+    async def park_floor(self, n: int, bodies: list[bytes]) -> dict[str, float]:
+        """The least a parked run can cost the server: its event messages (``bodies``, the
+        encoded decisions a parked sojourn run has stored) on a subject of its own in a stream
+        configured like the events stream, and nothing in any other stream."""
+        subjects = [self._subject() for _ in range(n)]
+
+        async def one(subject: str, run: str) -> None:
+            seq = 0
+            for body in bodies:
+                ack = await self.b.publish_raw(
+                    subject,
+                    body,
+                    {EXPECTED_LAST_SUBJECT_SEQUENCE: str(seq), MSG_ID: f"{run}:{seq}:park"},
+                )
+                if "error" in ack:
+                    raise RuntimeError(f"raw append failed: {ack['error']}")
+                seq = int(ack["seq"])
+
+        m0 = rss_mean(self.server_pids())
+        t0 = time.perf_counter()
+        await gather_limited([one(s, r) for s, r in subjects], 256)
+        wall = time.perf_counter() - t0
+        await asyncio.sleep(1.0)  # untimed: let the server's write-behind settle before RSS
+        m1 = rss_mean(self.server_pids())
+        return {"per_run": (m1 - m0) / n, "rss_before": m0, "rss_after": m1, "wall": wall}
 
 
 # --- sojourn ----------------------------------------------------------------------------------
@@ -419,12 +517,10 @@ def _first(events: list[Any], tp: type) -> Any:
 
 
 class SojournBench:
-    def __init__(
-        self, worker: Worker, client: Client, server_pid: Callable[[], int | None], tag: str
-    ) -> None:
+    def __init__(self, worker: Worker, client: Client, server_pids: Pids, tag: str) -> None:
         self.w = worker
         self.c = client
-        self.server_pid = server_pid
+        self.server_pids = server_pids
         self.tag = tag
         self._n = 0
 
@@ -441,21 +537,29 @@ class SojournBench:
             await asyncio.sleep(0.002)
 
     async def _histories(self, rids: list[str]) -> list[list[Decision]]:
-        out = await gather_limited([self.c.history(r) for r in rids], 20)
-        for r, h in zip(rids, out, strict=True):
-            if not h or not any(isinstance(e, RunCompleted) for e in h[-1].events):
-                await self.c.result(r, timeout=60)  # the counter ran ahead: wait for real
+        """The ended runs' histories. The activation counter can run ahead of the last append,
+        and on a cluster a direct get may be answered by a follower that has not applied it
+        yet: read a history again until it ends with ``RunCompleted``."""
+        out: list[list[Decision]] = await gather_limited([self.c.history(r) for r in rids], 20)
+        for i, (r, h) in enumerate(zip(rids, out, strict=True)):
+            deadline = time.perf_counter() + 60
+            while not h or not any(isinstance(e, RunCompleted) for e in h[-1].events):
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"the history of {r} has no RunCompleted after 60 s")
+                await self.c.result(r, timeout=60)
+                await asyncio.sleep(0.01)
+                h = out[i] = await self.c.history(r)
         return out
 
     async def sequential(self, n: int) -> dict[str, float]:
         rid = self._rid("seq")
         base = self.w.activations_completed
-        c0, s0 = cpu_process(), cpu_server(self.server_pid())
+        c0, s0 = cpu_process(), cpu_servers(self.server_pids())
         t0 = time.perf_counter()
         await self.c.start("chain", n, run_id=rid)
         await self._wait_activations(base + 1)
         wall = time.perf_counter() - t0
-        c1, s1 = cpu_process(), cpu_server(self.server_pid())
+        c1, s1 = cpu_process(), cpu_servers(self.server_pids())
         assert await self.c.result(rid, timeout=60) == n
         (hist,) = await self._histories([rid])
         ev = _events(hist)
@@ -480,13 +584,13 @@ class SojournBench:
     async def concurrent(self, runs: int, m: int) -> dict[str, float]:
         rids = [self._rid("conc") for _ in range(runs)]
         base = self.w.activations_completed
-        c0, s0 = cpu_process(), cpu_server(self.server_pid())
+        c0, s0 = cpu_process(), cpu_servers(self.server_pids())
         w0 = time.time()
         t0 = time.perf_counter()
         await asyncio.gather(*(self.c.start("chain", m, run_id=r) for r in rids))
         await self._wait_activations(base + runs)
         wall = time.perf_counter() - t0
-        c1, s1 = cpu_process(), cpu_server(self.server_pid())
+        c1, s1 = cpu_process(), cpu_servers(self.server_pids())
         hists = await self._histories(rids)
         evs = [_events(h) for h in hists]
         last_rc = max(_first(e, RunCompleted).at for e in evs)
@@ -557,6 +661,46 @@ class SojournBench:
             "phases": {p: pct(v, 50) for p, v in phases.items()},
         }
 
+    async def park(self, n: int, stream_state: StreamStates) -> dict[str, Any]:
+        """Start N runs that park at once on a signal; measure what they leave in the server.
+
+        Returns the RSS growth per parked run, the stored messages per run of each stream
+        (``stream_state`` reads them) and one run's stored decisions, for the raw floor.
+        """
+        rids = [self._rid("park") for _ in range(n)]
+        base = self.w.activations_completed
+        before = await stream_state()
+        m0 = rss_mean(self.server_pids())
+        t0 = time.perf_counter()
+        await gather_limited([self.c.start("parked", run_id=r) for r in rids], 256)
+        await self._wait_activations(base + n, limit=600)
+        wall = time.perf_counter() - t0
+        sample = random.Random(12).sample(rids, min(20, n))
+        states = await gather_limited([self.c.state(r) for r in sample], 10)
+        waiting = sum(1 for st in states if st.status == "waiting")
+        if waiting < len(sample):
+            raise RuntimeError(f"only {waiting} of {len(sample)} sampled runs are waiting")
+        await asyncio.sleep(1.0)  # untimed: the last acks and lease/heartbeat writes land
+        m1 = rss_mean(self.server_pids())
+        after = await stream_state()
+        (hist,) = await self._histories_any([sample[0]])
+        return {
+            "per_run": (m1 - m0) / n,
+            "rss_before": m0,
+            "rss_after": m1,
+            "rate": n / wall,
+            "messages_per_run": {
+                k: (after[k]["messages"] - before[k]["messages"]) / n for k in after
+            },
+            "bytes_per_run": {k: (after[k]["bytes"] - before[k]["bytes"]) / n for k in after},
+            "bodies": [encode_events(d.events) for d in hist],
+        }
+
+    async def _histories_any(self, rids: list[str]) -> list[list[Decision]]:
+        """Histories of runs that have not ended (``_histories`` waits for their end)."""
+        out: list[list[Decision]] = await gather_limited([self.c.history(r) for r in rids], 20)
+        return out
+
 
 PHASES = (
     "client publish -> intake received trigger",
@@ -606,42 +750,145 @@ def bench_users(tag: str) -> list[AuthUser]:
     ]
 
 
-async def bench_setting(
-    cfg: Config, sync_interval: str, log: Callable[[str], None], auth: bool = False
-) -> dict[str, Any]:
-    parent = cfg.store_dir or None
-    label = sync_interval + (", auth" if auth else "")
-    tag = uuid.uuid4().hex[:8]
-    with tempfile.TemporaryDirectory(prefix="sojourn-bench-", dir=parent) as tmp:
-        settings = Settings(prefix=f"bench{tag}")
+@dataclass
+class Target:
+    """The server(s) one setting measures: where every connection goes (``url(user)``), whose
+    CPU and memory count, and on a cluster the cluster itself (to place leaders)."""
+
+    url: Callable[[str], str]
+    pids: Pids
+    cluster: LocalCluster | None = None
+    node: str = "n1"
+    """The node every connection goes to, and where the leaders are moved (cluster only)."""
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    cfg: Config, sync_interval: str, auth: bool, tmp: str, tag: str, prefix: str
+) -> AsyncIterator[Target]:
+    """One embedded server, or with ``--replicas`` > 1 a loopback cluster, for one setting."""
+    if cfg.replicas == 1:
         srv = EmbeddedServer(
             store_dir=tmp,
             port=0,
             sync_interval=sync_interval,
             auth=bench_users(tag) if auth else None,
-            auth_prefix=settings.prefix,
+            auth_prefix=prefix,
         )
 
         def url(user: str) -> str:
             return srv.url_for(user) if auth else srv.url
 
         async with srv:
+            yield Target(url, lambda: [srv.pid] if srv.pid is not None else [])
+        return
+    cluster = LocalCluster(Path(tmp), size=cfg.replicas, sync_interval=sync_interval)
+    try:
+        await cluster.start()
+        first = cluster.nodes[0]
+        # Healthy is "a meta leader is elected"; on a loaded machine the first stream request
+        # can still time out behind it. Wait until one (which the meta leader answers) does.
+        probe = await Broker.connect(first.url, name="bench-probe")
+        try:
+            await _retrying(partial(probe.api, "$JS.API.STREAM.NAMES", {}))
+        finally:
+            await probe.close()
+        yield Target(
+            lambda _user: first.url,
+            lambda: [n.proc.pid for n in cluster.nodes if n.proc is not None and n.running],
+            cluster,
+            first.name,
+        )
+    finally:
+        cluster.stop()
+
+
+async def _retrying(what: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """A JetStream API call that may meet an election in progress: retry for up to 30 s."""
+    deadline = time.perf_counter() + 30
+    while True:
+        try:
+            return await what()
+        except BROKER_ERRORS:
+            if time.perf_counter() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def place_leaders(b: Broker, target: Target, prefixes: list[str]) -> dict[str, str]:
+    """Move the leader of every stream and consumer of these prefixes to ``target.node``.
+
+    An R3 append goes from the client's node to the stream's leader, which acknowledges once a
+    follower has stored it too; where the leader sits relative to the connection decides
+    whether there is one more route hop. Placing every leader on the node every connection
+    uses makes the raw and the sojourn figures pay the same path. Returns where each stream's
+    leader is afterwards (for the report).
+    """
+    if target.cluster is None:
+        return {}
+    stems = tuple(f"{p.upper()}_" for p in prefixes)
+    listed = await _retrying(partial(b.api, "$JS.API.STREAM.NAMES", {}))
+    streams = sorted(x for x in listed.get("streams") or [] if x.startswith(stems))
+    node = target.node
+
+    async def leader(api: str) -> str:
+        info = await _retrying(partial(b.api, api))
+        return str((info.get("cluster") or {}).get("leader") or "")
+
+    async def move(info_api: str, stepdown_api: str) -> str:
+        deadline = time.perf_counter() + 30
+        while (now := await leader(info_api)) != node:
+            if time.perf_counter() > deadline:
+                return now  # reported as it is, not hidden
+            with contextlib.suppress(*BROKER_ERRORS):
+                await b.api(stepdown_api, {"placement": {"preferred": node}})
+            await asyncio.sleep(0.2)
+        return now
+
+    placed: dict[str, str] = {}
+    for stream in streams:
+        placed[stream] = await move(
+            f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}"
+        )
+        names = await _retrying(partial(b.api, f"$JS.API.CONSUMER.NAMES.{stream}", {}))
+        for consumer in names.get("consumers") or []:
+            placed[f"{stream} > {consumer}"] = await move(
+                f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
+                f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}",
+            )
+    return placed
+
+
+async def bench_setting(
+    cfg: Config, sync_interval: str, log: Callable[[str], None], auth: bool = False
+) -> dict[str, Any]:
+    parent = cfg.store_dir or None
+    label = sync_interval + (", auth" if auth else "")
+    if cfg.replicas > 1:
+        label = f"R{cfg.replicas}, {label}"
+    tag = uuid.uuid4().hex[:8]
+    with tempfile.TemporaryDirectory(prefix="sojourn-bench-", dir=parent) as tmp:
+        settings = Settings(prefix=f"bench{tag}", replicas=cfg.replicas)
+        async with serve(cfg, sync_interval, auth, tmp, tag, settings.prefix) as target:
+            url = target.url
             body = _sample_decision(RESULT)
             raw_broker = await Broker.connect(url("rawworker"), name="bench-raw")
             raw_client = await Broker.connect(url("rawclient"), name="bench-raw-client")
             service = await Broker.connect(url("rawadmin"), name="bench-raw-svc") if auth else None
-            raw = RawBench(raw_broker, f"raw{tag}", body, lambda: srv.pid)
+            raw = RawBench(raw_broker, f"raw{tag}", body, target.pids)
             await raw.setup(settings)
-            worker = Worker([chain, single], nats=url("worker"), settings=settings)
+            worker = Worker([chain, single, parked], nats=url("worker"), settings=settings)
             await worker.start()
             client = await Client.connect(url("client"), settings=settings)
             # Watches the runs' event subjects: a client may; a worker-role user may not.
             observer = await Broker.connect(url("client"), name="bench-observer") if auth else None
             watcher = observer or raw_broker
-            soj = SojournBench(worker, client, lambda: srv.pid, tag)
+            soj = SojournBench(worker, client, target.pids, tag)
+
             out: dict[str, Any] = {
                 "sync_interval": sync_interval,
                 "auth": auth,
+                "replicas": cfg.replicas,
                 "body_bytes": len(body),
                 "reps": [],
                 "load_before": _loadavg(),
@@ -657,6 +904,14 @@ async def bench_setting(
                 if "lat" in sec:
                     await soj.latency(30, watcher, cfg.latency_gap)
                     await raw.one_step_floor(raw_client, settings, 30, cfg.latency_gap, service)
+                bodies: list[bytes] = []
+                if "park" in sec:  # what a parked run stores, for the raw floor to copy
+                    bodies = (await park_fresh(cfg, sync_interval, "soj", [], 20))["bodies"]
+                if target.cluster is not None:
+                    log(f"[{label}] moving every leader to {target.node}")
+                    out["placement"] = await place_leaders(
+                        raw_broker, target, [settings.prefix, raw.names.prefix]
+                    )
                 for rep in range(cfg.repeats):
                     r: dict[str, Any] = {}
 
@@ -673,6 +928,11 @@ async def bench_setting(
                         r["raw_conc"] = await raw.concurrent(cfg.runs, cfg.run_steps)
                         step("sojourn concurrent")
                         r["soj_conc"] = await soj.concurrent(cfg.runs, cfg.run_steps)
+                        if cfg.short_runs:
+                            step(f"raw concurrent, {cfg.short_runs} x {cfg.short_steps}")
+                            r["raw_short"] = await raw.concurrent(cfg.short_runs, cfg.short_steps)
+                            step(f"sojourn concurrent, {cfg.short_runs} x {cfg.short_steps}")
+                            r["soj_short"] = await soj.concurrent(cfg.short_runs, cfg.short_steps)
                     if "lat" in sec:
                         step("1-step latency")
                         r["lat"] = await soj.latency(cfg.latency_runs, watcher, cfg.latency_gap)
@@ -680,11 +940,24 @@ async def bench_setting(
                         r["floor"] = await raw.one_step_floor(
                             raw_client, settings, cfg.latency_runs, cfg.latency_gap, service
                         )
+                    if "park" in sec:
+                        # Each side on a fresh server: one that served the other sections has
+                        # free heap to spare, and parked runs would fill it without growing.
+                        # Alternate which side goes first (the machine's state drifts).
+                        for side in ("raw", "soj") if rep % 2 == 0 else ("soj", "raw"):
+                            step(f"{side} parked, {cfg.park_runs} runs, on a fresh server")
+                            got = await park_fresh(cfg, sync_interval, side, bodies)
+                            got.pop("bodies", None)
+                            r[f"{side}_park"] = got
                     out["reps"].append(r)
                 if cfg.trace and "seq" in cfg.sections and "lat" in cfg.sections:
                     log(f"[{label}] trace (untimed)")
                     out["trace"] = await trace_pass(
-                        url("traceworker"), url("traceclient"), cfg, f"trace{tag}"
+                        url("traceworker"),
+                        url("traceclient"),
+                        cfg,
+                        f"trace{tag}",
+                        lambda b, p: place_leaders(b, target, [p]),
                     )
                 if cfg.profile:
                     log(f"[{label}] profile (untimed)")
@@ -700,6 +973,69 @@ async def bench_setting(
     out["load_after"] = _loadavg()
     out["summary"] = summarize_setting(out["reps"])
     return out
+
+
+async def park_fresh(
+    cfg: Config, sync_interval: str, side: str, bodies: list[bytes], n: int = 0
+) -> dict[str, Any]:
+    """Park ``n`` (default ``cfg.park_runs``) runs (``side`` "soj") or write their raw floor
+    (``side`` "raw") on a server (or cluster) of their own, after a warm-up of 100: the RSS
+    growth per run is then what parked runs cost, not how much free heap earlier sections
+    left behind. Without authentication: what a run stores does not depend on it."""
+    n = n or cfg.park_runs
+    tag = uuid.uuid4().hex[:8]
+    with tempfile.TemporaryDirectory(prefix="sojourn-bench-park-", dir=cfg.store_dir) as tmp:
+        settings = Settings(prefix=f"park{tag}", replicas=cfg.replicas)
+        async with serve(cfg, sync_interval, False, tmp, tag, settings.prefix) as target:
+            broker = await Broker.connect(target.url("admin"), name="bench-park")
+            try:
+                if side == "raw":
+                    raw = RawBench(broker, f"raw{tag}", bodies[0], target.pids)
+                    await raw.setup(settings)
+                    await raw.park_floor(100, bodies)
+                    await place_leaders(broker, target, [raw.names.prefix])
+                    return await raw.park_floor(n, bodies)
+                worker = Worker([parked], nats=target.url("worker"), settings=settings)
+                await worker.start()
+                client = await Client.connect(target.url("client"), settings=settings)
+                try:
+                    soj = SojournBench(worker, client, target.pids, tag)
+                    stream_state = stream_reader(broker, client.names)
+                    await soj.park(100, stream_state)
+                    await place_leaders(broker, target, [settings.prefix])
+                    return await soj.park(n, stream_state)
+                finally:
+                    await client.close()
+                    await worker.stop()
+            finally:
+                await broker.close()
+
+
+StreamStates = Callable[[], Awaitable[dict[str, dict[str, int]]]]
+
+
+def stream_reader(b: Broker, names: Names) -> StreamStates:
+    """Reads the stored messages and bytes of the streams a parked run may leave entries in."""
+    watched = {
+        "events": names.events_stream,
+        "inbox": names.inbox_stream,
+        "wake": names.wake_stream,
+        "leases": names.leases_stream,
+    }
+
+    async def read() -> dict[str, dict[str, int]]:
+        return {k: await _stream_state(b, v) for k, v in watched.items()}
+
+    return read
+
+
+async def _stream_state(b: Broker, stream: str) -> dict[str, int]:
+    try:
+        info = await b.api(f"$JS.API.STREAM.INFO.{stream}")
+    except BROKER_ERRORS:
+        return {"messages": 0, "bytes": 0}  # not created (yet) by this runtime
+    st = info.get("state", {})
+    return {"messages": int(st.get("messages", 0)), "bytes": int(st.get("bytes", 0))}
 
 
 def summarize_setting(reps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -737,6 +1073,12 @@ def summarize_setting(reps: list[dict[str, Any]]) -> dict[str, Any]:
             "srv_cpu",
         ):
             s[f"soj_conc_{key}"] = _med(reps, "soj_conc", key)
+    if "soj_short" in have:
+        for key in ("rate", "p50", "p99"):
+            s[f"raw_short_{key}"] = _med(reps, "raw_short", key)
+        for key in ("rate", "steady_rate", "last_started", "run_p50", "appends_per_step"):
+            s[f"soj_short_{key}"] = _med(reps, "soj_short", key)
+        _paired(s, "short_ratio", [r["soj_short"]["rate"] / r["raw_short"]["rate"] for r in reps])
     if "lat" in have:
         for view in ("e2e", "server", "observed"):
             for key in ("p50", "p90", "p99"):
@@ -745,18 +1087,47 @@ def summarize_setting(reps: list[dict[str, Any]]) -> dict[str, Any]:
             for key in ("p50", "p90", "p99"):
                 s[f"floor_{view}_{key}"] = _med(reps, "floor", view, key)
         s["phases"] = {p: _med(reps, "lat", "phases", p) for p in PHASES}
+        _paired(
+            s,
+            "floor_ratio",
+            [r["lat"]["observed"]["p50"] / r["floor"]["inbox"]["p50"] for r in reps],
+        )
+    if "soj_park" in have:
+        for key in ("per_run", "rss_before", "rss_after"):
+            s[f"raw_park_{key}"] = _med(reps, "raw_park", key)
+        for key in ("per_run", "rss_before", "rss_after", "rate"):
+            s[f"soj_park_{key}"] = _med(reps, "soj_park", key)
+        s["soj_park_per_run_all"] = [r["soj_park"]["per_run"] for r in reps]
+        s["raw_park_per_run_all"] = [r["raw_park"]["per_run"] for r in reps]
+        for what in ("messages_per_run", "bytes_per_run"):
+            s[f"soj_park_{what}"] = {
+                k: _med(reps, "soj_park", what, k) for k in reps[0]["soj_park"][what]
+            }
     return s
+
+
+def _paired(s: dict[str, Any], key: str, ratios: list[float]) -> None:
+    """A ratio taken per repeat (raw and sojourn measured back to back): median, min, max."""
+    s[key] = median(ratios)
+    s[f"{key}_min"], s[f"{key}_max"] = min(ratios), max(ratios)
 
 
 # --- untimed diagnostics ----------------------------------------------------------------------
 
 
 async def trace_pass(
-    worker_url: str, client_url: str, cfg: Config, prefix: str | None = None
+    worker_url: str,
+    client_url: str,
+    cfg: Config,
+    prefix: str | None = None,
+    place: Callable[[Broker, str], Awaitable[dict[str, str]]] | None = None,
 ) -> dict[str, Any]:
-    """Count and time the worker's broker operations for a sequential run and a 1-step run."""
+    """Count and time the worker's broker operations for a sequential run and a 1-step run.
+
+    ``place`` (on a cluster) moves this prefix's leaders where the timed measurements had
+    theirs, after the warm-up created the streams."""
     tag = uuid.uuid4().hex[:8]
-    settings = Settings(prefix=prefix or f"trace{tag}")
+    settings = Settings(prefix=prefix or f"trace{tag}", replicas=cfg.replicas)
     wb = await Broker.connect(worker_url, name="bench-traced-worker")
     tracer = TracedBroker(wb, settings.prefix)
     worker = Worker([chain, single], broker=wb, settings=settings)
@@ -767,6 +1138,8 @@ async def trace_pass(
         # warm this prefix (topology, lease cache, code paths)
         await client.start("chain", 20, run_id=f"w1-{tag}")
         await client.result(f"w1-{tag}", timeout=30)
+        if place is not None:
+            await place(wb, settings.prefix)
         n = min(cfg.steps, 1000)
         base = worker.activations_completed
         tracer.start()
@@ -851,15 +1224,23 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
         f"Parameters: sequential run N={cfg.steps} steps; {cfg.runs} concurrent runs x "
         f"M={cfg.run_steps} steps; K={cfg.latency_runs} 1-step runs; raw sequential "
         f"{cfg.raw_appends} appends; {cfg.latency_gap * 1e3:g} ms idle between 1-step runs; "
-        f"{cfg.repeats} repeats, median of the per-repeat figures; sections: "
-        f"{', '.join(cfg.sections)}."
+        f"short shape {cfg.short_runs} runs x {cfg.short_steps} steps; {cfg.park_runs} parked "
+        f"runs per repeat; {cfg.repeats} repeats, median of the per-repeat figures; replicas "
+        f"{cfg.replicas}; sections: {', '.join(cfg.sections)}."
     )
     for res in results:
         s = res["summary"]
         si = res["sync_interval"]
         raw_p50, raw_mean = s["raw_seq_p50"], s["raw_seq_mean"]
         add("")
-        if res.get("auth"):
+        if res.get("replicas", 1) > 1:
+            add(f"## R{res['replicas']} on a loopback cluster, sync_interval: {si}")
+            add("")
+            add(
+                "Every connection on node n1; every stream's and consumer's leader moved to n1 "
+                "before the timed repeats (raw and sojourn alike)."
+            )
+        elif res.get("auth"):
             add(f"## sync_interval: {si}, with authentication")
             add("")
             add(
@@ -898,6 +1279,17 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
                 f"would match the per-step target) "
                 f"| {_verdict(conc_ratio >= 1 / TARGET_STEP_RATIO)} (implied) |"
             )
+            if "short_ratio" in s:
+                add(
+                    f"| {cfg.short_runs} concurrent runs x {cfg.short_steps} steps: aggregate "
+                    f"| {cfg.short_runs} subjects x {cfg.short_steps} appends: "
+                    f"{fmt_rate(s['raw_short_rate'], 'appends')} "
+                    f"| {fmt_rate(s['soj_short_rate'], 'steps')} (trigger -> last completion) "
+                    f"| {s['short_ratio']:.2f}x (paired per repeat; "
+                    f"{s['short_ratio_min']:.2f}x - {s['short_ratio_max']:.2f}x) "
+                    f"| >= {TARGET_SHORT_CONC_RATIO}x "
+                    f"| {_verdict(s['short_ratio'] >= TARGET_SHORT_CONC_RATIO)} |"
+                )
         if "lat" in has:
             fl = (
                 f"floor, inbox hop + 2 CAS appends: p50 {fmt_ms(s['floor_inbox_p50'])}; "
@@ -916,6 +1308,24 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
                     f"| {p50 / raw_p50:.1f}x raw append p50; {p50 / s['floor_inbox_p50']:.1f}x "
                     f"inbox floor | <= 2 ms p50 | {_verdict(p50 <= TARGET_ONE_STEP_P50)} |"
                 )
+            add(
+                f"| 1-step run against its floor: publish -> RunCompleted seen, p50 / inbox floor "
+                f"p50 | inbox floor p50 {fmt_ms(s['floor_inbox_p50'])} "
+                f"| {fmt_ms(s['lat_observed_p50'])} "
+                f"| {s['floor_ratio']:.2f}x (paired per repeat; {s['floor_ratio_min']:.2f}x - "
+                f"{s['floor_ratio_max']:.2f}x) | <= {TARGET_ONE_STEP_FLOOR_RATIO}x "
+                f"| {_verdict(s['floor_ratio'] <= TARGET_ONE_STEP_FLOOR_RATIO)} |"
+            )
+        if "park" in has:
+            per = s["soj_park_per_run"]
+            add(
+                f"| nats-server RSS per parked run ({cfg.park_runs} runs waiting on a signal"
+                f"{', mean of the nodes' if res.get('replicas', 1) > 1 else ''}) "
+                f"| the same event messages on {cfg.park_runs} subjects, nothing else: "
+                f"{s['raw_park_per_run']:,.0f} B "
+                f"| {per:,.0f} B | {per / s['raw_park_per_run']:.2f}x "
+                f"| <= {TARGET_PARKED_BYTES:,} B | {_verdict(per <= TARGET_PARKED_BYTES)} |"
+            )
         add("")
         add("Details (medians over repeats):")
         add("")
@@ -989,6 +1399,40 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
             add(
                 f"| nats-server CPU per step, sojourn concurrent / per raw concurrent append "
                 f"| {fmt_us(s['soj_conc_srv_cpu'])} / {fmt_us(s['raw_conc_srv_cpu'])} |"
+            )
+        if "park" in has:
+            add(
+                "| parked: RSS per run, each repeat, sojourn; raw floor | "
+                + ", ".join(f"{x:,.0f}" for x in s["soj_park_per_run_all"])
+                + " B; "
+                + ", ".join(f"{x:,.0f}" for x in s["raw_park_per_run_all"])
+                + " B |"
+            )
+            add(
+                f"| parked: nats-server RSS (node mean) before / after a burst, median: sojourn "
+                f"| {s['soj_park_rss_before'] / 2**20:.1f} MiB -> "
+                f"{s['soj_park_rss_after'] / 2**20:.1f} MiB ({fmt_rate(s['soj_park_rate'], 'runs')}"
+                f" parked) |"
+            )
+            msgs = s["soj_park_messages_per_run"]
+            byts = s["soj_park_bytes_per_run"]
+            add(
+                "| parked: stored messages (bytes) per run, by stream | "
+                + "; ".join(f"{k} {msgs[k]:.2f} ({byts[k]:,.0f} B)" for k in msgs)
+                + " |"
+            )
+        placement = res.get("placement")
+        if placement:
+            off = {k: v for k, v in placement.items() if v != "n1"}
+            add(
+                f"| leaders placed on n1 | {len(placement) - len(off)} of {len(placement)} "
+                f"streams and consumers"
+                + (
+                    f"; elsewhere: {', '.join(f'{k} on {v}' for k, v in off.items())}"
+                    if off
+                    else ""
+                )
+                + " |"
             )
         if "lat" in has:
             add(
