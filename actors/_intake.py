@@ -16,6 +16,7 @@ its own), never a header or a field the sender chose.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import random
@@ -399,14 +400,24 @@ class Intake:
         its first decision and records nothing more.
         """
         names = self.names
-        found: list[tuple[int, CancelRequested]] = []
-        for subject in (names.cancel(run_id), names.cancel(run_id, "*")):
-            async for m in _scan(self.broker, names.inbox_stream, subject):
-                event = self._stored_cancel(m, run_id)
-                if event is not None:
-                    found.append((m.seq, event))
-                    break
-        return min(found, key=lambda f: f[0])[1] if found else None
+        # The two forms in parallel: every start pays this look, usually for nothing.
+        found = await asyncio.gather(
+            self._first_stored_cancel(names.cancel(run_id), run_id),
+            self._first_stored_cancel(names.cancel(run_id, "*"), run_id),
+        )
+        earliest = min((f for f in found if f is not None), key=lambda f: f[0], default=None)
+        return None if earliest is None else earliest[1]
+
+    async def _first_stored_cancel(
+        self, subject: str, run_id: str
+    ) -> tuple[int, CancelRequested] | None:
+        """The oldest cancel stored on ``subject`` that the intake would accept, with its
+        inbox sequence."""
+        async for m in _scan(self.broker, self.names.inbox_stream, subject):
+            event = self._stored_cancel(m, run_id)
+            if event is not None:
+                return m.seq, event
+        return None
 
     def _stored_cancel(self, m: StoredMessage, run_id: str) -> CancelRequested | None:
         """The event a stored cancel message records when it is delivered, ``None`` if the
