@@ -8,6 +8,7 @@ so a trigger published while every worker is down is still accepted later.
 
 from __future__ import annotations
 
+import re
 import time
 
 import msgspec
@@ -15,9 +16,11 @@ import msgspec
 from sojourn.schemas.codec import encode
 
 from .connection import Broker
-from .names import Names
+from .names import TOKEN_PATTERN, Names
 
 __all__ = ["AgentRecord", "AgentRegistry"]
+
+_AGENT = re.compile(TOKEN_PATTERN)
 
 
 class AgentRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,3 +48,23 @@ class AgentRegistry:
         if m is not None:
             self._known.add(name)
         return m is not None
+
+    async def known(self, limit: int = 10_000) -> list[str]:
+        """The names of every agent registered so far (at most ``limit``), sorted; names that
+        are not valid tokens are skipped (they name nothing anyone could start)."""
+        names: set[str] = set()
+        seq = 1
+        head = f"{self.names.prefix}.agent."
+        while len(names) < limit:
+            msgs, more = await self.broker.direct_get_batch(
+                self.names.agents_stream, self.names.agent("*"), seq, 1000
+            )
+            for m in msgs:
+                name = m.subject[len(head) :]
+                if _AGENT.fullmatch(name):
+                    names.add(name)
+            if not msgs or more <= 0:
+                break
+            seq = msgs[-1].seq + 1
+        self._known |= names
+        return sorted(names)[:limit]

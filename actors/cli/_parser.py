@@ -607,7 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         dest="agents",
-        help="also check the wake consumer of this agent (repeatable)",
+        help="check the wake consumer of this agent (repeatable; default: every agent a "
+        "worker has registered)",
     )
 
     p = command(

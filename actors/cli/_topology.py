@@ -16,6 +16,7 @@ from typing import Any
 from sojourn.broker.connection import Broker
 from sojourn.broker.drift import Finding
 from sojourn.broker.names import Names, validate_token
+from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.topology import (
     agent_wake_consumer_config,
     apply_topology,
@@ -62,10 +63,14 @@ async def cmd_topology(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     names = Names(settings.prefix)
-    extra = [(names.wake_stream, agent_wake_consumer_config(names, settings, a)) for a in agents]
     opts = options_from(args)
     broker = await bounded(Broker.connect(opts, name="sojourn-cli topology", reconnect=False), opts)
     try:
+        if not agents:  # every agent a worker registered: their wake consumers too
+            agents = await AgentRegistry(broker, names).known()
+        extra = [
+            (names.wake_stream, agent_wake_consumer_config(names, settings, a)) for a in agents
+        ]
         if args.apply:
             before = await apply_topology(
                 broker, names, settings, replicas=args.replicas, consumers=extra

@@ -21,8 +21,10 @@ from sojourn.broker.drift import (
     reconciled,
     stream_finding,
 )
+from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import (
     TopologyMismatch,
+    agent_wake_consumer_config,
     consumer_configs,
     ensure_topology,
     inspect_topology,
@@ -273,3 +275,24 @@ async def test_a_worker_refuses_to_start_on_an_incompatible_stream(
     assert names.wake_stream in err and "max_msgs_per_subject: sojourn's 1, the server's 5" in err
     assert f"sojourn topology --apply --prefix {settings.prefix}" in err
     assert (await _config(broker, names.wake_stream))["max_msgs_per_subject"] == 5
+
+
+async def test_the_report_covers_every_registered_agents_wake_consumer(
+    broker: Broker, nats_server: EmbeddedServer, settings: Settings
+) -> None:
+    names = Names(settings.prefix)
+    await ensure_topology(broker, names, settings)
+    for agent in ("alpha", "beta"):
+        await AgentRegistry(broker, names).register(AgentRecord(name=agent))
+    alpha = agent_wake_consumer_config(names, settings, "alpha")
+    await broker.ensure_consumer(names.wake_stream, alpha)  # beta's worker never started
+    base = ["topology", "--nats", nats_server.url, "--prefix", settings.prefix, "--json"]
+    res = await sojourn(*base)
+    report = json.loads(res.out)
+    states = {f["consumer"]: f["state"] for f in report["findings"] if f["consumer"]}
+    # (drift: the test's settings have another lease_ttl, so another ack_wait, than the CLI's)
+    assert states["wake-alpha"] in ("ok", "drift") and states["wake-beta"] == "missing", states
+    assert res.rc == 1
+    res = await sojourn(*base, "--agent", "alpha")  # only the named ones
+    states = {f["consumer"]: f["state"] for f in json.loads(res.out)["findings"] if f["consumer"]}
+    assert "wake-beta" not in states and res.rc == 0, res
