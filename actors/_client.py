@@ -606,9 +606,10 @@ class Client:
                 wait = 5.0 if remaining is None else min(remaining, 5.0)
                 if hinted:
                     # The live message can overtake the stored copy's visibility to a direct
-                    # get by a moment: look again shortly rather than in 5 s.
-                    wait = min(wait, 0.005 * 2**hinted)
-                    hinted = hinted + 1 if hinted < 7 else 0
+                    # get by a moment (on a cluster, a replica that has not applied it yet
+                    # may answer): look again shortly (2, 4, 8 ... 512 ms), not in 5 s.
+                    wait = min(wait, 0.001 * 2**hinted)
+                    hinted = hinted + 1 if hinted < 9 else 0
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), wait)
                 if changed.is_set():
