@@ -1,14 +1,16 @@
 """Shared fixtures: one real nats-server per test session, an isolated deployment per test.
 
 Every test gets its own subject/stream prefix, so tests share the server but never each
-other's streams. Fault tests that kill or restart the server start their own (see
-``fresh_server``).
+other's streams. Fault tests that kill, freeze or restart the server start their own
+(``own_server``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +34,21 @@ async def nats_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
     try:
         yield server
     finally:
+        await server.stop()
+
+
+@pytest_asyncio.fixture
+async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
+    """A nats-server of the test's own, to kill (``kill()``, then ``start()`` again on the same
+    store and port), freeze (SIGSTOP its ``pid``) or stop; stopped at the end, thawed first."""
+    server = EmbeddedServer(store_dir=tmp_path / "nats", port=0)
+    await server.start()
+    try:
+        yield server
+    finally:
+        if server.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server.pid, signal.SIGCONT)
         await server.stop()
 
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from sojourn.actors import Client
 from sojourn.broker import EmbeddedServer
@@ -77,16 +74,6 @@ async def test_sigkill_worker_mid_step_resumes_on_another(
         (3, 1),
         (4, 1),
     ]
-
-
-@pytest.fixture
-async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
-    server = EmbeddedServer(store_dir=tmp_path / "nats", port=0)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 async def test_sigkill_broker_mid_run_loses_nothing(

@@ -14,8 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterable
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -115,16 +114,6 @@ async def answers(port: int, path: str, code: int) -> bool:
         return (await aget(port, path))[0] == code
     except OSError:
         return False
-
-
-@pytest.fixture
-async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
-    server = EmbeddedServer(store_dir=tmp_path / "nats", port=0)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 async def test_a_worker_process_is_ready_while_connected_and_live_throughout(

@@ -12,12 +12,10 @@ after its nats-server was killed or frozen (issue 12).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
-from collections.abc import AsyncIterator, Coroutine
-from pathlib import Path
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -107,19 +105,6 @@ async def test_a_worker_stops_within_its_grace_although_a_step_swallowed_the_can
         for t in stubborn_tasks:
             t.cancel()  # the second cancel ends it
         await asyncio.gather(*stubborn_tasks, return_exceptions=True)
-
-
-@pytest.fixture
-async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
-    server = EmbeddedServer(store_dir=tmp_path / "nats", port=0)
-    await server.start()
-    try:
-        yield server
-    finally:
-        if server.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server.pid, signal.SIGCONT)
-        await server.stop()
 
 
 @pytest.mark.parametrize("fate", ["killed", "frozen"])

@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
@@ -186,16 +185,6 @@ async def test_a_thousand_running_runs_cost_a_few_writes_per_second(
     rate = len(seen) / window
     print(f"\nownership and heartbeat writes with 1,000 running runs: {rate:.1f}/s")
     assert rate <= 10.0, rate
-
-
-@pytest.fixture
-async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
-    server = EmbeddedServer(store_dir=tmp_path / "nats", port=0)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 async def test_a_broker_outage_longer_than_dead_after_takes_no_run_over(

@@ -352,16 +352,6 @@ async def test_sleep_fires_while_no_worker_process_exists(
     assert await stored_timer(client, run_id, 0) is None
 
 
-@pytest_asyncio.fixture
-async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
-    server = EmbeddedServer(store_dir=tmp_path / "nats", port=0)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
 async def test_pending_timers_survive_a_broker_sigkill(
     own_server: EmbeddedServer, settings: Settings, tmp_path: Path
 ) -> None:
