@@ -387,7 +387,9 @@ _CONSUMER_EXISTS = 10148
 
 _MISSING = ("404", "503")
 """Direct-get answers meaning "nothing there": no such message, or no such stream yet (a
-deployment prefix nothing has used answers 503, no responders)."""
+deployment prefix nothing has used answers 503, no responders). A 503 from a stream that does
+exist means no replica could answer (a cluster electing a leader): ``_nobody_answered``
+raises ``BrokerUnavailable`` then, never "nothing stored"."""
 
 
 class JetStreamError(SojournError):
@@ -853,10 +855,13 @@ class Broker:
         try:
             msg = await self._request(api, req, None, timeout)
         except NoRespondersError:
+            await self._nobody_answered(api, subject)
             return None  # the stream does not exist (yet): nothing stored
         except (NatsTimeoutError, TimeoutError) as e:
             raise BrokerUnavailable(f"direct get {subject} timed out") from e
         status = (msg.headers or {}).get(h.STATUS)
+        if status == "503":
+            await self._nobody_answered(api, subject)
         if status in _MISSING:
             return None
         if status:
@@ -899,11 +904,14 @@ class Broker:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
 
+        nobody = [False]
+
         async def on_msg(m: Msg) -> None:
             headers = m.headers or {}
             status = headers.get(h.STATUS)
             if status is not None:
                 if not done.done():
+                    nobody[0] = status == "503"
                     if status == "204" or status in _MISSING:
                         done.set_result(int(headers.get(h.NUM_PENDING, "0") or 0))
                     else:
@@ -936,7 +944,29 @@ class Broker:
         finally:
             stop()
             await sub.unsubscribe()
+        if not msgs and nobody[0]:
+            await self._nobody_answered(api, subject)
         return msgs, pending
+
+    async def _nobody_answered(self, api: str, subject: str) -> None:
+        """A direct get got "no responders". For a stream that does not exist yet that means
+        nothing is stored; for one that exists it means no replica could answer right now (a
+        cluster electing a leader), and "nothing stored" would be a lie that makes a run look
+        absent: raise ``BrokerUnavailable`` (callers retry) instead.
+
+        Raises:
+            BrokerUnavailable: the stream exists.
+        """
+        stream = api.removeprefix("$JS.API.DIRECT.GET.").split(".", 1)[0]
+        try:
+            exists = await self.stream_config(stream) is not None
+        except (JetStreamError, TimeoutError, NatsTimeoutError):
+            exists = True  # the meta leader is not answering either: certainly not "absent"
+        if exists:
+            raise BrokerUnavailable(
+                f"no replica of stream {stream} answered a direct get of {subject[:200]} "
+                "(a leader election?)"
+            )
 
     # --- streams and consumers ---------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from sojourn.broker import Broker
+from sojourn.broker import Broker, EmbeddedServer
 from sojourn.broker.connection import (
     ENV_CREDS,
     ENV_TLS_CA,
@@ -26,6 +26,7 @@ from sojourn.broker.connection import (
     url_user,
 )
 from sojourn.schemas import BrokerUnavailable, BrokerVersionError
+from sojourn.schemas.config import Settings
 
 
 async def _fake_nats(version: str, jetstream: bool) -> tuple[asyncio.Server, int]:
@@ -177,3 +178,30 @@ def test_a_creds_files_jwt_name_is_the_sender(tmp_path: Path) -> None:
     assert creds_user(_creds(tmp_path, {"name": "a.b"})) is None
     assert creds_user(_creds(tmp_path, {"sub": "U"})) is None
     assert creds_user(str(tmp_path / "missing.creds")) is None
+
+
+async def test_a_direct_get_nobody_answers_is_absent_only_when_the_stream_is(
+    nats_server: EmbeddedServer, settings: Settings
+) -> None:
+    """ "No responders" to a direct get means nothing is stored only when the stream does not
+    exist. For one that exists (here: direct gets not enabled, as when no replica of an R3
+    stream can answer during a leader election) it is ``BrokerUnavailable``, never an empty
+    answer that would make a run look absent."""
+    b = await Broker.connect(nats_server.url)
+    try:
+        name = f"{settings.prefix.upper()}_NODIRECT"
+        subject = f"{settings.prefix}.nodirect.x"
+        await b.api(
+            f"$JS.API.STREAM.CREATE.{name}",
+            {"name": name, "subjects": [subject], "storage": "file", "allow_direct": False},
+        )
+        await b.publish(subject, b"stored")
+        with pytest.raises(BrokerUnavailable, match="no replica"):
+            await b.direct_get_last(name, subject)
+        with pytest.raises(BrokerUnavailable, match="no replica"):
+            await b.direct_get_range(name, subject)
+        missing = f"{settings.prefix.upper()}_MISSING"
+        assert await b.direct_get_last(missing, subject) is None
+        assert await b.direct_get_range(missing, subject) == []
+    finally:
+        await b.close()
