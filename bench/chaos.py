@@ -61,6 +61,7 @@ import msgspec
 from sojourn.actors import Client, Watchdog, fold
 from sojourn.broker import Broker, Delivery
 from sojourn.broker.eventstore import Decision
+from sojourn.broker.server import die_with_parent
 from sojourn.broker.topology import stream_configs
 from sojourn.schemas.codec import decode_events
 from sojourn.schemas.config import Settings
@@ -84,29 +85,6 @@ CLUSTER_FAULTS = ("sigkill_worker", "sigstop_worker", "kill_node")
 def log(msg: str) -> None:
     """Progress goes to stderr; the report goes to stdout."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def _load_libc() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True)
-    except Exception:
-        return None
-
-
-# Loaded here, not in the child: after a fork with other threads running, the child must not
-# import anything (another thread may have held the import lock at the fork).
-_LIBC = _load_libc()
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In a child, before exec: have Linux SIGKILL it if the harness dies (no orphans)."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _child_env(**extra: str) -> dict[str, str]:
@@ -141,7 +119,7 @@ class Child:
             stderr=self._log,
             env=env,
             start_new_session=True,  # Ctrl-C reaches the harness only; it stops everyone
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent(signal.SIGKILL),
         )
         self.pid = self.proc.pid
         self.ready = threading.Event()

@@ -29,7 +29,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .connection import BROKER_ERRORS, Broker
-from .server import find_nats_server
+from .server import die_with_parent, find_nats_server
 
 __all__ = ["LocalCluster", "Node"]
 
@@ -61,30 +60,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def _load_libc() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True)
-    except Exception:
-        return None
-
-
-# Loaded here, not in the child: after a fork with other threads running (a harness's reader
-# threads), the child must not import anything (another thread may have held the import lock).
-_LIBC = _load_libc()
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: a parent cut off (SIGKILL of pytest or of a benchmark) must
-    not leave servers holding ports; Linux SIGTERMs the node then."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 @dataclass
@@ -191,7 +166,7 @@ class LocalCluster:
             stdout=node.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent(),
         )
         _LIVE.add(node.proc.pid)
 

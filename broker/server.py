@@ -37,10 +37,10 @@ import sys
 import sysconfig
 import tempfile
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Final, Self
+from typing import IO, TYPE_CHECKING, Any, Final, Self
 from urllib.parse import quote
 
 from sojourn.schemas.errors import BrokerVersionError, ServerStartError
@@ -534,7 +534,7 @@ class EmbeddedServer:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent(),
                 limit=_READ_LIMIT,
             )
         except OSError as exc:
@@ -643,21 +643,34 @@ class EmbeddedServer:
         self._drain = None
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM the server when its parent dies.
-
-    The server runs in its own session (so Ctrl-C reaches only Python), which also means a
-    parent killed with SIGKILL (or a test run cut off by a timeout) would leave it orphaned
-    and holding its port and store. ``PR_SET_PDEATHSIG`` closes that gap; elsewhere it is a
-    no-op and the atexit hook remains the only guard.
-    """
+def _load_libc() -> Any:
     if not sys.platform.startswith("linux"):
-        return
+        return None
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True)
     except Exception:
-        pass
+        return None
+
+
+# Loaded here, not in the child: after a fork with other threads running (a harness's reader
+# threads), the child must not import anything (another thread may have held the import lock).
+_LIBC = _load_libc()
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` for a child process: ask Linux to send it ``sig`` when its parent dies.
+
+    A server runs in its own session (so Ctrl-C reaches only Python), which also means a parent
+    killed with SIGKILL (or a test run cut off by a timeout) would leave it orphaned, holding
+    its port and store. ``PR_SET_PDEATHSIG`` closes that gap; elsewhere it is a no-op and the
+    atexit hook remains the only guard.
+    """
+
+    def preexec() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+    return preexec

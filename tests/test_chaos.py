@@ -76,7 +76,7 @@ def test_chaos_small() -> None:
 
 
 CLUSTER_SEED = 3
-"""Its schedule draws 5 node kills among 15 faults (the schedule is a function of the seed)."""
+"""Its schedule draws 5 node kills among 15 faults (a schedule is a function of its seed)."""
 
 
 @pytest.mark.slow
