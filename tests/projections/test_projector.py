@@ -234,6 +234,15 @@ async def test_a_sigkilled_projector_restarted_writes_each_change_once_and_every
         await wait_for(all_changes, DEADLINE, what="every change message")
     finally:
         proc.stop()
+    await assert_changes_and_views(broker, names, client, run_ids, want_ids)
+    await assert_same_rows(nats_server, settings, killed, tmp_path / "once.sqlite3", run_ids)
+
+
+async def assert_changes_and_views(
+    broker: Broker, names: Names, client: Client, run_ids: list[str], want_ids: list[str]
+) -> None:
+    """Every decision's change message is stored once (none twice, none missing, in order per
+    run), and every run's KV view is the one its history gives."""
     got = decision_changes(await changes(broker, names))
     assert sorted(got) == sorted(want_ids)  # none twice, none missing
     for r in run_ids:  # in order per run
@@ -242,7 +251,6 @@ async def test_a_sigkilled_projector_restarted_writes_each_change_once_and_every
     want = await expected_views(client, run_ids)
     for r in run_ids:
         assert await kv_view(broker, names, r) == want[r]
-    await assert_same_rows(nats_server, settings, killed, tmp_path / "once.sqlite3", run_ids)
 
 
 async def assert_same_rows(

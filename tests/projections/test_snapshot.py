@@ -60,13 +60,12 @@ from sojourn.schemas.snapshot import (
 from tests.conftest import wait_for
 from tests.projections.test_projector import (
     all_completed,
+    assert_changes_and_views,
     assert_same_rows,
     changes,
     crash,
     decision_changes,
     decision_ids,
-    expected_views,
-    kv_view,
     serving,
 )
 from tests.strategies import mutated_histories, valid_histories
@@ -412,14 +411,7 @@ async def test_a_killed_projector_restarted_from_a_snapshot_loses_and_repeats_no
     finally:
         await p.stop()
         await sink.close()
-    got = decision_changes(await changes(broker, names))
-    assert sorted(got) == sorted(want_ids)  # none twice, none missing
-    for r in run_ids:  # in order per run
-        mine = [x for x in got if x.startswith(f"{r}:")]
-        assert mine == [x for x in want_ids if x.startswith(f"{r}:")]
-    want = await expected_views(client, run_ids)
-    for r in run_ids:
-        assert await kv_view(broker, names, r) == want[r]
+    await assert_changes_and_views(broker, names, client, run_ids, want_ids)
     await assert_same_rows(nats_server, settings, killed, tmp_path / "once.sqlite3", run_ids)
 
 
