@@ -23,7 +23,7 @@ from sojourn.broker.archive import ArchiveStore
 from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
-from sojourn.broker.leases import LeaseStore
+from sojourn.broker.follow import read_all
 from sojourn.broker.names import (
     CHILD_RUN_ID,
     RESERVED_SIGNAL_PREFIX,
@@ -31,8 +31,9 @@ from sojourn.broker.names import (
     validate_signal_name,
     validate_token,
 )
+from sojourn.broker.progress import ProgressStore
 from sojourn.broker.topology import ensure_topology
-from sojourn.projections.liveness import Thresholds, classify
+from sojourn.projections.liveness import Thresholds, claim, classify, holders
 from sojourn.projections.summary import summarize_all
 from sojourn.schemas.codec import (
     decode_events,
@@ -415,7 +416,7 @@ class Client:
 
     async def liveness(self, run_id: str, *, now: float | None = None) -> Liveness:
         """What the run is doing now, judged like the watchdog judges it: from its history,
-        its owner's last heartbeat (the lease) and any wedge record.
+        the last heartbeat of the worker that holds it, and any wedge record.
 
         Raises:
             RunNotFound: no such run.
@@ -424,7 +425,7 @@ class Client:
         if not history:
             raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
         summary = summarize_all((d.seq, 0, d.events) for d in history)
-        _seq, lease = await LeaseStore(self.broker, self.names).holder(run_id)
+        progress = await ProgressStore(self.broker, self.names).last(run_id)
         m = await self.broker.direct_get_last(self.names.health_stream, self.names.wedge(run_id))
         wedge = None
         if m is not None:
@@ -433,14 +434,12 @@ class Client:
         limits = Thresholds(
             stall_after=self.settings.stall_threshold, overdue_after=self.settings.overdue_after
         )
-        beat = None
-        if lease is not None and lease.worker:
-            b = await self.broker.direct_get_last(
-                self.names.health_stream, self.names.worker(lease.worker)
-            )
-            if b is not None:
-                with contextlib.suppress(msgspec.MsgspecError):
-                    beat = decode_worker_beat(b.data)
+        beats = []
+        for b in await read_all(self.broker, self.names.health_stream, self.names.workers_all):
+            with contextlib.suppress(msgspec.MsgspecError):
+                beats.append(decode_worker_beat(b.data))
+        listed = holders(beats).get(run_id)
+        lease, beat = claim(listed, progress), listed[0] if listed else None
         now = time.time() if now is None else now
         return classify(summary, lease, now, limits, wedge, beat)
 

@@ -34,7 +34,7 @@ import msgspec
 from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.headers import MSG_ID
-from sojourn.broker.leases import Progress
+from sojourn.broker.progress import Progress
 from sojourn.broker.timers import cancel_timers, schedule_timer
 from sojourn.schemas.codec import decode_events, encode, encode_events, to_raw
 from sojourn.schemas.config import VALUE_ENVELOPE
@@ -90,6 +90,9 @@ _OP_EVENTS = (
 )
 T = TypeVar("T")
 _NULL = to_raw(None)
+KeepTimer = Callable[[int, float], bool]
+"""Keep a wait's timer in process (its position, its deadline); ``False``: not kept."""
+
 IN_PROCESS_BACKOFF = 5.0
 """Backoffs up to this many seconds also sleep in the worker (the timer is set regardless)."""
 
@@ -146,8 +149,17 @@ class Activation:
         flush_delay: float = 0.02,
         progress: Progress | None = None,
         heartbeat: Callable[[], None] | None = None,
+        keep_timer: KeepTimer | None = None,
+        backstops: frozenset[int] = frozenset(),
     ) -> None:
+        """``keep_timer``: the worker's in-process timers (``InProcessTimers.keep`` for this
+        run), which take the timers of the waits this activation parks on; the broker's copy
+        is then written ``timer_backstop`` later. ``backstops``: waits whose broker timer is
+        such a later copy (this activation was woken by the in-process one): removed once
+        those waits have ended."""
         self.agent = agent
+        self.keep_timer = keep_timer
+        self.backstops = backstops
         self.progress = progress if progress is not None else Progress()
         self.poke_heartbeat = heartbeat or (lambda: None)
         self.metric_agent = agent_label(agent.name)
@@ -182,7 +194,7 @@ class Activation:
         )
         self.fenced = False
         self.appends = 0
-        self.timers_used = False
+        self.timers_used = bool(backstops)
         self._lock = asyncio.Lock()
         self._flush_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -396,13 +408,17 @@ class Activation:
         """Record the wait (timer first, then the event: a recorded wait never lacks its timer)
         and flush what is pending with it."""
         if action.deadline is not None:
+            fires_at = action.deadline
+            keep = self.keep_timer
+            if keep is not None and keep(action.position, action.deadline):
+                fires_at += self.store.settings.timer_backstop  # woken in process, in time
             await self._io(
                 schedule_timer(
                     self.store.broker,
                     self.store.names,
                     self.run_id,
                     str(action.position),
-                    action.deadline,
+                    fires_at,
                     agent=self.agent.name,
                 )
             )
@@ -494,6 +510,16 @@ class Activation:
 
     async def run(self) -> Outcome:
         """Drive the agent to its next resting point and record it."""
+        outcome = await self._run()
+        if self.backstops and outcome != "fenced" and not self.state.terminal:
+            # (An ended run's timers were all removed with its end.)
+            ops = self.state.ops
+            for p in self.backstops:
+                if p < len(ops) and ops[p].kind == "wait" and ops[p].status == "completed":
+                    self.cancel_timer(p)
+        return outcome
+
+    async def _run(self) -> Outcome:
         self._loop = asyncio.get_running_loop()
         s = self.state
         if s.terminal:
@@ -625,7 +651,8 @@ def _timer_may_be_stored(op: OpRecord) -> bool:
     have failed), or a step that was retried (a short backoff is waited out in the process,
     its timer left to fire). A wait that timed out was woken by its timer, which the broker
     removed when it fired; should it fire later after all, it wakes an ended run: nothing.
-    So the usual timer-driven run ends without a purge (one write fewer)."""
+    (A run woken by its worker's in-process timer has ``backstops``: its activation removes
+    the broker's later copy itself.)"""
     if op.kind == "wait":
         return op.deadline is not None and op.outcome != "timeout"
     return op.kind == "step" and op.attempts > 1

@@ -16,6 +16,10 @@ once, with its last beat: its runs are then taken over.
 A process that could not look for a while (its own connection, or the broker, was down: then
 nobody could heartbeat either) calls ``resume``: every live worker's silence counts from then.
 
+The same beats say who holds which run (``holder``, ``may_hold``): a worker's beat lists every
+run it executes, so an activation claims a run by executing it and lets go by ending, with no
+write of its own (docs/decisions/0018-claims-without-lease-writes.md).
+
 Pure: no I/O and no clock of its own, so it is tested exhaustively.
 """
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sojourn.schemas.health import WorkerBeat, lease_covered
+from sojourn.schemas.health import WorkerBeat, lease_covered, vouches
 from sojourn.schemas.wire import LeaseHolder
 
 __all__ = ["FIRST_LOOK", "Membership"]
@@ -47,6 +51,8 @@ class Membership:
     def __init__(self, dead_after: float) -> None:
         self.dead_after = dead_after
         self._seen: dict[str, _Seen] = {}
+        self._holders: dict[str, list[str]] | None = None
+        """Run id -> the live workers whose last beats list it (rebuilt after a look)."""
 
     def observe(
         self, beats: Iterable[tuple[int, WorkerBeat]], now: float, wall: float | None = None
@@ -56,6 +62,7 @@ class Membership:
         workers found dead since the last call (each incarnation once)."""
         died: list[WorkerBeat] = []
         current: set[str] = set()
+        self._holders = None
         for seq, beat in beats:
             wid = beat.worker_id
             current.add(wid)
@@ -86,6 +93,30 @@ class Membership:
         for seen in self._seen.values():
             if not seen.dead:
                 seen.changed_at = max(seen.changed_at, now)
+
+    def known(self, worker_id: str) -> bool:
+        """Whether this process has seen a beat of ``worker_id`` (alive or dead)."""
+        return worker_id in self._seen
+
+    def holder(self, run_id: str, besides: str = "") -> str | None:
+        """A live worker other than ``besides`` whose last beat lists ``run_id``, if any."""
+        if self._holders is None:
+            index: dict[str, list[str]] = {}
+            for wid, seen in self._seen.items():
+                if not seen.dead:
+                    for r in seen.beat.runs:
+                        index.setdefault(r.run_id, []).append(wid)
+            self._holders = index
+        return next((w for w in self._holders.get(run_id, ()) if w != besides), None)
+
+    def may_hold(self, worker_id: str, run_id: str, since: float) -> bool | None:
+        """Whether ``worker_id``, which began working on ``run_id`` at ``since`` (its clock),
+        may still be executing it: alive, and its last beat lists the run or predates
+        ``since``. ``None``: this process has not seen the worker (yet)."""
+        seen = self._seen.get(worker_id)
+        if seen is None:
+            return None
+        return not seen.dead and vouches(seen.beat, run_id, since)
 
     def alive(self, worker_id: str) -> bool:
         seen = self._seen.get(worker_id)

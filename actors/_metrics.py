@@ -222,6 +222,17 @@ ARCHIVE_ERRORS = Counter(
     "archive (write or verify the copy), remove (purge), view (mark the view archived).",
     ["stage"],
 )
+IN_PROCESS_TIMERS_FIRED = Counter(
+    "sojourn_in_process_timers_fired",
+    "Runs a worker woke at their deadline from its in-process timers (the broker's copy of "
+    "each timer fires timer_backstop later, should the worker be gone).",
+)
+HANDED_BACK = Counter(
+    "sojourn_wakes_handed_back",
+    "Wakes a worker handed back because another live worker holds the run, by why: listed "
+    "(its heartbeat lists the run) or open_step (it may be running the run's open step).",
+    ["reason"],
+)
 TAKEOVERS = Counter(
     "sojourn_takeovers",
     "Runs of a worker found dead (its heartbeats stopped) that this worker woke to take over.",
@@ -286,7 +297,12 @@ def _worker_families(workers: list[Any]) -> Iterable[Metric]:
         "sojourn_worker_capacity", "Activations this process may execute at once."
     )
     capacity.add_metric([], float(sum(w.concurrency for w in workers)))
-    return [active, capacity]
+    timers = GaugeMetricFamily(
+        "sojourn_in_process_timers",
+        "Timers this process keeps (of runs it parked with a deadline in the next minutes).",
+    )
+    timers.add_metric([], float(sum(len(w.timers) for w in workers)))
+    return [active, capacity, timers]
 
 
 def _watchdog_families(watchdogs: list[_Gauges]) -> Iterable[Metric]:

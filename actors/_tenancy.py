@@ -1,16 +1,14 @@
-"""One activation's hold on a run: the run's lease, the keepalive that renews it, what the
-activation reports with each heartbeat, and the message that asked for the run.
+"""One activation's hold on a run: the keepalive of the message that asked for the run, and
+what the activation reports about its current step.
 
-A ``Tenancy`` is made for one activation and closed exactly once, by ``async with``: closing
-stops the keepalive for good and releases the lease, whatever happened in between. The lease is
-taken before the activation runs (a wake: ``acquire``) or, for a run the intake has just
-created, in parallel with its first steps (``acquire_late``): nobody else can be running a run
-that did not exist a moment ago, and should its lease be held after all, the activation is
-fenced at its next append (docs/architecture.md, "The life of a run").
-
-While the tenancy holds the lease, its keepalive restarts the delivery's ack deadline every
-``period`` seconds. The lease itself is held by the worker's heartbeats; it is written again
-only when a step reports progress (``ctx.heartbeat``), at most once a second, to carry it.
+A worker holds a run by executing it: its heartbeat lists the runs it executes, and no other
+worker starts an activation of a run a live worker's beat lists, nor settles an open step such
+a worker may still be running (docs/decisions/0018-claims-without-lease-writes.md). So an
+activation writes nothing to hold its run. What a ``Tenancy`` does is keep the wake or trigger
+being worked on alive (``in_progress()`` every ``period``, so its consumer does not redeliver
+it while the run executes) and write a step's reported progress (``ctx.heartbeat``), at most
+once a second, for operators. It is made for one activation and closed exactly once, by
+``async with``.
 """
 
 from __future__ import annotations
@@ -19,16 +17,40 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 from sojourn.broker.delivery import Delivery, NotADelivery
-from sojourn.broker.leases import Lease, LeaseStore, Progress
+from sojourn.broker.eventstore import Decision
+from sojourn.broker.progress import Progress, ProgressStore
+from sojourn.schemas.events import StepStarted
 
-from ._intake import HANDBACK_MAX_DELAY
+from ._executor import EXTERNAL_EVENTS
 
-__all__ = ["Tenancy", "times_delivered"]
+__all__ = ["Tenancy", "held_step", "times_delivered"]
 
 log = logging.getLogger("sojourn.worker")
+
+PROGRESS_EVERY = 1.0
+"""Seconds between two progress records of one activation, at least."""
+
+
+def held_step(history: list[Decision]) -> tuple[str, float] | None:
+    """The worker whose activation wrote the run's last own decision, and when, if that
+    decision ends by starting a step: that worker may be running the step right now.
+
+    Decisions of external events (a signal, a cancel request: written by the intake) are
+    skipped; any other later decision means the step's activation was over. An activation's
+    writer is ``<worker_id>.<n>``.
+    """
+    for d in reversed(history):
+        own = [e for e in d.events if not isinstance(e, EXTERNAL_EVENTS)]
+        if not own:
+            continue
+        last = own[-1]
+        if not isinstance(last, StepStarted):
+            return None
+        worker, dot, _n = d.writer.rpartition(".")
+        return (worker, last.at) if dot else None
+    return None
 
 
 def times_delivered(delivery: Delivery) -> int:
@@ -41,34 +63,35 @@ def times_delivered(delivery: Delivery) -> int:
 
 
 class Tenancy:
-    """The lease of ``run_id`` held by the activation ``owner``, and ``delivery``, the wake or
-    trigger that asked for the run (settled by the activation, kept alive here).
+    """The activation ``owner`` of ``run_id`` and ``delivery``, the wake or trigger that asked
+    for the run (settled by the activation, kept alive here).
 
     Attributes:
         progress: what the activation reports with each heartbeat (its current step).
+        since: when the activation began (wall clock), as its worker's beats list it: a
+            progress record counts while a beat lists the run with that same ``since``.
     """
 
     def __init__(
         self,
-        leases: LeaseStore,
+        reports: ProgressStore,
         run_id: str,
         owner: str,
         delivery: Delivery,
         *,
-        ttl: float,
         period: float,
+        since: float,
     ) -> None:
-        self.leases = leases
+        self.reports = reports
         self.run_id = run_id
         self.owner = owner
         self.delivery = delivery
-        self.ttl = ttl
         self.period = period
+        self.since = since
         self.progress = Progress()
         self._poke = asyncio.Event()
-        self._held: list[Lease] = []
-        self._keepalive: list[asyncio.Task[None]] = []
-        self._late: asyncio.Task[None] | None = None
+        self._open = True
+        self._keepalive = asyncio.create_task(self._keep(), name=f"keepalive {run_id}")
 
     async def __aenter__(self) -> Tenancy:
         return self
@@ -76,97 +99,40 @@ class Tenancy:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    @property
-    def held(self) -> bool:
-        """Whether the lease was taken (by ``acquire``, or by now by ``acquire_late``)."""
-        return bool(self._held)
-
     def heartbeat(self) -> None:
-        """A step reported progress: renew soon, with it."""
+        """A step reported progress: record it soon."""
         self._poke.set()
-
-    async def acquire(self) -> bool:
-        """Take the lease now. ``False``: another activation holds it, and the delivery was
-        handed back, to be looked at again about when that lease may have ended.
-
-        The holder may be about to rest without seeing what this delivery is about (a signal
-        that arrived as it parked), so the pause is short; it grows with the deliveries, so a
-        long activation elsewhere costs little.
-        """
-        got = await self.leases.acquire(self.run_id, self.owner, self.ttl)
-        if isinstance(got, Lease):
-            self._hold(got)
-            return True
-        cap = min(HANDBACK_MAX_DELAY, 0.25 * times_delivered(self.delivery))
-        delay = min(max(got.expires_at - time.time(), 0.05), max(1.0, cap))
-        await self.delivery.nak(delay=delay)
-        return False
-
-    def acquire_late(self, on_refused: Callable[[], None]) -> None:
-        """Take the lease in the background (a run just created); ``on_refused`` is called if
-        another activation holds it. ``wait_late`` waits for the outcome."""
-        self._late = asyncio.create_task(self._acquire_late(on_refused))
-
-    async def wait_late(self) -> None:
-        """Wait for ``acquire_late`` to finish (raising what it raised), if it was started."""
-        if self._late is not None:
-            await self._late
-
-    async def _acquire_late(self, on_refused: Callable[[], None]) -> None:
-        got = await self.leases.acquire(self.run_id, self.owner, self.ttl, fresh=True)
-        if isinstance(got, Lease):
-            self._hold(got)
-        else:
-            on_refused()
-
-    def _hold(self, lease: Lease) -> None:
-        self._held.append(lease)
-        self._keepalive.append(asyncio.create_task(self._keep(lease)))
 
     async def close(self) -> None:
-        """Stop renewing and release the lease (best effort: a lease left behind expires)."""
-        if self._late is not None and not self._late.done():
-            self._late.cancel()
-        # Stop renewing for good before releasing. A cancel alone is not enough: on Python
-        # 3.11 a cancel that lands as a renewal request completes can be swallowed
-        # (asyncio.wait_for inside nats-py), and a renewal racing the release would then keep
-        # the run leased forever with nobody working on it.
-        for lease in self._held:
-            lease.held = False
+        """Stop the keepalive for good."""
+        self._open = False
         self._poke.set()
-        for t in self._keepalive:
-            t.cancel()
-        for t in self._keepalive:
-            with contextlib.suppress(BaseException):
-                await t
-        for lease in self._held:
-            with contextlib.suppress(Exception):
-                await self.leases.release(lease)
+        self._keepalive.cancel()
+        with contextlib.suppress(BaseException):
+            await self._keepalive
 
-    async def _keep(self, lease: Lease) -> None:
-        """Heartbeat while the activation runs: renew the lease (with what the run is doing)
-        and the delivery's ack deadline every ``period``, sooner when a step reports progress
-        (at most once a second)."""
-        soonest = min(1.0, self.period)
-        last = time.monotonic()
-        while lease.held:
+    async def _keep(self) -> None:
+        """While the activation runs: restart the delivery's ack deadline every ``period``,
+        and record a step's reported progress (at most every ``PROGRESS_EVERY``)."""
+        last_kept = time.monotonic()
+        last_report = last_kept - PROGRESS_EVERY
+        while self._open:
             self._poke.clear()
-            since = time.monotonic() - last
-            due = soonest if self.progress.changed else self.period
-            if since < due:
+            now = time.monotonic()
+            due = last_kept + self.period
+            if self.progress.changed:
+                due = min(due, last_report + PROGRESS_EVERY)
+            if now < due:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(due - since):
+                    async with asyncio.timeout(due - now):
                         await self._poke.wait()
                 continue  # look again: progress, the end of the activation, or time is up
-            last = time.monotonic()
             try:
-                # A lease that names its worker is held by the worker's heartbeats: it is
-                # written again only to carry a step's reported progress.
-                if (self.progress.changed or not lease.worker) and not await self.leases.renew(
-                    lease, self.ttl, self.progress
-                ):
-                    log.warning("run %s: lease lost", lease.run_id)
-                    return
-                await self.delivery.in_progress()
+                if self.progress.changed and now >= last_report + PROGRESS_EVERY:
+                    last_report = now
+                    await self.reports.report(self.run_id, self.owner, self.since, self.progress)
+                if now >= last_kept + self.period:
+                    last_kept = now
+                    await self.delivery.in_progress()
             except Exception as e:
-                log.debug("run %s: keepalive failed: %s", lease.run_id, e)
+                log.debug("run %s: keepalive failed: %s", self.run_id, e)

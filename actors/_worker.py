@@ -2,11 +2,11 @@
 
 Durable pull consumers feed it: ``intake`` (the inbox: starts, cancels, signals), one
 ``wake-<agent>`` per agent it serves (the wakes of that agent's runs, so it never receives a wake
-it would have to hand back) and ``workers`` (wakes that name no agent). For each wake it takes
-the run's lease, loads and folds the history, and
-runs an ``Activation`` while it keeps the lease and the wake's ack deadline alive. A worker that
-dies simply stops renewing: after ``lease_ttl`` the wake is redelivered to another worker, which
-takes the expired lease and continues from the last recorded event.
+it would have to hand back) and ``workers`` (wakes that name no agent). For each wake of a run no
+other live worker holds, it loads and folds the history and runs an ``Activation``, keeping the
+wake's ack deadline alive; its heartbeat lists the run meanwhile, which is all it writes to hold
+it. When a worker's heartbeats stop, the others wake its runs, which continue from their last
+recorded event (docs/decisions/0018-claims-without-lease-writes.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import socket
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -28,17 +28,18 @@ import msgspec
 
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError, PullConsumer
-from sojourn.broker.delivery import Delivery, NotADelivery
+from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
 from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
-from sojourn.broker.leases import LeaseStore
+from sojourn.broker.follow import read_all
 from sojourn.broker.names import Names
+from sojourn.broker.progress import ProgressStore
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import agent_wake_consumer_config, check, ensure_topology
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import decode_worker_beat, encode, peek_run_id
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import BrokerUnavailable, HistoryError, InvalidName, SojournError
-from sojourn.schemas.health import BEAT_RUNS_MAX, ActiveRun, WedgeRecord, WorkerBeat
+from sojourn.schemas.health import BEAT_RUNS_MAX, ActiveRun, WedgeRecord, WorkerBeat, vouches
 from sojourn.schemas.wire import DeadLetter
 
 from . import _metrics as metrics
@@ -47,7 +48,8 @@ from ._executor import Activation
 from ._faults import fault
 from ._intake import HANDBACK_MAX_DELAY, Intake, dead_letter
 from ._membership import Membership
-from ._tenancy import Tenancy, times_delivered
+from ._tenancy import Tenancy, held_step, times_delivered
+from ._timers import InProcessTimers
 
 __all__ = ["Worker"]
 
@@ -56,6 +58,10 @@ log = logging.getLogger("sojourn.worker")
 FAILURES_KEPT = 10_000
 """Runs whose recent activation failures a worker remembers (the oldest are forgotten: a run
 another worker finished, or that never came back here, must not stay in memory forever)."""
+
+TIMER_TRIES = 8
+"""Times a due in-process timer of a run another worker holds is looked at again (every two
+beat intervals) before it is left to the broker's copy."""
 
 HISTORY_CACHE_MIN = 16
 """Histories shorter than this are read again on every wake (a few messages: < 1 ms)."""
@@ -78,8 +84,9 @@ class Worker:
         nats: server URL (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``), or
             ``ConnectOptions`` (credentials, TLS).
         settings: deployment settings; every worker and client of a deployment uses the same.
-        concurrency: how many runs this worker executes at once.
-        worker_id: stable name for logs and leases (default ``host-pid-random``).
+        concurrency: how many runs this worker executes at once (at most
+            ``BEAT_RUNS_MAX``, 4,096: its heartbeat lists them all).
+        worker_id: stable name for logs and heartbeats (default ``host-pid-random``).
         history_cache: decisions of recently used run histories kept in memory (all runs
             together, histories of at least ``HISTORY_CACHE_MIN`` decisions only), so that
             waking a long-lived run reads only what was appended since; 0 disables.
@@ -114,6 +121,12 @@ class Worker:
             raise ValueError("a Worker needs at least one agent")
         self.settings = settings or Settings()
         self.names = Names(self.settings.prefix)
+        if not 0 < concurrency <= BEAT_RUNS_MAX:
+            # A heartbeat lists every run its worker executes: what it does not list, the
+            # worker does not hold (other workers rely on that).
+            raise ValueError(
+                f"concurrency must be between 1 and {BEAT_RUNS_MAX}, not {concurrency}"
+            )
         self.concurrency = concurrency
         self.flush_delay = flush_delay
         self.history_cache = history_cache
@@ -139,8 +152,21 @@ class Worker:
         """The agent of each run executing here, once its history is loaded (to route the
         wake published again when a run rests)."""
         self.membership = Membership(self.settings.worker_dead_after)
+        """Which workers are alive, and which runs they hold, from their heartbeats."""
         self._looked_at = 0.0
-        """Which other workers are alive (their leases held), from their heartbeats."""
+        self._since: dict[str, float] = {}
+        """When each activation executing here began (wall clock), as the beats list it."""
+        self.timers_fired = 0
+        """Runs woken here by their in-process timers."""
+        self._beating = True
+        """Heartbeats go on until the last activation of a stopping worker has ended."""
+        self.timers = InProcessTimers(self.settings.timer_backstop)
+        """Timers of the runs this worker parked, kept in process (the broker's copies fire
+        ``timer_backstop`` later, should this worker be gone)."""
+        self.handed_back: Counter[str] = Counter()
+        """Wakes handed back because another live worker holds the run, by why it was judged
+        held: ``listed`` (its beat lists the run) or ``open_step`` (it may be running the
+        run's open step)."""
         self.misrouted = 0
         """Wakes taken for runs of agents this worker does not serve (and handed back)."""
         self._background: set[asyncio.Task[None]] = set()
@@ -160,7 +186,7 @@ class Worker:
             cache_bytes=self.history_cache_bytes,
             cache_min=HISTORY_CACHE_MIN,
         )
-        self.leases = LeaseStore(b, self.names, worker=self.worker_id, holds=self.membership.holds)
+        self.reports = ProgressStore(b, self.names, worker=self.worker_id)
         self.registry = AgentRegistry(b, self.names)
         for a in self.agents.values():
             record = AgentRecord(name=a.name, input_schema=a.input_schema(), code_version=a.version)
@@ -193,6 +219,7 @@ class Worker:
                 for consumer, sub in wake_subs.items()
             ),
             asyncio.create_task(self._heartbeat_loop(), name="sojourn-heartbeat"),
+            asyncio.create_task(self._timer_loop(), name="sojourn-timers"),
             asyncio.create_task(self._membership_loop(), name="sojourn-membership"),
         ]
         metrics.track_worker(self)
@@ -206,15 +233,24 @@ class Worker:
             await self._closed.wait()
             return
         self._stopping.set()
-        for t in self._tasks:
+        self.timers.close()  # the broker's copies fire instead
+        # Beats go on while the activations finish: without them, the others would count
+        # this worker dead and run its runs while they still execute here.
+        beating = [t for t in self._tasks if t.get_name() == "sojourn-heartbeat"]
+        taking = [t for t in self._tasks if t not in beating]
+        for t in taking:
             t.cancel()
-        await _settle(self._tasks, grace)
+        await _settle(taking, grace)
         active = list(self._active.values())
         if active:
             _, still = await asyncio.wait(active, timeout=grace)
             for t in still:
                 t.cancel()
             await _settle(still, grace)
+        self._beating = False
+        for t in beating:
+            t.cancel()
+        await _settle(beating, grace)
         metrics.track_worker(self, on=False)
         if self._broker is not None and self._broker.connected:
             # A graceful stop: not "down". Not sent while the server is gone (it would wait
@@ -240,7 +276,7 @@ class Worker:
 
     async def _beat(self, stopped: bool = False) -> None:
         runs = tuple(
-            ActiveRun(run_id, self._run_agents.get(run_id, ""))
+            ActiveRun(run_id, self._run_agents.get(run_id, ""), self._since.get(run_id, 0.0))
             for run_id in itertools.islice(self._active, BEAT_RUNS_MAX)
         )
         beat = WorkerBeat(
@@ -262,8 +298,8 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         """The worker's heartbeat: one write per interval, listing the runs it executes; while
-        it goes on, the leases of those runs are held (however long they execute)."""
-        while not self._stopping.is_set():
+        it goes on, no other worker executes them (however long they take)."""
+        while self._beating:
             await asyncio.sleep(self.settings.worker_beat_interval)
             try:
                 await self._beat()
@@ -276,17 +312,9 @@ class Worker:
         """Read every worker's heartbeat and judge who is alive (``Membership``)."""
         b = self._broker_or_fail()
         beats: list[tuple[int, WorkerBeat]] = []
-        seq = 1
-        while True:
-            msgs, more = await b.direct_get_batch(
-                self.names.health_stream, self.names.workers_all, seq, 1000
-            )
-            for m in msgs:
-                with contextlib.suppress(msgspec.DecodeError):
-                    beats.append((m.seq, decode_worker_beat(m.data)))
-            if not msgs or more <= 0:
-                break
-            seq = msgs[-1].seq + 1
+        for m in await read_all(b, self.names.health_stream, self.names.workers_all):
+            with contextlib.suppress(msgspec.DecodeError):
+                beats.append((m.seq, decode_worker_beat(m.data)))
         now = time.monotonic()
         if self._looked_at and now - self._looked_at > self.settings.worker_dead_after / 2:
             # Blind for a while (this connection, or the broker, was down: no worker could
@@ -422,12 +450,15 @@ class Worker:
         history: list[Decision] | None,
         consumer: str,
         agent: Agent[Any, Any] | str | None,
+        backstops: frozenset[int] = frozenset(),
     ) -> None:
         """Start an activation; the caller holds a slot, released when it ends. The run is in
         the next heartbeat from now on (with ``agent`` if known: what a survivor's wake needs
         should this worker die), so its lease, once taken, is vouched for."""
+        self._since[run_id] = time.time()
+        self.timers.drop(run_id)  # the activation keeps what it still needs as it parks
         task = asyncio.create_task(
-            self._activate(run_id, msg, history, consumer), name=f"run {run_id}"
+            self._activate(run_id, msg, history, consumer, backstops), name=f"run {run_id}"
         )
         if agent is not None:
             self._run_agents[run_id] = agent if isinstance(agent, str) else agent.name
@@ -458,6 +489,10 @@ class Worker:
                         self._rewake.add(run_id)
                         await msg.nak(delay=min(5.0, 0.25 * times_delivered(msg)))
                         continue
+                    holder = self.membership.holder(run_id, besides=self.worker_id)
+                    if holder is not None:
+                        await self._hand_back(msg, run_id, holder, "listed")
+                        continue
                     await self._slots.acquire()
                     self._spawn(run_id, msg, None, consumer, routed)
             except asyncio.CancelledError:
@@ -466,11 +501,83 @@ class Worker:
                 log.exception("wake loop error; continuing")
                 await asyncio.sleep(0.5)
 
+    async def _hand_back(self, msg: Delivery, run_id: str, holder: str, why: str) -> None:
+        """Another live worker holds the run: look again once its beats may say it let go
+        (two beat intervals at first, growing with the deliveries so that a long activation
+        there costs little)."""
+        self.handed_back[why] += 1
+        metrics.HANDED_BACK.labels(why).inc()
+        log.debug("run %s: held by %s (%s); wake handed back", run_id, holder, why)
+        beat = self.settings.worker_beat_interval
+        n = times_delivered(msg)
+        await msg.nak(delay=max(2 * beat, min(HANDBACK_MAX_DELAY, 0.25 * n)))
+
+    async def _held_step(self, run_id: str, history: list[Decision]) -> str | None:
+        """The worker that may still be executing the run's open step (one started and never
+        ended, by an activation of another worker that is alive and whose beats list the run or
+        predate the step), if any. Settling such a step as in doubt would run it twice."""
+        held = held_step(history)
+        if held is None:
+            return None
+        worker, since = held
+        if worker == self.worker_id or not worker:
+            return None
+        judged = self.membership.may_hold(worker, run_id, since)
+        if judged is None:  # a worker this one has not seen yet: ask the broker
+            try:
+                m = await self._broker_or_fail().direct_get_last(
+                    self.names.health_stream, self.names.worker(worker)
+                )
+            except InvalidName:
+                return None
+            beat = None
+            if m is not None:
+                with contextlib.suppress(msgspec.DecodeError):
+                    beat = decode_worker_beat(m.data)
+            fresh = beat is not None and time.time() - beat.at < self.settings.worker_dead_after
+            judged = fresh and vouches(beat, run_id, since)
+        return worker if judged else None
+
+    async def _timer_loop(self) -> None:
+        """Wake the runs whose in-process timers came due, as slots free up, without a wake
+        message. A run executing here is woken again as it rests; one another live worker
+        holds is looked at again a little later, a few times, and then left to the broker's
+        copy of its timer."""
+        beat = self.settings.worker_beat_interval
+        while not self._stopping.is_set():
+            try:
+                timer = await self.timers.due()
+                run_id = timer.run_id
+                if run_id in self._active:
+                    self._rewake.add(run_id)
+                    continue
+                if self.membership.holder(run_id, besides=self.worker_id) is not None:
+                    if timer.tries < TIMER_TRIES:
+                        self.timers.put_back(timer, 2 * beat)
+                    continue
+                await self._slots.acquire()
+                if self._stopping.is_set() or run_id in self._active:
+                    self._slots.release()
+                    if run_id in self._active:
+                        self._rewake.add(run_id)
+                    continue
+                wake = LocalWake(self.names.wake(run_id, timer.agent), {h.WAKE_REASON: "timer"})
+                metrics.IN_PROCESS_TIMERS_FIRED.inc()
+                self.timers_fired += 1
+                backstops = frozenset({timer.position})
+                self._spawn(run_id, wake, None, "timer", timer.agent, backstops)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("timer loop error; continuing")
+                await asyncio.sleep(0.5)
+
     def _free_slots(self) -> int:
         return self.concurrency - len(self._active)
 
     def _done(self, run_id: str, _task: object = None) -> None:
         self._active.pop(run_id, None)
+        self._since.pop(run_id, None)
         self._holding.discard(run_id)
         agent = self._run_agents.pop(run_id, None)
         self._slots.release()
@@ -524,32 +631,31 @@ class Worker:
         wake: Delivery,
         history: list[Decision] | None = None,
         consumer: str = "",
+        backstops: frozenset[int] = frozenset(),
     ) -> None:
         """Execute ``run_id`` until it rests. ``wake`` is the message that asked for it (a wake,
         or the trigger that created the run, whose ``history`` is then given); it is settled
         when we are done.
 
-        The tenancy is the activation's hold on the run: it takes the lease (``_execute``, at
-        once or, for a new run, in parallel), keeps it and the wake alive while the run
-        executes, and releases it when the block ends, whatever happened.
+        The tenancy keeps the wake alive while the run executes and records what its steps
+        report; the run is held by this worker's heartbeats meanwhile (it is in ``_active``).
         """
         writer = f"{self.worker_id}.{next(self._activation_ids)}"
-        settings = self.settings
+        since = self._since.get(run_id) or time.time()
         async with Tenancy(
-            self.leases,
-            run_id,
-            writer,
-            wake,
-            ttl=settings.lease_ttl,
-            period=settings.heartbeat_every,
+            self.reports, run_id, writer, wake, period=self.settings.heartbeat_every, since=since
         ) as tenancy:
-            await self._execute(tenancy, history, consumer)
+            await self._execute(tenancy, history, consumer, backstops)
 
     async def _execute(
-        self, tenancy: Tenancy, history: list[Decision] | None, consumer: str = ""
+        self,
+        tenancy: Tenancy,
+        history: list[Decision] | None,
+        consumer: str = "",
+        backstops: frozenset[int] = frozenset(),
     ) -> None:
-        """Take the lease (unless the run is new), load, run the activation and settle the
-        wake: acked when the run rests, handed back on trouble, given up on a poison."""
+        """Load (unless the run is new), run the activation and settle the wake: acked when the
+        run rests, handed back on trouble, given up on a poison."""
         run_id, wake = tenancy.run_id, tenancy.delivery
         agent_name = "unknown"
         cause = "start" if history is not None else "wake"
@@ -557,11 +663,13 @@ class Worker:
             if history is None and wake.header(h.SCHEDULER):
                 fault("timer_wake")
             if history is None:
-                if not await tenancy.acquire():
-                    return  # another activation holds the run: handed back to look again
                 t0 = time.perf_counter()
                 history = await self.store.history(run_id)
                 loaded = time.perf_counter() - t0
+                holder = await self._held_step(run_id, history)
+                if holder is not None:
+                    await self._hand_back(wake, run_id, holder, "open_step")
+                    return
             else:
                 loaded = None
             agent = self._agent_of(history)
@@ -586,20 +694,14 @@ class Worker:
                 flush_delay=self.flush_delay,
                 progress=tenancy.progress,
                 heartbeat=tenancy.heartbeat,
+                keep_timer=functools.partial(self.timers.keep, run_id, agent.name),
+                backstops=backstops,
             )
             if loaded is not None:
                 metrics.HISTORY_LOAD_SECONDS.labels(agent_name).observe(loaded)
                 metrics.FOLD_SECONDS.labels(agent_name).observe(time.perf_counter() - t0)
             cause, late = _resume_cause(act, wake, cause)
             metrics.RESUME_LATENCY.labels(agent_name, cause).observe(late)
-            if not tenancy.held:
-                # A run our intake just created: nobody else can be running it, so take the
-                # lease in parallel with the first steps instead of before them. Should it
-                # be held after all, the activation is fenced at its next append.
-                def fenced() -> None:
-                    act.fenced = True
-
-                tenancy.acquire_late(on_refused=fenced)
             outcome = await act.run()
             fault("before_ack")
             log.debug("run %s: %s", run_id, outcome)
@@ -608,7 +710,6 @@ class Worker:
             metrics.ACTIVATIONS.labels(agent_name, outcome).inc()
             if outcome in ("completed", "failed", "cancelled"):
                 self.store.forget(run_id)
-            await tenancy.wait_late()
             if outcome == "fenced" or act.fenced:
                 # Another worker owns the run now, through a redelivery of this very message.
                 # JetStream takes an ack from any delivery, so acking ours would settle the

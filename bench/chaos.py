@@ -56,8 +56,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from sojourn.actors import Client, Watchdog, fold
 from sojourn.broker import Broker, Delivery
 from sojourn.broker.eventstore import Decision
@@ -517,27 +515,17 @@ class Runs:
             n += 1
             await asyncio.sleep(0.5)
 
-    async def leases(self) -> dict[str, str]:
-        """For each run not ended: who holds its lease and how fresh it is (taken while the
-        workers still run, so a lease that keeps being renewed shows as such)."""
-        c, now, out = self.client, time.time(), {}
+    async def holders(self) -> dict[str, str]:
+        """For each run not ended: who holds it and how it looks (taken while the workers
+        still run), judged like ``sojourn status`` does."""
+        c, out = self.client, {}
         for run_id in self.started:
             if run_id in self.ended:
                 continue
             with contextlib.suppress(Exception):
-                m = await c.broker.direct_get_last(c.names.leases_stream, c.names.lease(run_id))
-                if m is None:
-                    out[run_id] = "no lease"
-                    continue
-                body = msgspec.json.decode(m.data)
-                if not body.get("owner"):
-                    out[run_id] = "lease free"
-                    continue
-                written = body.get("heartbeat_at") or body["acquired_at"]
-                out[run_id] = (
-                    f"lease held by {body['owner']}, written {now - written:.1f} s "
-                    f"ago, expires in {body['expires_at'] - now:.1f} s"
-                )
+                live = await c.liveness(run_id)
+                held = f"held by {live.owner}" if live.owner else "held by no worker"
+                out[run_id] = f"{live.state}, {held}" + (f" ({live.reason})" if live.reason else "")
         return out
 
     async def wake_backlog(self) -> str:
@@ -787,7 +775,7 @@ async def harness(args: argparse.Namespace) -> int:
         t_end = time.monotonic()
         heal = t_end - t_heal if t_heal is not None else float("nan")
         await runs.sweep(only_hinted=False)
-        lease_notes = await runs.leases() if not runs.all_ended else {}
+        lease_notes = await runs.holders() if not runs.all_ended else {}
         backlog = await runs.wake_backlog() if not runs.all_ended else ""
 
         # Settle: no more faults; stop workers and the store; the server stays up untouched.

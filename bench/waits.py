@@ -448,7 +448,6 @@ class Bench:
         gc.collect()
         await asyncio.sleep(0.5)  # let the server settle after the warm-up
         py0, srv0, blocks0 = rss("self"), rss(self.server_pid()), sys.getallocatedblocks()
-        released0 = len(self.w.leases._released)
         sampler.reset()
         c0, s0 = cpu_process(), cpu_server(self.server_pid())
         self.log(f"parking: burst of {n} runs")
@@ -460,7 +459,6 @@ class Bench:
         gc.collect()
         py1, srv1, blocks1 = rss("self"), rss(self.server_pid()), sys.getallocatedblocks()
         py_trimmed = _malloc_trim_rss()
-        released1 = len(self.w.leases._released)
         # Untimed checks: the observer's count is only a hint (it also sees refused appends).
         sample = random.Random(7).sample(rids, min(50, n))
         states = await gather_limited([self.c.state(x) for x in sample], 10)
@@ -515,8 +513,6 @@ class Bench:
             "srv_rss_peak": peak_srv,
             "srv_rss_after": srv1,
             "active_after": active,
-            "released_cache_growth": released1 - released0,
-            "released_cache_len": released1,
             "py_cpu_per_run": (c1 - c0) / n,
             "srv_cpu_per_run": (s1 - s0) / n,
             "sample_waiting": f"{waiting}/{len(sample)}",
@@ -1037,20 +1033,11 @@ async def heap_pass(url: str, n: int, log: Callable[[str], None]) -> dict[str, A
             for d in top
             if d.size_diff > 0
         ]
-        cache = worker.leases._released
-        entry = (
-            sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in cache.items()) / len(cache)
-            + sys.getsizeof(cache) / len(cache)
-            if cache
-            else 0.0
-        )
         return {
             "n": n,
             "retained": total,
             "per_run": total / n,
-            "released_entry": entry,
             "sites": sites,
-            "released_cache_len": len(worker.leases._released),
             "active": len(worker._active),
         }
     finally:
@@ -1204,14 +1191,6 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
                 f"| ~0 (<= {TARGET_RETAINED_PER_RUN} B) "
                 f"| {_verdict(heap['per_run'] <= TARGET_RETAINED_PER_RUN)} |"
             )
-        if heap:
-            rest = heap["per_run"] - heap["released_entry"]
-            add(
-                f"| the same, minus the LeaseStore `_released` cache (one entry per released "
-                f"lease, {_b(heap['released_entry'])} each, at most 10,000) | {_b(rest)} "
-                f"| — | ~0 (<= {TARGET_RETAINED_PER_RUN} B) "
-                f"| {_verdict(rest <= TARGET_RETAINED_PER_RUN)} |"
-            )
         add(
             f"| `len(worker._active)` once all are parked | {pk['active_after']} | — | 0 "
             f"| {_verdict(pk['active_after'] == 0)} |"
@@ -1298,10 +1277,6 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
             f"| {pk['py_cpu_per_run'] * 1e6:,.0f} µs / {pk['srv_cpu_per_run'] * 1e6:,.0f} µs |"
         )
         add(
-            f"| parking: `worker.leases._released` entries added by the burst (total now) "
-            f"| {pk['released_cache_growth']:,} ({pk['released_cache_len']:,}) |"
-        )
-        add(
             f"| parking: sampled `client.state` reads that say `waiting` | {pk['sample_waiting']} |"
         )
         for k, st in pk["streams"].items():
@@ -1315,10 +1290,7 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
                 f"| tracemalloc: retained at {site['where']} | {_b(site['bytes'])} "
                 f"({site['blocks']:+,} blocks, {site['bytes'] / heap['n']:.0f} B per run) |"
             )
-        add(
-            f"| tracemalloc pass: `_released` entries / `_active` after "
-            f"| {heap['released_cache_len']:,} / {heap['active']} |"
-        )
+        add(f"| tracemalloc pass: `_active` after | {heap['active']} |")
     for key, what in (("timer", "timers"), ("timer_low", "timers (control)")):
         tm = res.get(key)
         if not tm:

@@ -33,8 +33,8 @@ from .connection import (
 )
 from .delivery import Delivery, NotADelivery, PublishAck, StoredMessage, Subscription
 from .eventstore import Decision, EventStore
-from .leases import Lease, LeaseStore
 from .names import Names, validate_token
+from .progress import Progress, ProgressStore
 from .registry import AgentRecord, AgentRegistry
 from .server import EmbeddedServer, find_nats_server
 from .topology import ensure_topology
@@ -54,10 +54,10 @@ __all__ = [
     "EmbeddedServer",
     "EventStore",
     "JetStreamError",
-    "Lease",
-    "LeaseStore",
     "Names",
     "NotADelivery",
+    "Progress",
+    "ProgressStore",
     "PublishAck",
     "PullConsumer",
     "StoredMessage",

@@ -22,6 +22,7 @@ from . import headers as h
 
 __all__ = [
     "Delivery",
+    "LocalWake",
     "NotADelivery",
     "OnDelivery",
     "PublishAck",
@@ -239,3 +240,55 @@ class Subscription:
 
     async def unsubscribe(self) -> None:
         await self._sub.unsubscribe()
+
+
+class LocalWake(Delivery):
+    """A wake this process gives itself (an in-process timer came due): it came from no
+    consumer, so there is nothing to settle and no delivery metadata. A run it fails to move
+    is woken again by the broker's own copy of the timer (its backstop)."""
+
+    __slots__ = ("_headers", "_subject")
+
+    def __init__(self, subject: str, headers: dict[str, str] | None = None) -> None:
+        self._subject = subject
+        self._headers = headers or {}
+
+    def __repr__(self) -> str:
+        return f"<LocalWake {self._subject!r}>"
+
+    @property
+    def subject(self) -> str:
+        return self._subject
+
+    @property
+    def data(self) -> bytes:
+        return b""
+
+    @property
+    def reply(self) -> str:
+        return ""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self._headers
+
+    def header(self, name: str, default: str = "") -> str:
+        return self._headers.get(name, default)
+
+    async def respond(self, data: bytes) -> None:
+        raise NotADelivery(f"{self._subject!r} is a local wake: nobody to answer")
+
+    async def ack(self) -> None:
+        return None
+
+    async def nak(self, delay: float | None = None) -> None:
+        return None
+
+    async def in_progress(self) -> None:
+        return None
+
+    async def term(self) -> None:
+        return None
+
+    def _meta(self) -> Msg.Metadata:
+        raise NotADelivery(f"{self._subject!r} is a local wake, not a consumer's delivery")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .connection import Broker
 from .delivery import StoredMessage
 
-__all__ = ["StreamFollower"]
+__all__ = ["StreamFollower", "read_all"]
 
 
 class StreamFollower:
@@ -52,3 +52,17 @@ class StreamFollower:
             self.last_time = last.time
         self.pending = pending if msgs else 0
         return msgs
+
+
+async def read_all(
+    broker: Broker, stream: str, subject_filter: str, *, page: int = 1000
+) -> list[StoredMessage]:
+    """Every message of ``stream`` matching ``subject_filter`` now, in order (for small
+    streams of one message per subject, such as the workers' heartbeats)."""
+    follower = StreamFollower(broker, stream, subject_filter, page=page)
+    out: list[StoredMessage] = []
+    while True:
+        msgs = await follower.next_page()
+        out.extend(msgs)
+        if not msgs or follower.pending <= 0:
+            return out

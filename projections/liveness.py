@@ -14,6 +14,7 @@ is ``wedged``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from sojourn.schemas.wire import LeaseHolder
 
 from .summary import RunSummary
 
-__all__ = ["WEDGING_SUSPENSIONS", "Thresholds", "classify"]
+__all__ = ["WEDGING_SUSPENSIONS", "Listed", "Thresholds", "claim", "classify", "holders"]
 
 WEDGING_SUSPENSIONS: frozenset[SuspendReason] = frozenset(
     {"nondeterminism", "poison", "crash_loop"}
@@ -37,6 +38,38 @@ WEDGING_SUSPENSIONS: frozenset[SuspendReason] = frozenset(
 class Thresholds:
     stall_after: float
     overdue_after: float
+
+
+Listed = tuple[WorkerBeat, float]
+"""A worker's last beat that lists a run, and when that worker began the run (its clock)."""
+
+
+def holders(beats: Iterable[WorkerBeat]) -> dict[str, Listed]:
+    """Which worker holds each run, by the beats: the one whose beat lists it and that began
+    it last (a beat listing a run another worker took over since is older than the take)."""
+    out: dict[str, Listed] = {}
+    for beat in beats:
+        if beat.stopped:
+            continue
+        for r in beat.runs:
+            since = r.since or beat.started_at
+            if r.run_id not in out or since >= out[r.run_id][1]:
+                out[r.run_id] = (beat, since)
+    return out
+
+
+def claim(listed: Listed | None, progress: LeaseHolder | None) -> LeaseHolder | None:
+    """A run's owner, in the shape ``classify`` judges: the worker whose beat lists it (and
+    what that activation reported of its step, if the progress record is that activation's);
+    without one, only a lease an older version wrote (naming no worker) still counts."""
+    if listed is None:
+        if progress is not None and progress.owner is not None and not progress.worker:
+            return progress
+        return None
+    beat, since = listed
+    if progress is not None and progress.worker == beat.worker_id and progress.acquired_at == since:
+        return progress
+    return LeaseHolder(owner=beat.worker_id, worker=beat.worker_id, acquired_at=since)
 
 
 def classify(

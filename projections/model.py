@@ -3,10 +3,10 @@ current by following the deployment's streams.
 
 This is the projection the watchdog judges liveness from. It reads four streams in order with
 ``StreamFollower`` (no server-side state to recover after a restart): run events (folded into
-``RunSummary``), leases (each renewal is a run's heartbeat), worker heartbeats and wedge
-records. Ended runs are dropped as they end, so memory follows the number of live runs, not
-the length of the stream. Until it has caught up it does not judge anything (a half-read
-history would look stale).
+``RunSummary``), worker heartbeats (each lists the runs its worker holds), the progress steps
+report (``ctx.heartbeat``) and wedge records. Ended runs are dropped as they end, so memory
+follows the number of live runs, not the length of the stream. Until it has caught up it does
+not judge anything (a half-read history would look stale).
 
 At start-up it reads the events stream from the beginning, unless it restores a snapshot first
 (``read_snapshot``, ``restore``): the live runs' summaries, the ended count, the baselines and
@@ -54,7 +54,7 @@ from sojourn.schemas.snapshot import (
 from sojourn.schemas.wire import LeaseHolder
 
 from .anomaly import HistoryBaseline, RateBaseline
-from .liveness import Thresholds, classify
+from .liveness import Listed, Thresholds, claim, classify, holders
 from .summary import RunSummary, close_decision, summarize
 
 __all__ = [
@@ -103,6 +103,8 @@ class RunModel:
         self.runs: dict[str, RunSummary] = {}
         self.leases: dict[str, LeaseHolder] = {}
         self.workers: dict[str, WorkerBeat] = {}
+        self._holders: dict[str, Listed] | None = None
+        """Which worker's beat lists each run (rebuilt after a beat changes)."""
         self.wedges: dict[str, WedgeRecord] = {}
         self.tool_calls: dict[str, RateBaseline] = {}
         self.history: dict[str, HistoryBaseline] = {}
@@ -231,6 +233,7 @@ class RunModel:
         except msgspec.MsgspecError:
             return
         self.workers[beat.worker_id] = beat
+        self._holders = None
 
     def _on_wedge(self, m: StoredMessage) -> None:
         try:
@@ -316,24 +319,21 @@ class RunModel:
         now = time.time() if now is None else now
         if not self.caught_up:
             return {}
-        out = {
-            run_id: classify(
-                s,
-                lease := self.leases.get(run_id),
-                now,
-                self.limits,
-                self.wedges.get(run_id),
-                self.owner_beat(lease),
-            )
-            for run_id, s in self.runs.items()
-        }
+        out = {}
+        for run_id, s in self.runs.items():
+            lease, beat = self.owner(run_id)
+            out[run_id] = classify(s, lease, now, self.limits, self.wedges.get(run_id), beat)
         self.assessed, self.assessed_at = out, now
         self._prune(now)
         return out
 
-    def owner_beat(self, lease: LeaseHolder | None) -> WorkerBeat | None:
-        """The last heartbeat of the worker a lease names (its beats are the run's)."""
-        return self.workers.get(lease.worker) if lease is not None and lease.worker else None
+    def owner(self, run_id: str) -> tuple[LeaseHolder | None, WorkerBeat | None]:
+        """Who holds a run (``claim``: the worker whose beat lists it, with its activation's
+        reported progress) and that worker's last beat: what ``classify`` judges."""
+        if self._holders is None:
+            self._holders = holders(self.workers.values())
+        listed = self._holders.get(run_id)
+        return claim(listed, self.leases.get(run_id)), listed[0] if listed else None
 
     def _prune(self, now: float) -> None:
         for run_id in [r for r, lh in self.leases.items() if r not in self.runs]:

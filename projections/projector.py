@@ -455,8 +455,8 @@ class Projector:
         m = self.model
         liveness: LivenessState | None = None
         if m.caught_up and not s.terminal:
-            lease, wedge = m.leases.get(s.run_id), m.wedges.get(s.run_id)
-            beat = m.owner_beat(lease)
+            lease, beat = m.owner(s.run_id)
+            wedge = m.wedges.get(s.run_id)
             liveness = classify(s, lease, time.time(), m.limits, wedge, beat).state
         view = view_of(s, liveness)
         if s.terminal:

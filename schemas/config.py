@@ -34,16 +34,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (``VALUE_ENVELOPE``), so that the event carrying the value always fits in a
             message. From 1 KiB to 64 MiB.
         lease_ttl: the ack deadline of wakes and triggers (kept alive every
-            ``heartbeat_interval`` while their run executes), and how long a lease counts as
-            held when its holder's worker cannot be judged (a lease written by an older
-            version). A lease names its worker; it is held while that worker's heartbeats go
-            on and list the run (``worker_dead_after``), however long the run executes.
+            ``heartbeat_interval`` while their run executes), and how long a lease written by
+            an older version counts as held. A run itself is held by its worker's heartbeats,
+            which list it (``worker_dead_after``), however long it executes.
         dedup_window: seconds the broker remembers ``Nats-Msg-Id`` values.
         append_timeout: seconds an event append keeps retrying through a broker outage before
             the worker gives the run up (it is re-woken later, nothing is lost).
         heartbeat_interval: seconds between keepalives of the wake (or trigger) of a run that
             executes: each restarts its ack deadline. Default: ``lease_ttl / 3``, at most 5 s.
-            Must leave room for three per lease period.
+            Must leave room for three per ``lease_ttl``.
         worker_beat_interval: seconds between a worker's heartbeats (``<prefix>.worker.<id>``),
             each listing the runs it executes: one write per worker, however many runs.
         worker_dead_after: seconds without a new heartbeat after which other workers count a
@@ -90,6 +89,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (``2_592_000``) is a typical choice. Runs that have not ended are never touched.
         archive: what happens to an ended run's history when it leaves the hot streams
             (``ArchivePolicy``): ``object_store`` (the default) or ``discard``.
+        timer_backstop: seconds after a timer's deadline at which the broker's copy of it
+            fires, when the worker that parked the run keeps the timer in process (deadlines
+            up to ``IN_PROCESS_HORIZON`` ahead) and wakes the run itself at the deadline. The
+            broker's copy is the durable one: it wakes the run if that worker died (this
+            much late) and is removed when the run wakes in time. 0: no timers in process;
+            every timer fires from the broker at its deadline. Default 2 s; less than
+            ``overdue_after``.
     """
 
     prefix: str = "sojourn"
@@ -112,6 +118,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     replicas: int = 1
     retain_ended: float | None = None
     archive: ArchivePolicy = "object_store"
+    timer_backstop: float = 2.0
 
     def __post_init__(self) -> None:
         if not 1024 <= self.max_value <= 64 * 1024 * 1024:
@@ -125,7 +132,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if hb is not None and not 0 < hb <= self.lease_ttl / 3:
             raise ValueError(
                 f"heartbeat_interval {hb} must be positive and at most lease_ttl / 3 "
-                f"({self.lease_ttl / 3:g}): a lease must survive two missed heartbeats"
+                f"({self.lease_ttl / 3:g}): a wake's ack deadline must outlast two missed "
+                "keepalives"
             )
         if not 0 < self.worker_beat_interval <= self.worker_dead_after / 2:
             raise ValueError(
@@ -159,6 +167,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError(
                 f"retain_ended must be at least 60 seconds (or None: forever), "
                 f"not {self.retain_ended}"
+            )
+        if not 0 <= self.timer_backstop < self.overdue_after:
+            raise ValueError(
+                f"timer_backstop must be from 0 to less than overdue_after "
+                f"({self.overdue_after:g}), not {self.timer_backstop}"
             )
         if self.archive not in ARCHIVE_POLICIES:
             raise ValueError(f"archive must be one of {', '.join(ARCHIVE_POLICIES)}")

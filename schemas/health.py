@@ -24,6 +24,7 @@ __all__ = [
     "WedgeRecord",
     "WorkerBeat",
     "lease_covered",
+    "vouches",
 ]
 
 LivenessState = Literal[
@@ -54,20 +55,24 @@ LIVENESS_STATES: tuple[LivenessState, ...] = get_args(LivenessState)
 
 
 class ActiveRun(msgspec.Struct, frozen=True, array_like=True):
-    """A run a worker is executing, as its heartbeat lists it: ``[run_id, agent]``."""
+    """A run a worker is executing, as its heartbeat lists it: ``[run_id, agent, since]``
+    (``since``: when the activation began, by the worker's clock; 0 from older workers)."""
 
     run_id: str
     agent: str
+    since: float = 0.0
 
 
 BEAT_RUNS_MAX = 4096
-"""Runs one heartbeat lists at most (about 250 KiB); a worker executing more lists the oldest
-that many, and the others are found by the watchdog's orphan check instead."""
+"""Runs one heartbeat lists at most (about 300 KiB), and so the most runs a worker executes at
+once (its ``concurrency``): a beat lists every run its worker holds, so a run it does not list
+is a run it does not hold."""
 
 
 class WorkerBeat(msgspec.Struct, frozen=True, kw_only=True):
     """A worker's heartbeat: the one message on ``<prefix>.worker.<token>``. Its ``runs`` are
-    what the worker's leases cover: when the beats stop, other workers take them over."""
+    the runs the worker holds: while its beats go on, no other worker executes them; when they
+    stop, other workers take them over (docs/decisions/0018-claims-without-lease-writes.md)."""
 
     worker_id: str
     host: str = ""
@@ -157,11 +162,21 @@ class LeaderRecord(msgspec.Struct, frozen=True, kw_only=True):
     at: float = 0.0
 
 
+def vouches(beat: WorkerBeat | None, run_id: str, since: float) -> bool:
+    """Whether ``beat``, a worker's last heartbeat, says the worker may still hold ``run_id``,
+    which it began working on at ``since`` (its own clock, so no clocks of different hosts are
+    compared): the beat lists the run, or it was written before then (the next one will say).
+    A graceful stop vouches for nothing: a stopping worker lets go of every run."""
+    if beat is None or beat.stopped:
+        return False
+    return since >= beat.at or any(r.run_id == run_id for r in beat.runs)
+
+
 def lease_covered(holder: LeaseHolder, beat: WorkerBeat | None, run_id: str) -> bool:
     """Whether ``beat``, the last heartbeat of the lease's worker, vouches for the lease: it
     lists the run, or it was written before the lease was taken (both times are the same
     worker's clock, so no clocks of different hosts are compared). A graceful stop vouches for
     nothing: a stopping worker releases its leases, and one it failed to release is free."""
-    if beat is None or holder.owner is None or beat.stopped or beat.worker_id != holder.worker:
+    if beat is None or holder.owner is None or beat.worker_id != holder.worker:
         return False
-    return holder.acquired_at >= beat.at or any(r.run_id == run_id for r in beat.runs)
+    return vouches(beat, run_id, holder.acquired_at)

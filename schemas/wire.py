@@ -157,10 +157,12 @@ NO_DETAILS = msgspec.Raw(b"null")
 
 
 class LeaseHolder(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The body of a run's lease message (``<prefix>.lease.<run_id>``): who executes the run.
-    ``owner`` ``None`` is a release. The lease is held while the heartbeats of ``worker`` go
-    on and list the run (or were written before ``acquired_at``, by the worker's own clock);
-    ``expires_at`` is for leases that name no worker (written by older versions)."""
+    """The body of a run's progress message (``<prefix>.lease.<run_id>``): what the activation
+    executing the run reported with a step's ``ctx.heartbeat``. It is written only then: who
+    holds a run is its worker's heartbeat (``WorkerBeat.runs``), and a record counts only while
+    that worker's beats list the run (or were written before ``acquired_at``, by the worker's
+    own clock). ``owner`` ``None`` is a release, ``expires_at`` the expiry of a lease that
+    names no worker: both written by older versions."""
 
     owner: str | None
     worker: str = ""

@@ -8,6 +8,7 @@ from importlib import metadata
 from typing import Any
 
 from sojourn.broker.connection import ENV_CREDS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY
+from sojourn.schemas.health import BEAT_RUNS_MAX
 
 from ._archive import cmd_archive
 from ._common import DEFAULT_PREFIX, Handler
@@ -84,6 +85,15 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _concurrency(text: str) -> int:
+    value = _positive_int(text)
+    if value > BEAT_RUNS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"at most {BEAT_RUNS_MAX} (a heartbeat lists every run its worker executes), got {text}"
+        )
     return value
 
 
@@ -168,9 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--concurrency",
         metavar="N",
-        type=_positive_int,
+        type=_concurrency,
         default=256,
-        help="runs executed at once (default: 256)",
+        help=f"runs executed at once (default: 256, at most {BEAT_RUNS_MAX})",
     )
     s.add_argument(
         "--lease-ttl",

@@ -1,4 +1,4 @@
-"""Fencing: whoever holds a lease, the event store's sequence fence lets one history through.
+"""Fencing: whoever executes a run, the event store's sequence fence lets one history through.
 
 - Two activations resume the same run at once from the same recorded history (mid-run, a step
   in doubt, or a retry due), 500 times: one completes, the other is fenced before any effect.
@@ -22,7 +22,6 @@ from sojourn.actors._executor import Activation
 from sojourn.actors._state import fold
 from sojourn.broker import Broker, Delivery, EmbeddedServer, EventStore, Names
 from sojourn.broker import headers as h
-from sojourn.broker.connection import header
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas import (
     ErrorInfo,
@@ -36,8 +35,9 @@ from sojourn.schemas import (
     from_raw,
     to_raw,
 )
-from sojourn.schemas.codec import decode_lease_holder
+from sojourn.schemas.codec import decode_worker_beat
 from sojourn.schemas.config import Settings
+from sojourn.schemas.health import WorkerBeat
 from tests.conftest import wait_for
 from tests.procs import WorkerProc
 
@@ -188,7 +188,7 @@ async def test_a_stopped_worker_is_refused_after_another_took_over(
     b: WorkerProc | None = None
     stopped = False
     seen_events: list[Delivery] = []
-    seen_leases: list[Delivery] = []
+    seen_beats: list[WorkerBeat] = []
     subs: list[Any] = []
     run_id = "stopped"
     key = f"{run_id}/1"
@@ -231,29 +231,18 @@ async def test_a_stopped_worker_is_refused_after_another_took_over(
         assert takeover.writer != writer_a and f"-{b.proc.pid}-" in takeover.writer
         assert await client.result(run_id, timeout=30) == [0, 10, 20, 30]
 
-        # B releases the run once it is done; from then on, a release of this lease with an
-        # older expected sequence can only be A's, at the end of its activation.
         names = client.names
-
-        async def released() -> bool:
-            m = await client.broker.direct_get_last(names.leases_stream, names.lease(run_id))
-            return m is not None and decode_lease_holder(m.data).owner is None
-
-        await wait_for(released, timeout=10, what="worker B to release the run")
-        last_lease = await client.broker.direct_get_last(names.leases_stream, names.lease(run_id))
-        assert last_lease is not None
-        lease_seq = int(header(last_lease, h.SEQUENCE))
         before = await client.history(run_id)
 
         async def on_event(m: Delivery) -> None:
             seen_events.append(m)
 
-        async def on_lease(m: Delivery) -> None:
-            seen_leases.append(m)
+        async def on_beat(m: Delivery) -> None:
+            seen_beats.append(decode_worker_beat(m.data))
 
         # Core subscriptions see what A publishes, whether or not the streams take it.
         subs.append(await client.broker.subscribe(names.events(run_id), cb=on_event))
-        subs.append(await client.broker.subscribe(names.lease(run_id), cb=on_lease))
+        subs.append(await client.broker.subscribe(names.workers_all, cb=on_beat))
         await client.broker.flush()
 
         os.kill(a.proc.pid, signal.SIGCONT)
@@ -272,13 +261,14 @@ async def test_a_stopped_worker_is_refused_after_another_took_over(
 
         await wait_for(a_tried_to_append, timeout=30, what="A's late append")
 
-        def stale_release(m: Delivery) -> bool:
-            body = decode_lease_holder(m.data)
-            expected = int(m.header(h.EXPECTED_LAST_SUBJECT_SEQUENCE, "0"))
-            return body.owner is None and expected < lease_seq
+        attempt_at = len(seen_beats)
 
         async def a_activation_over() -> bool:
-            return any(stale_release(m) for m in seen_leases)
+            # A beat of A's that no longer lists the run, after its refused append.
+            return any(
+                f"-{a.proc.pid}-" in beat.worker_id and all(r.run_id != run_id for r in beat.runs)
+                for beat in seen_beats[attempt_at:]
+            )
 
         await wait_for(a_activation_over, timeout=30, what="A's activation to end")
 

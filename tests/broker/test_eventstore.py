@@ -6,13 +6,13 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 import pytest_asyncio
 
-from sojourn.broker import Broker, EmbeddedServer, EventStore, LeaseStore, Names
+from sojourn.broker import Broker, EmbeddedServer, EventStore, Names, Progress, ProgressStore
 from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision
-from sojourn.broker.leases import Lease
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas import (
     ConcurrencyConflict,
@@ -23,7 +23,6 @@ from sojourn.schemas import (
     to_raw,
 )
 from sojourn.schemas.config import Settings
-from sojourn.schemas.wire import LeaseHolder
 
 
 @pytest_asyncio.fixture
@@ -117,22 +116,20 @@ async def test_topology_is_idempotent(store: EventStore, settings: Settings) -> 
     assert info["config"]["deny_delete"] and not info["config"]["deny_purge"]
 
 
-async def test_leases_one_holder_expiry_and_release(store: EventStore) -> None:
-    leases = LeaseStore(store.broker, store.names)
-    a = await leases.acquire("run-l", "A", ttl=30)
-    assert isinstance(a, Lease)
-    b = await leases.acquire("run-l", "B", ttl=30)
-    assert isinstance(b, LeaseHolder) and b.owner == "A"
-    assert await leases.renew(a, ttl=0.2)
-    await asyncio.sleep(0.3)  # let A's short lease lapse (a real expiry, not a fake clock)
-    b2 = await leases.acquire("run-l", "B", ttl=30)
-    assert isinstance(b2, Lease)
-    assert not await leases.renew(a, ttl=30)  # A lost it: its renewal is refused
-    await leases.release(b2)
-    c = await leases.acquire("run-l", "C", ttl=30)
-    assert isinstance(c, Lease)
-    results = await asyncio.gather(*(leases.acquire("run-m", f"W{i}", ttl=30) for i in range(5)))
-    assert sum(isinstance(r, Lease) for r in results) == 1
+async def test_a_progress_record_keeps_the_last_report_of_a_run(store: EventStore) -> None:
+    reports = ProgressStore(store.broker, store.names, worker="w1")
+    assert await reports.last("run-l") is None
+    progress = Progress(step="fetch", step_started_at=5.0, details=msgspec.Raw(b'{"page":1}'))
+    progress.changed = True
+    await reports.report("run-l", "w1.1", 4.0, progress)
+    assert not progress.changed
+    progress.details = msgspec.Raw(b'{"page":2}')
+    await reports.report("run-l", "w1.1", 4.0, progress)
+    last = await reports.last("run-l")
+    assert last is not None
+    assert (last.owner, last.worker, last.acquired_at, last.step) == ("w1.1", "w1", 4.0, "fetch")
+    assert bytes(last.details) == b'{"page":2}'
+    assert await reports.last("run-m") is None  # one run's report is not another's
 
 
 async def test_the_history_cache_reads_only_what_came_after_and_stays_exact(

@@ -1,0 +1,125 @@
+"""Timers kept in the worker's process, with the broker's copy as the backstop.
+
+A run that parks with a deadline has its timer written to the broker (a message schedule that
+wakes it, whatever happens to this process). The broker fires the schedules of one stream one
+at a time, on a 250 ms tick, each stored with an fsync, and each fired wake is one more
+delivery to fetch and ack: under load that is seconds of lateness
+(docs/decisions/0019-timers-in-process.md). So the worker that parks a run with a deadline
+less than ``IN_PROCESS_HORIZON`` ahead keeps the timer itself too, and the broker's copy is
+written for ``Settings.timer_backstop`` seconds later: when the deadline comes, the worker
+wakes the run in process (no fire, no wake message), and the activation removes the broker's
+copy once the wait has ended. If the worker died, the broker's copy wakes the run, that much
+late.
+
+``InProcessTimers`` only keeps time: due timers come out of ``due()`` in deadline order, and
+the worker decides what to do with them. It holds at most ``IN_PROCESS_MAX`` timers; beyond,
+timers stay with the broker alone (at their deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["IN_PROCESS_HORIZON", "IN_PROCESS_MAX", "DueTimer", "InProcessTimers"]
+
+IN_PROCESS_HORIZON = 300.0
+"""Seconds ahead within which a deadline is kept in process (a longer sleep has nothing to
+gain from it: the broker's tick and queue are seconds at worst)."""
+
+IN_PROCESS_MAX = 100_000
+"""Timers one worker keeps in process at most (about 200 bytes each)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DueTimer:
+    """A timer that came due: the run to wake, its agent, and the wait's position."""
+
+    run_id: str
+    agent: str
+    position: int
+    deadline: float
+    tries: int = 0
+    """Times it was put back because another worker held the run."""
+
+
+class InProcessTimers:
+    """The timers this worker keeps, by run; due ones are queued for ``due()``."""
+
+    def __init__(self, backstop: float, *, horizon: float = IN_PROCESS_HORIZON) -> None:
+        self.backstop = backstop
+        self.horizon = horizon
+        self._handles: dict[str, dict[int, asyncio.TimerHandle]] = {}
+        self._count = 0
+        self._due: deque[DueTimer] = deque()
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return self._count
+
+    def keep(self, run_id: str, agent: str, position: int, deadline: float) -> bool:
+        """Keep the timer of the wait at ``position`` (replacing one kept for it). ``False``:
+        not kept (disabled, too far ahead, too many, closed); the broker's copy must then fire
+        at the deadline itself."""
+        left = deadline - time.time()
+        if self._closed or self.backstop <= 0 or left > self.horizon:
+            return False
+        timers = self._handles.setdefault(run_id, {})
+        old = timers.pop(position, None)
+        if old is not None:
+            old.cancel()
+            self._count -= 1
+        elif self._count >= IN_PROCESS_MAX:
+            if not timers:
+                del self._handles[run_id]
+            return False
+        loop = asyncio.get_running_loop()
+        due = DueTimer(run_id, agent, position, deadline)
+        timers[position] = loop.call_later(max(left, 0.0), self._fire, due)
+        self._count += 1
+        return True
+
+    def drop(self, run_id: str) -> None:
+        """Forget the run's timers (an activation of it begins: it keeps what it still needs
+        when it parks again)."""
+        for handle in self._handles.pop(run_id, {}).values():
+            handle.cancel()
+            self._count -= 1
+
+    def put_back(self, timer: DueTimer, delay: float) -> None:
+        """Look at a due timer again in ``delay`` seconds."""
+        if not self._closed:
+            again = DueTimer(
+                timer.run_id, timer.agent, timer.position, timer.deadline, timer.tries + 1
+            )
+            asyncio.get_running_loop().call_later(delay, self._queue, again)
+
+    async def due(self) -> DueTimer:
+        """The next timer that came due (waits for one)."""
+        while not self._due:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._due.popleft()
+
+    def close(self) -> None:
+        """Forget every timer (the worker stops: the broker's copies fire instead)."""
+        self._closed = True
+        for run_id in list(self._handles):
+            self.drop(run_id)
+        self._due.clear()
+
+    def _fire(self, timer: DueTimer) -> None:
+        timers = self._handles.get(timer.run_id)
+        if timers is not None and timers.pop(timer.position, None) is not None:
+            self._count -= 1
+            if not timers:
+                del self._handles[timer.run_id]
+        self._queue(timer)
+
+    def _queue(self, timer: DueTimer) -> None:
+        if not self._closed:
+            self._due.append(timer)
+            self._ready.set()
