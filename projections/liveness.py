@@ -125,7 +125,10 @@ def classify(
         running = None
 
     if s.status == "waiting":
-        if running is not None:  # a worker is on it right now (resuming it, or parking it)
+        # A worker is on it right now (resuming it): its beat lists the run and was written
+        # after the run parked (a beat from before is the activation that parked it, which
+        # the next beat no longer lists).
+        if running is not None and (worker is None or worker.at > s.last_event_at):
             return running
         late = _late_wake(s, now, limits.overdue_after)
         if late is not None:

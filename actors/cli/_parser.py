@@ -88,6 +88,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def _concurrency(text: str) -> int:
     value = _positive_int(text)
     if value > BEAT_RUNS_MAX:
@@ -197,6 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds without a heartbeat after which other workers take over a worker's "
         "runs (default: 1.5; give every worker the same)",
+    )
+    s.add_argument(
+        "--timer-backstop",
+        metavar="SECONDS",
+        type=_non_negative_float,
+        default=None,
+        help="how long after a deadline the broker's copy of a timer fires when this worker "
+        "keeps the timer in process and wakes the run itself (default: 2; 0: no timers in "
+        "process, the broker fires every timer at its deadline)",
     )
     s.add_argument(
         "--worker-id",

@@ -80,6 +80,8 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
     if args.dead_after is not None:
         extra["worker_dead_after"] = args.dead_after
         extra["worker_beat_interval"] = min(0.25, args.dead_after / 4)
+    if args.timer_backstop is not None:
+        extra["timer_backstop"] = args.timer_backstop
     try:
         settings = settings_from(args, **extra)
     except ValueError as e:

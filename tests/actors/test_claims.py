@@ -12,6 +12,7 @@ workers (docs/decisions/0018-claims-without-lease-writes.md).
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 from hypothesis import given
@@ -225,3 +226,44 @@ async def test_a_wake_for_a_run_inside_a_step_elsewhere_is_handed_back(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_stopping_worker_beats_on_until_its_last_run_rests(
+    nats_server: EmbeddedServer, settings: Settings, client: Client
+) -> None:
+    """Its grace lasts longer than ``worker_dead_after``: were its beats to stop with its
+    loops, the standby would take the run over and run the step a second time."""
+    release.clear()
+    executions.clear()
+    url = nats_server.url
+    a = Worker([claims_slow], nats=url, settings=settings, worker_id="stop-a")
+    await a.start()
+    stopping: asyncio.Task[None] | None = None
+    try:
+        async with Worker([claims_slow], nats=url, settings=settings, worker_id="stop-b") as b:
+            run_id = "held-stop"
+            await client.start("claims_slow", 1, run_id=run_id)
+            await wait_for(lambda: _true(bool(executions)), timeout=30, what="A inside the step")
+            began = time.time()
+            stopping = asyncio.create_task(a.stop(grace=60.0))
+
+            async def beats_went_on() -> bool:
+                beat = b.membership.beat("stop-a")
+                return beat is not None and beat.at > began + 2 * settings.worker_dead_after
+
+            await wait_for(beats_went_on, timeout=30, what="A to beat on while it stops")
+            assert b.membership.alive("stop-a")
+            release.set()
+            await asyncio.wait_for(stopping, 60)
+            assert await client.result(run_id, timeout=30) == "done"
+            assert executions == [run_id]  # never taken over: the step ran once
+
+            async def stopped_beat() -> bool:
+                beat = b.membership.beat("stop-a")
+                return beat is not None and beat.stopped
+
+            await wait_for(stopped_beat, timeout=30, what="A's stopped beat")
+    finally:
+        release.set()
+        if stopping is None:
+            await a.stop()

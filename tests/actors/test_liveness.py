@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from sojourn.actors import Client, Context, RunCancelledError, Watchdog, Worker, agent
@@ -286,7 +287,9 @@ async def test_a_lost_timer_is_flagged_overdue_and_rewoken_once_by_two_watchdogs
     def note(liv: Liveness, _before: Liveness | None) -> None:
         seen.append((liv.run_id, liv.state))
 
-    async with Worker([napper], nats=nats_server.url, settings=settings):
+    # No in-process timers: the broker's is the only one, and it is lost.
+    broker_only = msgspec.structs.replace(settings, timer_backstop=0.0)
+    async with Worker([napper], nats=nats_server.url, settings=broker_only):
         for _ in range(2):
             watchers.append(
                 await Watchdog(nats=nats_server.url, settings=strict, on_change=note).start()

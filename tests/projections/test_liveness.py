@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.projections.liveness import Thresholds, classify
+from sojourn.projections.liveness import Thresholds, claim, classify, holders
 from sojourn.projections.summary import CHILD_SIGNAL, PendingSignal, RunSummary
-from sojourn.schemas.health import WedgeRecord
+from sojourn.schemas.health import ActiveRun, WedgeRecord, WorkerBeat
 from sojourn.schemas.wire import LeaseHolder
 
 LIMITS = Thresholds(stall_after=15.0, overdue_after=60.0)
@@ -155,3 +155,55 @@ def test_a_run_with_work_is_flagged_exactly_when_nobody_is_heard_from(
         assert liv.state == "stalled"
     else:
         assert liv.state == ("pending" if heard else "orphaned")
+
+
+def beat(worker: str, at: float, *runs: tuple[str, float], stopped: bool = False) -> WorkerBeat:
+    return WorkerBeat(
+        worker_id=worker,
+        at=at,
+        started_at=NOW - 1000,
+        stopped=stopped,
+        runs=tuple(ActiveRun(r, "a", since) for r, since in runs),
+    )
+
+
+def test_the_holder_of_a_run_is_the_beat_that_lists_it_and_began_it_last() -> None:
+    old = beat("w1", NOW - 20, ("r", NOW - 60), ("q", NOW - 50))  # silent: died holding r
+    new = beat("w2", NOW - 0.1, ("r", NOW - 10))  # took r over
+    gone = beat("w3", NOW - 0.1, ("s", NOW - 5), stopped=True)
+    index = holders([old, new, gone])
+    assert index["r"] == (new, NOW - 10) and index["q"] == (old, NOW - 50) and "s" not in index
+    # A progress record counts for the activation the beat lists, and only for it.
+    progress = LeaseHolder(owner="w2.7", worker="w2", acquired_at=NOW - 10, step="fetch")
+    assert claim(index["r"], progress) == progress
+    stale = LeaseHolder(owner="w2.3", worker="w2", acquired_at=NOW - 99, step="old")
+    synth = claim(index["r"], stale)
+    assert synth is not None and (synth.owner, synth.worker, synth.step) == ("w2", "w2", None)
+    assert claim(None, stale) is None
+    # A lease written by an older version (no worker) still counts on its own.
+    legacy = LeaseHolder(owner="x.1", expires_at=NOW + 10)
+    assert claim(None, legacy) == legacy
+
+
+def test_a_run_held_by_a_silent_worker_is_stalled_and_one_listed_by_nobody_orphaned() -> None:
+    s = run()
+    fresh = beat("w1", NOW - 1.0, ("r", NOW - 30))
+    listed = holders([fresh])["r"]
+    assert classify(s, claim(listed, None), NOW, LIMITS, None, fresh).state == "running"
+    silent = beat("w1", NOW - 16.0, ("r", NOW - 30))
+    listed = holders([silent])["r"]
+    liv = classify(s, claim(listed, None), NOW, LIMITS, None, silent)
+    assert liv.state == "stalled" and "w1 has not heartbeat" in (liv.reason or "")
+    assert classify(s, claim(None, None), NOW, LIMITS, None, None).state == "orphaned"
+
+
+def test_a_parked_run_still_listed_by_the_beat_before_it_parked_is_waiting() -> None:
+    parked = run(
+        status="waiting", waiting_on=("signal:go",), last_event_at=NOW - 0.2, deadline=None
+    )
+    before = beat("w1", NOW - 0.3, ("r", NOW - 1))  # written while the run executed
+    listed = holders([before])["r"]
+    assert classify(parked, claim(listed, None), NOW, LIMITS, None, before).state == "waiting"
+    after = beat("w1", NOW - 0.05, ("r", NOW - 0.1))  # woken again since it parked
+    listed = holders([after])["r"]
+    assert classify(parked, claim(listed, None), NOW, LIMITS, None, after).state == "running"
