@@ -90,8 +90,13 @@ _OP_EVENTS = (
 )
 T = TypeVar("T")
 _NULL = to_raw(None)
-KeepTimer = Callable[[int, float], bool]
-"""Keep a wait's timer in process (its position, its deadline); ``False``: not kept."""
+KeepTimer = Callable[[int, float, "list[Decision] | None"], bool]
+"""Keep a wait's timer in process (its position, its deadline, the run's history if short:
+the activation the timer starts need not read it); ``False``: not kept."""
+
+KEPT_HISTORY_MAX = 16
+"""Decisions of a run's history kept with its in-process timer, at most (longer ones are in
+the worker's history cache, which reads only what came after)."""
 
 IN_PROCESS_BACKOFF = 5.0
 """Backoffs up to this many seconds also sleep in the worker (the timer is set regardless)."""
@@ -171,6 +176,11 @@ class Activation:
         self.writer = writer
         self.flush_delay = flush_delay
         self.last_seq = history[-1].seq if history else 0
+        self.decisions: list[Decision] | None = (
+            list(history) if keep_timer is not None and len(history) <= KEPT_HISTORY_MAX else None
+        )
+        """The run's history as this activation knows it (what it loaded, what it and others
+        appended since), while short: handed to the in-process timer of a wait it parks on."""
         settings = store.settings
         limit = min(settings.max_value, store.max_decision - VALUE_ENVELOPE)
         budget = agent.budget
@@ -367,6 +377,11 @@ class Activation:
 
     def _stored(self, batch: list[RunEvent], seq: int) -> None:
         self.appends += 1
+        if self.decisions is not None:
+            mid = f"{self.run_id}:{self.last_seq}:{self.writer}"
+            self.decisions.append(Decision(seq, tuple(batch), self.writer, mid))
+            if len(self.decisions) > KEPT_HISTORY_MAX:
+                self.decisions = None
         self.last_seq = seq
         self._appends_metric.inc()
         self._events_metric.inc(len(batch))
@@ -401,6 +416,8 @@ class Activation:
             raise Fenced(self.run_id)
         self.state = fold((e for d in newer for e in d.events), self.state)
         self.last_seq = newer[-1].seq
+        if self.decisions is not None:
+            self.decisions.extend(newer)
 
     # --- waits, backoffs, suspensions and children (the Driver of Context) ---------------------
 
@@ -410,7 +427,7 @@ class Activation:
         if action.deadline is not None:
             fires_at = action.deadline
             keep = self.keep_timer
-            if keep is not None and keep(action.position, action.deadline):
+            if keep is not None and keep(action.position, action.deadline, self.decisions):
                 fires_at += self.store.settings.timer_backstop  # woken in process, in time
             await self._io(
                 schedule_timer(

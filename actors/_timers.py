@@ -23,6 +23,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from sojourn.broker.eventstore import Decision
+
 __all__ = ["IN_PROCESS_HORIZON", "IN_PROCESS_MAX", "DueTimer", "InProcessTimers"]
 
 IN_PROCESS_HORIZON = 300.0
@@ -41,6 +43,10 @@ class DueTimer:
     agent: str
     position: int
     deadline: float
+    history: list[Decision] | None = None
+    """The run's history as the activation that parked it left it (short ones only): the
+    activation this timer starts uses it as it is, and the events fence refuses its first
+    append if anything was appended since (it then reads what)."""
     tries: int = 0
     """Times it was put back because another worker held the run."""
 
@@ -54,13 +60,22 @@ class InProcessTimers:
         self._handles: dict[str, dict[int, asyncio.TimerHandle]] = {}
         self._count = 0
         self._due: deque[DueTimer] = deque()
+        self._queued: dict[str, list[DueTimer]] = {}
+        """Due timers queued per run: a run dropped meanwhile has its queued ones skipped."""
         self._ready = asyncio.Event()
         self._closed = False
 
     def __len__(self) -> int:
         return self._count
 
-    def keep(self, run_id: str, agent: str, position: int, deadline: float) -> bool:
+    def keep(
+        self,
+        run_id: str,
+        agent: str,
+        position: int,
+        deadline: float,
+        history: list[Decision] | None = None,
+    ) -> bool:
         """Keep the timer of the wait at ``position`` (replacing one kept for it). ``False``:
         not kept (disabled, too far ahead, too many, closed); the broker's copy must then fire
         at the deadline itself."""
@@ -77,32 +92,42 @@ class InProcessTimers:
                 del self._handles[run_id]
             return False
         loop = asyncio.get_running_loop()
-        due = DueTimer(run_id, agent, position, deadline)
+        due = DueTimer(run_id, agent, position, deadline, history)
         timers[position] = loop.call_later(max(left, 0.0), self._fire, due)
         self._count += 1
         return True
 
     def drop(self, run_id: str) -> None:
-        """Forget the run's timers (an activation of it begins: it keeps what it still needs
-        when it parks again)."""
+        """Forget the run's timers, kept or already due (an activation of it begins: it keeps
+        what it still needs when it parks again)."""
         for handle in self._handles.pop(run_id, {}).values():
             handle.cancel()
             self._count -= 1
+        self._queued.pop(run_id, None)
 
     def put_back(self, timer: DueTimer, delay: float) -> None:
         """Look at a due timer again in ``delay`` seconds."""
         if not self._closed:
             again = DueTimer(
-                timer.run_id, timer.agent, timer.position, timer.deadline, timer.tries + 1
+                timer.run_id, timer.agent, timer.position, timer.deadline, None, timer.tries + 1
             )
             asyncio.get_running_loop().call_later(delay, self._queue, again)
 
     async def due(self) -> DueTimer:
-        """The next timer that came due (waits for one)."""
-        while not self._due:
-            self._ready.clear()
-            await self._ready.wait()
-        return self._due.popleft()
+        """The next timer that came due (waits for one), skipping those of runs dropped
+        since."""
+        while True:
+            while not self._due:
+                self._ready.clear()
+                await self._ready.wait()
+            timer = self._due.popleft()
+            queued = self._queued.get(timer.run_id, [])
+            if not any(t is timer for t in queued):
+                continue  # dropped: an activation of the run began meanwhile
+            queued.remove(timer)
+            if not queued:
+                del self._queued[timer.run_id]
+            return timer
 
     def close(self) -> None:
         """Forget every timer (the worker stops: the broker's copies fire instead)."""
@@ -110,6 +135,7 @@ class InProcessTimers:
         for run_id in list(self._handles):
             self.drop(run_id)
         self._due.clear()
+        self._queued.clear()
 
     def _fire(self, timer: DueTimer) -> None:
         timers = self._handles.get(timer.run_id)
@@ -122,4 +148,5 @@ class InProcessTimers:
     def _queue(self, timer: DueTimer) -> None:
         if not self._closed:
             self._due.append(timer)
+            self._queued.setdefault(timer.run_id, []).append(timer)
             self._ready.set()

@@ -565,7 +565,8 @@ class Worker:
                 metrics.IN_PROCESS_TIMERS_FIRED.inc()
                 self.timers_fired += 1
                 backstops = frozenset({timer.position})
-                self._spawn(run_id, wake, None, "timer", timer.agent, backstops)
+                kept = list(timer.history) if timer.history else None
+                self._spawn(run_id, wake, kept, "timer", timer.agent, backstops)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -655,22 +656,31 @@ class Worker:
         backstops: frozenset[int] = frozenset(),
     ) -> None:
         """Load (unless the run is new), run the activation and settle the wake: acked when the
-        run rests, handed back on trouble, given up on a poison."""
+        run rests, handed back on trouble, given up on a poison.
+
+        ``history`` is the whole history of a run the intake just created, or what an
+        in-process timer kept of it (``backstops`` set): then only what came after is read.
+        """
         run_id, wake = tenancy.run_id, tenancy.delivery
         agent_name = "unknown"
-        cause = "start" if history is not None else "wake"
+        new = history is not None and not backstops
+        cause = "start" if new else "wake"
         try:
             if history is None and wake.header(h.SCHEDULER):
                 fault("timer_wake")
-            if history is None:
+            if not new:
                 t0 = time.perf_counter()
-                history = await self.store.history(run_id)
+                if history:  # kept by the timer: read only what came after
+                    history = history + await self.store.load(run_id, after_seq=history[-1].seq)
+                else:
+                    history = await self.store.history(run_id)
                 loaded = time.perf_counter() - t0
                 holder = await self._held_step(run_id, history)
                 if holder is not None:
                     await self._hand_back(wake, run_id, holder, "open_step")
                     return
             else:
+                assert history is not None
                 loaded = None
             agent = self._agent_of(history)
             if agent is None:

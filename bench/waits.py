@@ -565,6 +565,8 @@ class Bench:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_parked.wait(), max(0.1, t_first - time.time()))
             parked_at = time.time() - w0
+            await _until(lambda: not self.w._active, 60, "the parking activations to end")
+            acts0, local0 = self.w.activations_completed, self.w.timers_fired
             c0, s0 = cpu_process(), cpu_server(self.server_pid())
             prof = cProfile.Profile() if profile else None
             if prof is not None:
@@ -576,6 +578,7 @@ class Bench:
                     prof.disable()
             c1, s1 = cpu_process(), cpu_server(self.server_pid())
             await _until(lambda: not self.w._active, 60, "the worker to go idle")
+            acts1, local1 = self.w.activations_completed, self.w.timers_fired
         finally:
             self.obs.on_event = self.obs.on_lease = None
             await self.obs.watch_leases(False)
@@ -656,7 +659,8 @@ class Bench:
             "measured": len(late["total"]),
             "not_parked_in_time": not_parked + early_parked,
             "fired_seen": len(fired),
-            "extra_activations": extra,
+            "extra_activations": acts1 - acts0 - len(ended) if not leases else extra,
+            "woken_in_process": local1 - local0,
             "drain_rate": len(late["total"]) / (last_wc - first_d) if last_wc > first_d else 0.0,
             "drain_time": last_wc - first_d,
             "py_cpu_per_run": (c1 - c0) / n,
@@ -1336,6 +1340,10 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         add(
             f"| {what}: activations after the park beyond the one that completed it "
             f"| {tm['extra_activations']} |"
+        )
+        add(
+            f"| {what}: runs woken by the worker's in-process timers (the rest by the "
+            f"broker's copy) | {tm.get('woken_in_process', 0):,} of {tm['measured']:,} |"
         )
     if sg:
         add(

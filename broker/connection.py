@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -435,6 +436,12 @@ class Broker:
         self.user = user
         self._js = nc.jetstream()
         self._denials = denials or _Denials()
+        # Direct gets answer on one wildcard inbox, each request on its own token: no
+        # subscription (and no nats-py task) made and dropped per read.
+        self._reads: dict[str, Callable[[Msg], None]] = {}
+        self._reads_prefix = ""
+        self._reads_sub: asyncio.Future[None] | None = None
+        self._read_ids = itertools.count(1)
 
     @classmethod
     async def connect(
@@ -899,30 +906,30 @@ class Broker:
     async def _direct_batch(
         self, stream: str, subject: str, seq: int, batch: int, timeout: float
     ) -> tuple[list[StoredMessage], int]:
-        inbox = self._nc.new_inbox()
         msgs: list[StoredMessage] = []
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
 
         nobody = [False]
 
-        async def on_msg(m: Msg) -> None:
+        def on_msg(m: Msg) -> None:
+            if done.done():
+                return  # a late answer to a read given up on
             headers = m.headers or {}
             status = headers.get(h.STATUS)
             if status is not None:
-                if not done.done():
-                    nobody[0] = status == "503"
-                    if status == "204" or status in _MISSING:
-                        done.set_result(int(headers.get(h.NUM_PENDING, "0") or 0))
-                    else:
-                        done.set_exception(
-                            JetStreamError(
-                                f"direct get {subject}: status {status} "
-                                f"{headers.get(h.DESCRIPTION, '')}",
-                                code=int(status),
-                                err_code=0,
-                            )
+                nobody[0] = status == "503"
+                if status == "204" or status in _MISSING:
+                    done.set_result(int(headers.get(h.NUM_PENDING, "0") or 0))
+                else:
+                    done.set_exception(
+                        JetStreamError(
+                            f"direct get {subject}: status {status} "
+                            f"{headers.get(h.DESCRIPTION, '')}",
+                            code=int(status),
+                            err_code=0,
                         )
+                    )
                 return
             msgs.append(StoredMessage.from_nats(m))
 
@@ -932,21 +939,50 @@ class Broker:
             if not done.done():
                 done.set_exception(self.permission_denied(api))
 
-        sub = await self._nc.subscribe(inbox, cb=on_msg)
+        await self._reading()
+        token = str(next(self._read_ids))
+        self._reads[token] = on_msg
         stop = self._denials.watch(api, on_denied)
         try:
             req = json.dumps({"seq": seq, "batch": batch, "next_by_subj": subject}).encode()
-            await self._nc.publish(api, req, reply=inbox)
+            await self._nc.publish(api, req, reply=f"{self._reads_prefix}.{token}")
             try:
                 pending = await asyncio.wait_for(done, timeout)
             except TimeoutError as e:
                 raise BrokerUnavailable(f"reading {subject} timed out after {timeout}s") from e
         finally:
             stop()
-            await sub.unsubscribe()
+            self._reads.pop(token, None)
         if not msgs and nobody[0]:
             await self._nobody_answered(api, subject)
         return msgs, pending
+
+    async def _reading(self) -> None:
+        """Subscribe the direct-get inbox (once; concurrent first reads wait for it)."""
+        if self._reads_sub is None:
+            self._reads_sub = asyncio.get_running_loop().create_future()
+            self._reads_prefix = self._nc.new_inbox()
+            try:
+
+                async def route(m: Msg) -> None:
+                    handler = self._reads.get(m.subject.rpartition(".")[2])
+                    if handler is not None:
+                        handler(m)
+
+                # Every read in flight shares this one queue: room for many pages of answers.
+                await self._nc.subscribe(
+                    f"{self._reads_prefix}.*",
+                    cb=route,
+                    pending_msgs_limit=1_000_000,
+                    pending_bytes_limit=1024 * 1024 * 1024,
+                )
+            except BaseException as e:
+                failed, self._reads_sub = self._reads_sub, None
+                failed.set_exception(e)
+                failed.exception()  # retrieved: the next read tries again
+                raise
+            self._reads_sub.set_result(None)
+        await asyncio.shield(self._reads_sub)
 
     async def _nobody_answered(self, api: str, subject: str) -> None:
         """A direct get got "no responders". For a stream that does not exist yet that means

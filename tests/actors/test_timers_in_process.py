@@ -196,3 +196,17 @@ async def test_without_a_backstop_the_broker_fires_at_the_deadline(
 
 async def _none(value: Any) -> bool:
     return (await value) is None
+
+
+async def test_a_due_timer_of_a_run_dropped_before_it_was_taken_is_skipped() -> None:
+    timers = InProcessTimers(backstop=2.0)
+    now = time.time()
+    timers.keep("r1", "a", 0, now)
+    timers.keep("r2", "a", 0, now)
+    await asyncio.sleep(0)  # both fire (call_later(0)) and are queued
+    await asyncio.sleep(0)
+    timers.drop("r1")  # an activation of r1 began: its queued timer is stale
+    timers.keep("r1", "a", 3, time.time())  # and it parked again on a new one
+    got = [await asyncio.wait_for(timers.due(), 10) for _ in range(2)]
+    assert [(t.run_id, t.position) for t in got] == [("r2", 0), ("r1", 3)]
+    timers.close()
