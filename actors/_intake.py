@@ -118,7 +118,7 @@ INBOX_SCAN = 16
 """Stored messages looked at per filter when the inbox is searched for a run's start or
 cancels: enough for any real run, and a bound on what a flood of junk can cost."""
 
-OnCreated = Callable[[str, Decision, Delivery], Awaitable[bool]]
+OnCreated = Callable[[str, list[Decision], Delivery], Awaitable[bool]]
 """Called with a freshly created run: return True to run it at once (then the callee settles
 the inbox message), False to have the intake wake it through the wake stream."""
 
@@ -255,7 +255,7 @@ class Intake:
 
     async def _start(
         self, msg: Delivery, inbox: InboxSubject
-    ) -> tuple[IntakeOk, Decision | None, bool] | None:
+    ) -> tuple[IntakeOk, list[Decision] | None, bool] | None:
         """Create the run. Returns the answer, the run's whole history when this call created
         it (so it can run at once), and whether the run needs a wake.
 
@@ -327,7 +327,7 @@ class Intake:
 
     async def _create(
         self, msg: Delivery, agent_name: str, trigger: StartTrigger
-    ) -> tuple[IntakeOk, Decision | None, bool] | None:
+    ) -> tuple[IntakeOk, list[Decision] | None, bool] | None:
         if trigger.parent_run_id:
             await self._check_parent(trigger.parent_run_id)
         agent = self.agents.get(agent_name)
@@ -367,16 +367,18 @@ class Intake:
             budget_tokens=None if budget is None else budget.tokens,
             at=time.time(),
         )
-        # A cancel sent while the run was pending waits in the inbox behind its start: record
-        # it with the start, so the run ends cancelled before it runs anything.
-        queued_cancel = await self._queued_cancel(run_id)
-        events: list[RunEvent] = [started] if queued_cancel is None else [started, queued_cancel]
+        # A cancel sent while the run was pending waits in the inbox behind its start: looked
+        # for while the start is appended, and recorded right after it, before the run runs
+        # anything (every start pays this look, usually for nothing: in parallel it costs no
+        # time).
+        look = asyncio.ensure_future(self._queued_cancel(run_id))
         msg_id = f"{run_id}:start:{inbox_seq}"
         try:
             seq, earlier = await self.store.append_once(
-                run_id, events, expected_seq=0, writer=self.writer, msg_id=msg_id
+                run_id, [started], expected_seq=0, writer=self.writer, msg_id=msg_id
             )
         except ConcurrencyConflict:
+            await _dismiss(look)
             first = await self.store.first(run_id)
             ours = bool(
                 first
@@ -387,17 +389,36 @@ class Intake:
             # ours: a redelivery of the trigger that created this run. The worker that took it
             # may have died before the run rested, so wake it (a wake is only a hint).
             return IntakeOk(run_id=run_id, created=ours), None, ours
+        except BaseException:
+            await _dismiss(look)
+            raise
         if earlier:  # we created it before and crashed or lost the ack: history may have grown
+            await _dismiss(look)
             return IntakeOk(run_id=run_id, created=True), None, True
-        created = Decision(seq=seq, events=tuple(events), writer=self.writer, msg_id=msg_id)
-        return IntakeOk(run_id=run_id, created=True), created, True
+        history = [Decision(seq=seq, events=(started,), writer=self.writer, msg_id=msg_id)]
+        queued = await look
+        if queued is not None:
+            cancel_seq, cancel = queued
+            cancel_id = f"{run_id}:cancel:{cancel_seq}"  # what its own delivery would write
+            try:
+                seq = await self.store.append(
+                    run_id, [cancel], expected_seq=seq, writer=self.writer, msg_id=cancel_id
+                )
+            except ConcurrencyConflict:
+                # Something came in meanwhile: the cancel is recorded when it is delivered.
+                return IntakeOk(run_id=run_id, created=True), None, True
+            history.append(
+                Decision(seq=seq, events=(cancel,), writer=self.writer, msg_id=cancel_id)
+            )
+        return IntakeOk(run_id=run_id, created=True), history, True
 
-    async def _queued_cancel(self, run_id: str) -> CancelRequested | None:
-        """The oldest cancel of ``run_id`` stored in the inbox that the intake would accept,
-        as the event it would record (its sender is its subject's), or ``None``.
+    async def _queued_cancel(self, run_id: str) -> tuple[int, CancelRequested] | None:
+        """The oldest cancel of ``run_id`` stored in the inbox that the intake would accept:
+        its inbox sequence and the event it would record (its sender is its subject's), or
+        ``None``.
 
-        When that cancel message is delivered later, ``_cancel`` finds the run cancelled from
-        its first decision and records nothing more.
+        When that cancel message is delivered later, ``_cancel`` finds the run cancelled at its
+        start and records nothing more.
         """
         names = self.names
         # The two forms in parallel: every start pays this look, usually for nothing.
@@ -405,8 +426,7 @@ class Intake:
             self._first_stored_cancel(names.cancel(run_id), run_id),
             self._first_stored_cancel(names.cancel(run_id, "*"), run_id),
         )
-        earliest = min((f for f in found if f is not None), key=lambda f: f[0], default=None)
-        return None if earliest is None else earliest[1]
+        return min((f for f in found if f is not None), key=lambda f: f[0], default=None)
 
     async def _first_stored_cancel(
         self, subject: str, run_id: str
@@ -627,13 +647,23 @@ class Intake:
         return IntakeOk(run_id=run_id, created=False)
 
     async def _cancelled_at_start(self, run_id: str, last: list[RunEvent]) -> bool:
-        """Whether the run was asked to cancel in its first decision: a cancel sent while it
-        was pending, recorded with its start (``_queued_cancel``). Any cancel delivered since
-        adds nothing: the run never runs a step."""
-        if not any(isinstance(e, RunStarted) for e in last):
-            first = await self.store.first(run_id)
-            last = list(first.events) if first is not None else []
-        return any(isinstance(e, CancelRequested) for e in last)
+        """Whether the run was asked to cancel at its start: a cancel sent while it was pending,
+        recorded in the decision right after ``RunStarted`` (``_queued_cancel``; older
+        versions recorded it in the same one). Any cancel delivered since adds nothing: the
+        run never runs a step."""
+        if any(isinstance(e, RunStarted) for e in last):
+            return any(isinstance(e, CancelRequested) for e in last)
+        first = await self.store.first(run_id)
+        if first is None:
+            return False
+        if any(isinstance(e, CancelRequested) for e in first.events):
+            return True
+        second = await self.broker.direct_get_next(
+            self.names.events_stream, self.names.events(run_id), first.seq + 1
+        )
+        return second is not None and any(
+            isinstance(e, CancelRequested) for e in decode_events(second.data)
+        )
 
     # --- runs that do not exist (yet) --------------------------------------------------------
 
@@ -804,6 +834,12 @@ def dead_letter(msg: Delivery, kind: DlqKind, code: str, message: str, *, limit:
         sha256=hashlib.sha256(data).hexdigest(),
         truncated=len(data) > room,
     )
+
+
+async def _dismiss(task: asyncio.Future[tuple[int, CancelRequested] | None]) -> None:
+    """Cancel a look whose answer is no longer wanted, and let it end (whatever it raised)."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _derived_run_id(agent: str, inbox_seq: int, stored_at: str) -> str:

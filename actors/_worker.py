@@ -423,7 +423,7 @@ class Worker:
         finally:
             inflight.release()
 
-    async def _run_new(self, run_id: str, first: Decision, msg: Delivery) -> bool:
+    async def _run_new(self, run_id: str, history: list[Decision], msg: Delivery) -> bool:
         """Run a run this worker's intake just created, at once, without a wake round trip.
 
         The inbox message stays unacknowledged (kept alive like a wake) until the run rests;
@@ -440,7 +440,7 @@ class Worker:
             return False
         self._holding.add(run_id)
         await self._slots.acquire()
-        self._spawn(run_id, msg, [first], self.names.intake_consumer, self._agent_of([first]))
+        self._spawn(run_id, msg, history, self.names.intake_consumer, self._agent_of(history))
         return True
 
     def _spawn(
