@@ -154,6 +154,8 @@ class Worker:
         self.membership = Membership(self.settings.worker_dead_after)
         """Which workers are alive, and which runs they hold, from their heartbeats."""
         self._looked_at = 0.0
+        self._beaten_at = 0.0
+        """When this worker's own last heartbeat was stored (monotonic)."""
         self._since: dict[str, float] = {}
         """When each activation executing here began (wall clock), as the beats list it."""
         self.timers_fired = 0
@@ -295,6 +297,7 @@ class Worker:
         await self._broker_or_fail().publish(
             self.names.worker(self.worker_id), encode(beat), {h.TTL: BEAT_TTL}
         )
+        self._beaten_at = time.monotonic()
 
     async def _heartbeat_loop(self) -> None:
         """The worker's heartbeat: one write per interval, listing the runs it executes; while
@@ -316,9 +319,12 @@ class Worker:
             with contextlib.suppress(msgspec.DecodeError):
                 beats.append((m.seq, decode_worker_beat(m.data)))
         now = time.monotonic()
-        if self._looked_at and now - self._looked_at > self.settings.worker_dead_after / 2:
+        blind = self.settings.worker_dead_after / 2
+        if (self._looked_at and now - self._looked_at > blind) or now - self._beaten_at > blind:
             # Blind for a while (this connection, or the broker, was down: no worker could
-            # heartbeat either): the silence is not the others' fault.
+            # heartbeat either), or this worker cannot heartbeat itself (on a cluster, the
+            # health stream may be electing a leader while its replicas still answer reads):
+            # the others' silence is not their fault.
             self.membership.resume(now)
         self._looked_at = now
         for dead in self.membership.observe(beats, now, time.time()):

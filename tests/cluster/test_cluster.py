@@ -176,7 +176,17 @@ async def test_r3_streams_leader_kill_loses_nothing_and_the_node_catches_up(
         ran = _effects(log)
         assert set(ran) == {(r, p) for r in runs for p in range(STEPS)}
         redone = [k for k in done_before if ran[k] != 1]
-        assert redone == [], f"steps recorded before the kill ran again: {redone[:10]}"
+        if redone:
+            run_id = redone[0][0]
+            steps = [
+                (d.seq, d.writer, [(type(e).__name__, getattr(e, "attempt", "")) for e in d.events])
+                for d in await client.history(run_id)
+            ]
+            lines = [ln for ln in log.read_text().splitlines() if run_id in ln]
+            raise AssertionError(
+                f"steps recorded before the kill ran again: {redone[:10]}; the first one's "
+                f"history {steps}, its effects {lines}"
+            )
 
         await cluster.restart(leader)
 
