@@ -13,7 +13,9 @@ late.
 
 ``InProcessTimers`` only keeps time: due timers come out of ``due()`` in deadline order, and
 the worker decides what to do with them. It holds at most ``IN_PROCESS_MAX`` timers; beyond,
-timers stay with the broker alone (at their deadline).
+timers stay with the broker alone (at their deadline). With a timer it may keep the run's
+history as its parking activation left it (short ones, ``KEPT_DECISIONS_MAX`` decisions in
+all), so that the activation it starts reads only what came after.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ gain from it: the broker's tick and queue are seconds at worst)."""
 
 IN_PROCESS_MAX = 100_000
 """Timers one worker keeps in process at most (about 200 bytes each)."""
+
+KEPT_DECISIONS_MAX = 50_000
+"""Decisions of run histories kept with the timers, in all, at most (a few hundred bytes
+each): beyond, a timer keeps no history and its activation reads the run's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +64,11 @@ class InProcessTimers:
         self.backstop = backstop
         self.horizon = horizon
         self._handles: dict[str, dict[int, asyncio.TimerHandle]] = {}
+        self._counted: dict[asyncio.TimerHandle, int] = {}
+        """The history decisions counted for each kept timer (its list may grow after)."""
         self._count = 0
+        self._kept = 0
+        """Decisions held by the kept histories (as counted when each timer was kept)."""
         self._due: deque[DueTimer] = deque()
         self._queued: dict[str, list[DueTimer]] = {}
         """Due timers queued per run: a run dropped meanwhile has its queued ones skipped."""
@@ -86,15 +96,20 @@ class InProcessTimers:
         old = timers.pop(position, None)
         if old is not None:
             old.cancel()
-            self._count -= 1
+            self._forget(old)
         elif self._count >= IN_PROCESS_MAX:
             if not timers:
                 del self._handles[run_id]
             return False
+        if history is not None and self._kept + len(history) > KEPT_DECISIONS_MAX:
+            history = None
         loop = asyncio.get_running_loop()
         due = DueTimer(run_id, agent, position, deadline, history)
-        timers[position] = loop.call_later(max(left, 0.0), self._fire, due)
+        handle = loop.call_later(max(left, 0.0), self._fire, due)
+        timers[position] = handle
+        self._counted[handle] = counted = len(history) if history else 0
         self._count += 1
+        self._kept += counted
         return True
 
     def drop(self, run_id: str) -> None:
@@ -102,7 +117,7 @@ class InProcessTimers:
         what it still needs when it parks again)."""
         for handle in self._handles.pop(run_id, {}).values():
             handle.cancel()
-            self._count -= 1
+            self._forget(handle)
         self._queued.pop(run_id, None)
 
     def put_back(self, timer: DueTimer, delay: float) -> None:
@@ -137,10 +152,15 @@ class InProcessTimers:
         self._due.clear()
         self._queued.clear()
 
+    def _forget(self, handle: asyncio.TimerHandle) -> None:
+        self._count -= 1
+        self._kept -= self._counted.pop(handle, 0)
+
     def _fire(self, timer: DueTimer) -> None:
         timers = self._handles.get(timer.run_id)
-        if timers is not None and timers.pop(timer.position, None) is not None:
-            self._count -= 1
+        handle = timers.pop(timer.position, None) if timers is not None else None
+        if handle is not None:
+            self._forget(handle)
             if not timers:
                 del self._handles[timer.run_id]
         self._queue(timer)

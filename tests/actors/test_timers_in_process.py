@@ -210,3 +210,20 @@ async def test_a_due_timer_of_a_run_dropped_before_it_was_taken_is_skipped() -> 
     got = [await asyncio.wait_for(timers.due(), 10) for _ in range(2)]
     assert [(t.run_id, t.position) for t in got] == [("r2", 0), ("r1", 3)]
     timers.close()
+
+
+async def test_kept_histories_are_bounded_in_all(monkeypatch: Any) -> None:
+    monkeypatch.setattr(_timers, "KEPT_DECISIONS_MAX", 5)
+    timers = InProcessTimers(backstop=2.0)
+    deadline = time.time() + 0.01
+    history: list[Any] = [object(), object(), object()]  # stands for three decisions
+    timers.keep("r1", "a", 0, deadline, history)
+    timers.keep("r2", "a", 0, deadline, history)  # 6 > 5: kept without its history
+    history.append(object())  # the parking activation's last append, after the keep
+    got = {t.run_id: t for t in [await asyncio.wait_for(timers.due(), 10) for _ in range(2)]}
+    assert got["r1"].history is history and got["r2"].history is None
+    assert timers._kept == 0  # what was counted is given back, however the list grew
+    timers.keep("r3", "a", 0, deadline + 60, history[:5])
+    timers.drop("r3")
+    assert timers._kept == 0 and len(timers) == 0
+    timers.close()
