@@ -158,6 +158,15 @@ class InProcessTimers:
 
     def _fire(self, timer: DueTimer) -> None:
         timers = self._handles.get(timer.run_id)
+        early = timer.deadline - time.time()
+        if early > 0 and timers is not None and timer.position in timers:
+            # The loop's clock (monotonic, coarse) ran ahead of the wall clock the deadline
+            # is in: a run woken now would only park again. Wait the rest.
+            old = timers[timer.position]
+            new = asyncio.get_running_loop().call_later(early, self._fire, timer)
+            timers[timer.position] = new
+            self._counted[new] = self._counted.pop(old, 0)
+            return
         handle = timers.pop(timer.position, None) if timers is not None else None
         if handle is not None:
             self._forget(handle)

@@ -227,3 +227,17 @@ async def test_kept_histories_are_bounded_in_all(monkeypatch: Any) -> None:
     timers.drop("r3")
     assert timers._kept == 0 and len(timers) == 0
     timers.close()
+
+
+async def test_a_timer_the_loop_fires_early_waits_for_its_deadline() -> None:
+    timers = InProcessTimers(backstop=2.0)
+    deadline = time.time() + 0.2
+    timers.keep("r1", "a", 0, deadline)
+    # Fire it by hand before its deadline, as a loop clock running ahead would.
+    handle = timers._handles["r1"][0]
+    handle.cancel()
+    timers._fire(_timers.DueTimer("r1", "a", 0, deadline))
+    assert len(timers) == 1  # still kept, not queued
+    got = await asyncio.wait_for(timers.due(), 10)
+    assert got.run_id == "r1" and time.time() >= deadline and len(timers) == 0
+    timers.close()
