@@ -197,8 +197,14 @@ async def test_r3_streams_leader_kill_loses_nothing_and_the_node_catches_up(
                 return False
 
         await wait_for(caught_up, timeout=120, interval=0.5, what="the restarted node caught up")
-        code, _ = await cluster.monitor(leader, "/healthz")
-        assert code == 200
+
+        # Its streams are current; its consumers may still be catching up, which /healthz
+        # also waits for.
+        async def healthy() -> bool:
+            code, _ = await cluster.monitor(leader, "/healthz")
+            return code == 200
+
+        await wait_for(healthy, timeout=120, interval=0.5, what="the restarted node healthy")
     finally:
         for w in workers:
             w.stop()
