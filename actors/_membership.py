@@ -28,8 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sojourn.schemas.health import WorkerBeat, lease_covered, vouches
-from sojourn.schemas.wire import LeaseHolder
+from sojourn.schemas.health import WorkerBeat, vouches
 
 __all__ = ["FIRST_LOOK", "Membership"]
 
@@ -125,13 +124,3 @@ class Membership:
     def beat(self, worker_id: str) -> WorkerBeat | None:
         seen = self._seen.get(worker_id)
         return None if seen is None else seen.beat
-
-    def holds(self, holder: LeaseHolder, run_id: str) -> bool | None:
-        """Whether a lease is held: its worker is alive and vouches for it
-        (``lease_covered``). ``None`` when the lease names no worker (an older writer): the
-        caller then goes by ``expires_at``."""
-        if holder.owner is None:
-            return False
-        if not holder.worker:
-            return None
-        return self.alive(holder.worker) and lease_covered(holder, self.beat(holder.worker), run_id)

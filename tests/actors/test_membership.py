@@ -84,14 +84,6 @@ def test_a_beat_vouches_for_the_runs_it_lists_and_for_leases_taken_after_it() ->
     assert not lease_covered(released, b, "r1")
 
 
-def test_holds_falls_back_to_expiry_for_leases_that_name_no_worker() -> None:
-    m = Membership(DEAD_AFTER)
-    m.observe([(1, beat(runs=(ActiveRun("r1", "a"),)))], now=0.0)
-    assert m.holds(holder(acquired=50.0), "r1") is True
-    assert m.holds(LeaseHolder(owner="old.1", expires_at=1e12), "r1") is None
-    assert m.holds(holder("w9"), "r1") is False  # a worker never seen: not alive
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
