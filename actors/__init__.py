@@ -29,11 +29,13 @@ from sojourn.schemas.errors import (
     RunNotFound,
     SojournError,
     StepError,
+    StepTimeout,
     TerminalError,
     UnknownAgent,
 )
+from sojourn.schemas.events import Budget, Usage
 
-from ._agent import Agent, Budget, agent
+from ._agent import Agent, agent
 from ._app import load_app
 from ._client import (
     Client,
@@ -46,6 +48,7 @@ from ._client import (
 from ._context import (
     ChildHandle,
     Context,
+    GatherError,
     Selected,
     StepInfo,
     current_step,
@@ -71,6 +74,7 @@ __all__ = [
     "ChildRunError",
     "Client",
     "Context",
+    "GatherError",
     "InvalidName",
     "NondeterminismError",
     "OutputChunk",
@@ -91,9 +95,11 @@ __all__ = [
     "StartReceipt",
     "StepError",
     "StepInfo",
+    "StepTimeout",
     "TerminalError",
     "TriggerRejected",
     "UnknownAgent",
+    "Usage",
     "Watchdog",
     "Worker",
     "agent",

@@ -10,12 +10,13 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import msgspec
 
 from sojourn.broker.names import validate_token
+from sojourn.schemas.events import Budget
 
 from ._retry import RetryPolicy
 
@@ -31,25 +32,8 @@ AgentFn = Callable[["Context", I], Awaitable[O]]
 """``async def fn(ctx, input) -> output``."""
 NoInputFn = Callable[["Context"], Awaitable[O]]
 """``async def fn(ctx) -> output``: an agent that takes no input."""
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """What one run may spend (as reported with ``ctx.spend``) before it is suspended.
-
-    A run that reaches a limit is suspended with reason ``budget`` (visible in ``sojourn
-    status``, counted in ``sojourn_budget_breaches_total``); ``sojourn resume RUN`` grants it
-    the same budget again.
-    """
-
-    usd: float | None = None
-    tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("usd", "tokens"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"Budget.{name} must be positive, not {value}")
+Compensation = Callable[["Context", Any], Awaitable[None]]
+"""``async def fn(ctx, input) -> None``: what a cancelled run does before it ends."""
 
 
 class Agent(Generic[I, O]):
@@ -63,7 +47,14 @@ class Agent(Generic[I, O]):
         poll_cap: how many ``ctx.poll`` checks a run may make before it is suspended.
         retry: the default ``RetryPolicy`` of this agent's steps (``@step(retry=...)``
             overrides it per step); none by default: a failing step fails at once.
-        budget: what one run may spend (``ctx.spend``) before it is suspended.
+        budget: what one run may use (money, tokens, steps, tool calls, polls, wall time)
+            before it is suspended; a start may replace any of its limits for one run.
+        on_cancel: ``async def fn(ctx, input) -> None``, the compensation: run after a
+            cancel stopped the agent's code (its steps journaled like any), before the run
+            ends ``cancelled``; ``terminate`` skips it.
+        lifetime: the longest a run may live (seconds or ``timedelta``, from its start):
+            past it the run is cancelled, its compensation run and its children cancelled,
+            also while it is parked on a wait (a broker timer wakes it).
     """
 
     def __init__(
@@ -75,10 +66,16 @@ class Agent(Generic[I, O]):
         poll_cap: int = 1000,
         retry: RetryPolicy | None = None,
         budget: Budget | None = None,
+        on_cancel: Compensation | None = None,
+        lifetime: float | int | timedelta | None = None,
     ) -> None:
         validate_token(name, "agent name")
         if poll_cap < 1:
             raise ValueError("poll_cap must be >= 1")
+        if on_cancel is not None and not inspect.iscoroutinefunction(on_cancel):
+            raise TypeError("on_cancel must be an async function: async def fn(ctx, input)")
+        self.on_cancel = on_cancel
+        self.lifetime = lifetime_seconds(lifetime)
         self.name = name
         self.fn = fn
         self.version = version
@@ -101,6 +98,11 @@ class Agent(Generic[I, O]):
             return cast(AgentFn[I, O], self.fn)(ctx, input)
         return cast(NoInputFn[O], self.fn)(ctx)
 
+    def compensate(self, ctx: Context, input: I) -> Awaitable[None]:
+        """The compensation's coroutine (``on_cancel`` is set): ``fn(ctx, input)``."""
+        assert self.on_cancel is not None
+        return self.on_cancel(ctx, input)
+
     def decode_input(self, raw: bytes) -> I:
         """Decode and validate raw JSON input. Raises ``msgspec.ValidationError``."""
         value: I = self._input_decoder.decode(raw)
@@ -114,6 +116,16 @@ class Agent(Generic[I, O]):
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r})"
+
+
+def lifetime_seconds(lifetime: float | int | timedelta | None) -> float | None:
+    """A run's maximum lifetime as seconds, checked: a positive number or ``timedelta``."""
+    if lifetime is None:
+        return None
+    seconds = lifetime.total_seconds() if isinstance(lifetime, timedelta) else float(lifetime)
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"a run's lifetime must be a positive duration, not {lifetime!r}")
+    return seconds
 
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -130,6 +142,8 @@ def agent(
     poll_cap: int = 1000,
     retry: RetryPolicy | None = None,
     budget: Budget | None = None,
+    on_cancel: Compensation | None = None,
+    lifetime: float | int | timedelta | None = None,
 ) -> Callable[[AgentFn[I, O] | NoInputFn[O]], Agent[I, O]]:
     """Decorate ``async def fn(ctx, input) -> output`` (or ``async def fn(ctx) -> output``)
     into an ``Agent``.
@@ -144,6 +158,15 @@ def agent(
     """
 
     def wrap(fn: AgentFn[I, O] | NoInputFn[O]) -> Agent[I, O]:
-        return Agent(name, fn, version=version, poll_cap=poll_cap, retry=retry, budget=budget)
+        return Agent(
+            name,
+            fn,
+            version=version,
+            poll_cap=poll_cap,
+            retry=retry,
+            budget=budget,
+            on_cancel=on_cancel,
+            lifetime=lifetime,
+        )
 
     return wrap

@@ -25,9 +25,9 @@ from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.follow import read_all
 from sojourn.broker.names import (
-    CHILD_RUN_ID,
     RESERVED_SIGNAL_PREFIX,
     Names,
+    reserved_run_id,
     validate_signal_name,
     validate_token,
 )
@@ -54,6 +54,7 @@ from sojourn.schemas.errors import (
     UnknownAgent,
 )
 from sojourn.schemas.events import (
+    Budget,
     ErrorInfo,
     RunCancelled,
     RunCompleted,
@@ -64,6 +65,7 @@ from sojourn.schemas.events import (
 from sojourn.schemas.health import Liveness
 from sojourn.schemas.views import RunsPage, RunView
 from sojourn.schemas.wire import (
+    BudgetBody,
     CancelBody,
     InDoubtDecision,
     IntakeError,
@@ -73,10 +75,12 @@ from sojourn.schemas.wire import (
 )
 
 from ._archive import read_archived
+from ._chain import current_run
 from ._intake import REPLY_HEADER, PendingRun, find_pending
 from ._listing import list_runs
 from ._output import OutputReader, read_output
 from ._state import RunState, fold
+from ._values import values_for
 from ._watching import read_view, watch_run
 
 __all__ = [
@@ -190,12 +194,14 @@ class Client:
         run_id: str | None = None,
         wait: bool = False,
         timeout: float = 5.0,
+        budget: Budget | None = None,
     ) -> str:
         """Start a run of ``agent`` and return its run id.
 
         Idempotent: the same ``run_id`` started twice is one run, forever. Without ``run_id``
         a fresh one is generated here. With ``wait=True`` this waits up to ``timeout`` for the
-        intake's answer and raises ``TriggerRejected`` if the trigger was refused.
+        intake's answer and raises ``TriggerRejected`` if the trigger was refused. ``budget``:
+        limits for this run, each replacing the agent's own (``Budget``).
 
         Raises:
             InvalidName: ``agent`` or ``run_id`` is not a valid name.
@@ -203,7 +209,9 @@ class Client:
             TriggerRejected: (``wait=True``) the intake refused it.
             BrokerUnavailable: the broker did not take the trigger.
         """
-        receipt = await self.trigger(agent, input, run_id=run_id, wait=wait, timeout=timeout)
+        receipt = await self.trigger(
+            agent, input, run_id=run_id, wait=wait, timeout=timeout, budget=budget
+        )
         return receipt.run_id
 
     async def trigger(
@@ -214,18 +222,18 @@ class Client:
         run_id: str | None = None,
         wait: bool = True,
         timeout: float = 5.0,
+        budget: Budget | None = None,
     ) -> StartReceipt:
         """Like ``start`` but returns the intake's full answer (see ``StartReceipt``)."""
         validate_token(agent, "agent name")
         run_id = validate_token(run_id, "run_id") if run_id is not None else _new_run_id()
-        if CHILD_RUN_ID.fullmatch(run_id):
-            # The intake would refuse it (invalid_run_id): only a run starting its child may
-            # use this form. Said here, before anything is published.
-            raise InvalidName(
-                f"run id {run_id!r} has the form of a child run's id (<parent>-c<number>), "
-                "which only a run starting its child may use"
-            )
-        body = encode(StartTrigger(input=to_raw(input), run_id=run_id))
+        why = reserved_run_id(run_id)
+        if why is not None:
+            # The intake would refuse it (invalid_run_id): only sojourn makes ids of this
+            # form. Said here, before anything is published.
+            raise InvalidName(f"run id {run_id!r} {why}")
+        limits = None if budget is None or budget.empty else BudgetBody(**_limits(budget))
+        body = encode(StartTrigger(input=to_raw(input), run_id=run_id, budget=limits))
         if len(body) > self.settings.max_payload:
             raise PayloadTooLarge(
                 f"trigger is {len(body)} bytes; the limit is {self.settings.max_payload} "
@@ -349,6 +357,26 @@ class Client:
             {h.MSG_ID: f"resume:{run_id}:{uuid.uuid4().hex}"},
         )
 
+    async def set_budget(self, run_id: str, budget: Budget, *, by: str | None = None) -> None:
+        """Change a run's budget: each limit ``budget`` sets replaces the run's own (the rest
+        stay). A run suspended because it used up a limit is resumed, and checks its new
+        limits at its next step. Durable, like a signal; needs the admin role where the
+        deployment authenticates; ``by`` (a name token, default the connection's user) is
+        recorded.
+
+        Raises:
+            ValueError: ``budget`` sets no limit.
+        """
+        validate_token(run_id, "run_id")
+        if budget.empty:
+            raise ValueError("a budget change names at least one limit")
+        await self._ensure()
+        await self._publish(
+            self.names.budget(run_id, self._operator(by)),
+            encode(BudgetBody(**_limits(budget))),
+            {h.MSG_ID: f"budget:{run_id}:{uuid.uuid4().hex}"},
+        )
+
     async def decide(
         self, run_id: str, position: int, action: str, result: Any = None, *, by: str | None = None
     ) -> None:
@@ -368,18 +396,32 @@ class Client:
             {h.MSG_ID: f"decide:{run_id}:{uuid.uuid4().hex}"},
         )
 
-    async def cancel(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
+    async def cancel(
+        self, run_id: str, reason: str = "", *, by: str | None = None, terminate: bool = False
+    ) -> None:
         """Ask for a run to be cancelled (durable: takes effect even if no worker is up).
-        ``by`` (a name token, default the connection's user) is recorded as who asked."""
+        ``by`` (a name token, default the connection's user) is recorded as who asked.
+
+        A running step is interrupted within about a second (an async one cancelled, a sync
+        one abandoned in its thread); the agent's compensation (``on_cancel``) runs, then the
+        run ends ``cancelled`` and its live children are cancelled. ``terminate=True`` is
+        ``terminate``."""
         validate_token(run_id, "run_id")
         who = self._sender(by)
         await self._ensure()
-        body = encode(CancelBody(reason=reason))
+        body = encode(CancelBody(reason=reason, terminate=terminate))
         await self._publish(
             self.names.cancel(run_id, who),
             body,
             {h.MSG_ID: f"cancel:{run_id}:{uuid.uuid4().hex}"},
         )
+
+    async def terminate(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
+        """End a run at once without its compensation: a running step is interrupted as by
+        ``cancel``, ``on_cancel`` does not run (nor the rest of a compensation under way), and
+        the run ends ``cancelled``, its reason saying it was terminated. Its live children
+        are terminated too."""
+        await self.cancel(run_id, reason, by=by, terminate=True)
 
     # --- reading runs ------------------------------------------------------------------------
 
@@ -533,6 +575,14 @@ class Client:
             self.broker, self.names, run_id, after=after, follow=follow, timeout=timeout
         )
 
+    async def current_run(self, run_id: str) -> str:
+        """The run of ``run_id``'s continue-as-new chain that carries on now: ``run_id``
+        itself unless it continued as new (``RunState.continued_as`` names the next run;
+        ``status`` is then ``completed``), else its chain's latest run."""
+        validate_token(run_id, "run_id")
+        current, _ = await current_run(self.broker, self.names, run_id)
+        return current
+
     async def status(self, run_id: str) -> str:
         """``pending``, ``running``, ``waiting``, ``suspended``, ``completed``, ``failed`` or
         ``cancelled``. A run whose start is stored and not yet taken by a worker is
@@ -557,13 +607,27 @@ class Client:
     async def result(self, run_id: str, *, timeout: float | None = None, type: Any = None) -> Any:
         """Wait for the run to end and return its output, decoded as ``type``.
 
-        Works for runs that ended long ago and runs that have not started yet.
+        Works for runs that ended long ago and runs that have not started yet. A run that
+        continued as new (``ctx.continue_as_new``) has not ended for this: the answer is the
+        outcome of its chain's last run, whichever run of the chain ``run_id`` names.
 
         Raises:
             RunFailedError / RunCancelledError: the run ended without output.
             TimeoutError: it did not end within ``timeout`` seconds.
         """
         validate_token(run_id, "run_id")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            end = await self._end_of(run_id, deadline, timeout)
+            if isinstance(end, RunCompleted) and end.continued_as is not None:
+                run_id, _ = await current_run(self.broker, self.names, end.continued_as)
+                continue
+            if isinstance(end, RunCompleted) and end.output_ref is not None:
+                end = await values_for(self.broker, self.names, self.settings).resolve_one(end)
+            return _outcome(run_id, end, Any if type is None else type)
+
+    async def _end_of(self, run_id: str, deadline: float | None, timeout: float | None) -> RunEvent:
+        """The terminal event of ``run_id``, once it is stored (before ``deadline``)."""
         changed = asyncio.Event()
 
         def terminal_in(data: bytes) -> RunEvent | None:
@@ -583,7 +647,6 @@ class Client:
         # arrives, it is seen, and only one message is read (not the whole history).
         sub = await self.broker.subscribe(self.names.events(run_id), cb=on_event)
         await self.broker.flush()  # the server has our SUB before we look: nothing slips by
-        deadline = None if timeout is None else time.monotonic() + timeout
         hinted = 0
         archive_looked = False
         try:
@@ -596,7 +659,7 @@ class Client:
                     archive_looked = True  # an archived run ended long ago: its end is there
                     event = await self._archived_end(run_id)
                 if event is not None:
-                    return _outcome(run_id, event, Any if type is None else type)
+                    return event
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"run {run_id} did not finish within {timeout}s")
@@ -642,3 +705,7 @@ def _outcome(run_id: str, event: RunEvent, tp: Any) -> Any:
 
 def _new_run_id() -> str:
     return uuid.uuid4().hex
+
+
+def _limits(budget: Budget) -> dict[str, Any]:
+    return {k: v for k, v in msgspec.structs.asdict(budget).items() if v is not None}

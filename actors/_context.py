@@ -26,7 +26,7 @@ import uuid as _uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, ParamSpec, Protocol, TypeVar, overload
 
 import msgspec
 
@@ -34,12 +34,15 @@ from sojourn.broker.names import validate_signal_name
 from sojourn.schemas import wire as _wire
 from sojourn.schemas.codec import encode, from_raw, to_raw
 from sojourn.schemas.errors import ChildRunError, PayloadTooLarge
-from sojourn.schemas.events import RunEvent, RunSuspended
+from sojourn.schemas.events import RunEvent, RunSuspended, Usage
 from sojourn.schemas.vocabulary import WaitKey
 from sojourn.schemas.wire import ChildOutcome, child_signal
 
-from . import _metrics, _patterns
+from . import _gather, _metrics, _patterns
+from ._chain import ContinueAsNew
 from ._faults import fault
+from ._gather import ChildCall, ChildResult, GatherError
+from ._interrupt import StepGuard, StepInterrupted, run_step
 from ._journal import RecordedWait
 from ._machine import (
     Attempt,
@@ -52,6 +55,7 @@ from ._machine import (
     Raise,
     Reconcile,
     Return,
+    RunCancelledInterrupt,
     StepTurn,
     Suspend,
     WaitTurn,
@@ -61,6 +65,7 @@ from ._patterns import ApprovalDecision
 from ._retry import NOT_DONE, step_options
 from ._steps import (
     StepInfo,
+    UsageMeter,
     current_info,
     current_step,
     heartbeat,
@@ -70,11 +75,20 @@ from ._steps import (
     step_name,
 )
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ._retry import RetryPolicy
+    from .llm import Message, Model, ModelResponse, PriceTable, Tool
+
 __all__ = [
+    "ChildCall",
     "ChildHandle",
+    "ChildResult",
     "Context",
     "Driver",
     "Duration",
+    "GatherError",
     "OpenOutput",
     "Parked",
     "Selected",
@@ -147,6 +161,11 @@ class Driver(Protocol):
     async def park(self, action: Park) -> None:
         """Set the wait's timer, then store the wait (and what is pending)."""
 
+    async def rest(self) -> None:
+        """The code parked on a wait (recorded): raise ``Parked``, or suspend the code
+        until the run is resumed in this process (then return: the wait looks again). Only
+        called when all of the code is parked (nothing else of it is running)."""
+
     async def suspend(self, event: RunSuspended) -> None:
         """Store ``event`` and park (raises ``Parked``)."""
 
@@ -176,11 +195,14 @@ class Context:
         max_payload: int = 1024 * 1024,
         *,
         output: OpenOutput | None = None,
+        guard: StepGuard | None = None,
     ) -> None:
         self._m = machine
         self._driver = driver
         self._max_payload = max_payload
         self._open_output = output
+        self._guard = guard
+        """Interrupts the activation's running steps for a cancel (``_interrupt.py``)."""
 
     @property
     def run_id(self) -> str:
@@ -194,6 +216,13 @@ class Context:
     def replaying(self) -> bool:
         """True while the code re-executes recorded history (e.g. to skip logging)."""
         return self._m.replaying
+
+    @property
+    def offline(self) -> bool:
+        """True under ``sojourn replay`` (and the golden-history tests): the code is checked
+        against a stored history with no broker, and stops at the first operation the history
+        lacks. Integrations that need a live event loop of their own look at this."""
+        return self._m.stop_at_frontier
 
     def heartbeat(self, details: Any = None) -> None:
         """Report progress (``details``: JSON, at most 8 KiB): shown by ``sojourn status`` and
@@ -240,7 +269,7 @@ class Context:
         self._driver.check_live()
         name = step_name(fn)
         opts = step_options(fn)
-        turn = self._m.step(name, _in_doubt_policy(opts.in_doubt), opts.retry)
+        turn = self._m.step(name, _in_doubt_policy(opts.in_doubt), opts.retry, opts.kind)
         rtype = return_type(fn)
         if isinstance(turn, Return):
             fault("replay")
@@ -260,6 +289,9 @@ class Context:
             elif isinstance(action, Backoff):
                 await self._driver.backoff(action.position, action.retry_at)
             elif isinstance(action, Suspend):
+                if action.unit is not None:
+                    agent = self._driver.metric_agent
+                    _metrics.BUDGET_BREACHES.labels(agent, action.unit).inc()
                 await self._driver.suspend(action.event)
             else:
                 await self._reconcile(opts.in_doubt, turn, action)
@@ -284,20 +316,22 @@ class Context:
         if action.attempt > 1 and not action.in_doubt:
             series.retries.inc()
         self._driver.running(turn.name)
-        token = current_info.set(self._info(turn, action.attempt, action.in_doubt, output))
+        meter = UsageMeter()
+        info = self._info(turn, action.attempt, action.in_doubt, output, meter)
+        token = current_info.set(info)
         t0 = time.perf_counter()
         try:
-            if is_async(fn):
-                result: Any = await fn(*args, **kwargs)
-            else:
-                result = await asyncio.to_thread(fn, *args, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
+            # Its own task or thread: a cancel interrupts it, its timeout bounds it.
+            result: Any = await run_step(self._guard, fn, args, kwargs)
             raw = to_raw(result)
             fault("after_step")
+        except StepInterrupted as e:
+            turn.interrupted(e.error, time.perf_counter() - t0, time.time())
+            series.failed.inc()
+            raise RunCancelledInterrupt() from None
         except Exception as e:
             spent = time.perf_counter() - t0
-            failed = turn.raised(e, spent, time.time())
+            failed = turn.raised(e, spent, time.time(), self._charged(meter))
             series.duration.observe(spent)
             (series.retry_scheduled if failed is None else series.failed).inc()
             return None
@@ -305,7 +339,7 @@ class Context:
             current_info.reset(token)
             self._driver.running(None)
         spent = time.perf_counter() - t0
-        done = turn.returned(raw, spent, time.time())
+        done = turn.returned(raw, spent, time.time(), self._charged(meter))
         series.duration.observe(spent)
         if isinstance(done, Return):
             series.completed.inc()
@@ -328,8 +362,20 @@ class Context:
             current_info.reset(token)
         turn.reconciled(None if found is NOT_DONE else to_raw(found), time.time())
 
+    def _charged(self, meter: UsageMeter) -> Usage | None:
+        """What an attempt charged, counted in ``sojourn_spend_total`` as it is recorded."""
+        usage = meter.total
+        if usage is not None:
+            _metrics.count_usage(self._driver.metric_agent, usage)
+        return usage
+
     def _info(
-        self, turn: StepTurn, attempt: int, in_doubt: bool, output: StepOutput | None = None
+        self,
+        turn: StepTurn,
+        attempt: int,
+        in_doubt: bool,
+        output: StepOutput | None = None,
+        meter: UsageMeter | None = None,
     ) -> StepInfo:
         return StepInfo(
             run_id=self.run_id,
@@ -340,6 +386,46 @@ class Context:
             in_doubt=in_doubt,
             report=self.heartbeat,
             output=output,
+            meter=meter,
+        )
+
+    async def llm(
+        self,
+        model: Model,
+        messages: str | Message | Sequence[Message],
+        *,
+        tools: Iterable[Tool] | None = None,
+        stream: bool = False,
+        retry: RetryPolicy | None = None,
+        prices: PriceTable | None = None,
+        **options: Any,
+    ) -> ModelResponse:
+        """Send one request to ``model`` as a journaled step (``llm:<model.name>``, kind
+        ``llm``) and return its ``ModelResponse``; replay returns the recorded one.
+
+        ``messages`` is a prompt (one user message) or the conversation; ``options`` are
+        ``ModelRequest`` fields (``max_tokens``, ``temperature``, ``stop``, ``tool_choice``,
+        ``extra``...). The step gives the model its idempotency key, streams the text to the
+        run's output stream with ``stream=True``, and charges the usage, priced by ``prices``
+        (else the model's own table), to the run's budget. ``retry`` defaults to
+        ``sojourn.actors.llm.LLM_RETRY`` (a 429's ``Retry-After`` is the delay). See
+        docs/llm.md.
+
+        Raises:
+            StepError: the request failed for good (its ``error_type`` names the model
+                error: ``ModelRequestRejected``, ``ModelRateLimited``...).
+        """
+        from .llm._call import call_model  # imported on first use: httpx is not needed before
+
+        return await call_model(
+            self,
+            model,
+            messages,
+            tools=tools,
+            stream=stream,
+            retry=retry,
+            prices=prices,
+            **options,
         )
 
     # --- output streams ---------------------------------------------------------------------
@@ -516,7 +602,11 @@ class Context:
                 continue
             await self._driver.park(action)
             if not turn.signal_waiting():
-                raise Parked()
+                # Unwinds (``Parked``), or rests here while the worker keeps the run, and
+                # returns once it resumed it with what others appended: look again, as a new
+                # activation would (``_sticky.py``).
+                await self._driver.rest()
+                looked = False
             # a signal arrived while the wait was being recorded: take it now
 
     # --- children --------------------------------------------------------------------------
@@ -548,15 +638,50 @@ class Context:
         return ChildHandle(self, got.child_id, name)
 
     @overload
-    async def child(self, agent: str | Any, input: Any = None) -> Any: ...
+    def child(self, agent: str | Any, input: Any = None) -> ChildCall[Any]: ...
 
     @overload
-    async def child(self, agent: str | Any, input: Any = None, *, type: type[T]) -> T: ...
+    def child(self, agent: str | Any, input: Any = None, *, type: type[T]) -> ChildCall[T]: ...
 
-    async def child(self, agent: str | Any, input: Any = None, *, type: Any = None) -> Any:
-        """Run another agent as a child and return its output (the run parks meanwhile)."""
-        handle = await self.start_child(agent, input)
-        return await handle.result(type=Any if type is None else type)
+    def child(self, agent: str | Any, input: Any = None, *, type: Any = None) -> ChildCall[Any]:
+        """Run another agent as a child: await this for its output (the run parks meanwhile),
+        or pass it to ``ctx.gather`` with others to run them at once. Nothing starts until
+        it is awaited or gathered."""
+        return ChildCall(lambda: self.start_child(agent, input), Any if type is None else type)
+
+    async def gather(
+        self,
+        *aws: Awaitable[Any],
+        return_exceptions: bool = False,
+        limit: int | None = None,
+    ) -> list[Any]:
+        """Run several operations at once and return their results in argument order, the
+        same on every replay whichever finishes first::
+
+            a, b, kid = await ctx.gather(
+                ctx.step(fetch, url1), ctx.step(fetch, url2), ctx.child("summarise", doc)
+            )
+
+        Each argument is one ``ctx.step(...)`` call (``ctx.llm(...)`` too, or a coroutine that
+        makes exactly one step call before it awaits anything), a ``ctx.child(...)`` or a
+        ``handle.result()``. Children are started first, in argument order; steps then run
+        concurrently (at most ``limit`` at once, started in argument order); child results are
+        awaited last, in argument order (the run parks until each has ended). A failure is
+        raised once every argument has settled: the first in argument order, or each in its
+        place with ``return_exceptions=True``.
+
+        Raises:
+            GatherError: an argument makes a second journaled call, or one after awaiting
+                something, or a wait or child start of its own (its position would depend on
+                timing, which a replay cannot reproduce); a gather inside a gather.
+            ValueError: more than 1000 arguments, or a ``limit`` below 1.
+            StepError, ChildRunError: the first failure in argument order
+                (``return_exceptions=False``).
+        """
+        self._driver.check_live()
+        return await _gather.gather(
+            self._m, self._driver.commit, aws, return_exceptions=return_exceptions, limit=limit
+        )
 
     async def _await_child(self, handle: ChildHandle, tp: Any) -> Any:
         got = await self._wait(
@@ -575,6 +700,32 @@ class Context:
                 status=outcome.status,
             )
         return from_raw(outcome.output, tp)
+
+    # --- long conversations ------------------------------------------------------------
+
+    def continue_as_new(self, input: Any) -> NoReturn:
+        """End this run and carry on in a new run of the same agent with ``input`` and an
+        empty history: a conversation of thousands of turns stays as quick to wake as one of
+        ten. Never returns (it raises a ``BaseException`` that ``except Exception`` cannot
+        catch), whether awaited or not.
+
+        The new run's id is ``<first run id>-g<n>``; it keeps this run's parent, agent and
+        budget, and the signals this run holds that no wait took. The chain's first id stays
+        the handle of the whole conversation: ``Client.result``, ``sojourn watch`` and
+        signals and cancels sent to it follow the chain to its current run, and a parent
+        learns the outcome of the chain's last run. ``input`` larger than
+        ``Settings.value_inline_max`` is stored by reference, its unchanged parts shared.
+
+        Raises:
+            TypeError: ``input`` is not JSON-encodable.
+        """
+        self._driver.check_live()
+        self._m.check()
+        try:
+            raw = to_raw(input)
+        except msgspec.EncodeError as e:
+            raise TypeError(f"ctx.continue_as_new input must be JSON-encodable: {e}") from e
+        raise ContinueAsNew(raw)
 
     # --- approvals and polling -----------------------------------------------------------
 
@@ -647,6 +798,8 @@ class Context:
     async def _count_poll(self, what: str) -> None:
         suspend = self._m.count_poll(what, time.time())
         if suspend is not None:
+            if suspend.unit is not None:
+                _metrics.BUDGET_BREACHES.labels(self._driver.metric_agent, suspend.unit).inc()
             await self._driver.suspend(suspend.event)
 
     # --- journaled values --------------------------------------------------------------------
@@ -671,8 +824,8 @@ class Context:
         live, over = self._m.spend(usd, tokens, time.time())
         agent = self._driver.metric_agent
         if live:
-            _metrics.SPEND.labels(agent, "usd").inc(usd)
-            _metrics.SPEND.labels(agent, "tokens").inc(tokens)
+            _metrics.count_spend(agent, "usd", usd)
+            _metrics.count_spend(agent, "tokens", tokens)
         if over is not None:
             _metrics.BUDGET_BREACHES.labels(agent, over.unit or "usd").inc()
             await self._driver.suspend(over.event)
@@ -702,18 +855,20 @@ class ChildHandle:
         self.agent = agent
 
     @overload
-    async def result(self) -> Any: ...
+    def result(self) -> ChildResult[Any]: ...
 
     @overload
-    async def result(self, *, type: type[T]) -> T: ...
+    def result(self, *, type: type[T]) -> ChildResult[T]: ...
 
-    async def result(self, *, type: Any = None) -> Any:
-        """Wait (durably: the run parks) until the child ends; return its output.
+    def result(self, *, type: Any = None) -> ChildResult[Any]:
+        """Wait (durably: the run parks) until the child ends; return its output. Await it, or
+        pass it to ``ctx.gather`` with others.
 
         Raises:
             ChildRunError: the child failed, was cancelled, or its trigger was rejected.
         """
-        return await self._ctx._await_child(self, Any if type is None else type)
+        tp = Any if type is None else type
+        return ChildResult(lambda: self._ctx._await_child(self, tp))
 
     def __repr__(self) -> str:
         return f"ChildHandle({self.agent!r}, {self.run_id!r})"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
@@ -46,8 +47,10 @@ from sojourn.schemas.errors import (
     PayloadTooLarge,
 )
 from sojourn.schemas.events import (
+    BudgetChanged,
     CancelRequested,
     ChildStarted,
+    ErrorInfo,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -65,17 +68,23 @@ from sojourn.schemas.vocabulary import TerminalStatus
 from sojourn.schemas.wire import CancelBody, ChildOutcome, ErrorBody
 
 from ._agent import Agent
+from ._chain import ChainTaken, ContinueAsNew, current_run, pass_on, start_next
 from ._context import Context
+from ._faults import fault
+from ._interrupt import StepGuard
 from ._machine import Limits, Machine, Park, Parked, RunCancelledInterrupt, clip_text, error_info
 from ._metrics import APPENDS, EVENTS_APPENDED, TOOL_CALLS, agent_label
 from ._output import StepOutput, chunk_limit
+from ._snapshots import Snapshot, fold_history
 from ._state import OpRecord, RunState, fold
+from ._sticky import Body
+from ._values import Values, values_for
 
 __all__ = ["Activation", "AppendRefused", "Outcome", "RunCancelledInterrupt", "fit_prefix"]
 
 Outcome = TerminalStatus | Literal["suspended", "waiting", "fenced", "noop"]
 
-EXTERNAL_EVENTS = (CancelRequested, SignalReceived)
+EXTERNAL_EVENTS = (CancelRequested, SignalReceived, BudgetChanged)
 """Events other parties append to a run without owning it; they commute with our decisions."""
 
 
@@ -97,6 +106,9 @@ the activation the timer starts need not read it); ``False``: not kept."""
 KEPT_HISTORY_MAX = 16
 """Decisions of a run's history kept with its in-process timer, at most (longer ones are in
 the worker's history cache, which reads only what came after)."""
+
+LIFETIME_TIMER = "lifetime"
+"""The timer id of the broker timer that wakes a parked run at the end of its lifetime."""
 
 IN_PROCESS_BACKOFF = 5.0
 """Backoffs up to this many seconds also sleep in the worker (the timer is set regardless)."""
@@ -156,12 +168,17 @@ class Activation:
         heartbeat: Callable[[], None] | None = None,
         keep_timer: KeepTimer | None = None,
         backstops: frozenset[int] = frozenset(),
+        keep_run: Callable[[], bool] | None = None,
+        snapshot: Snapshot | None = None,
     ) -> None:
         """``keep_timer``: the worker's in-process timers (``InProcessTimers.keep`` for this
         run), which take the timers of the waits this activation parks on; the broker's copy
         is then written ``timer_backstop`` later. ``backstops``: waits whose broker timer is
         such a later copy (this activation was woken by the in-process one): removed once
-        those waits have ended."""
+        those waits have ended. ``keep_run``: whether the worker may keep this activation
+        when it parks on a wait (its code then rests there instead of unwinding: ``rest``,
+        ``_sticky.py``). ``snapshot``: a fold of a prefix of ``history`` (``_snapshots.py``),
+        so that only what came after it is folded."""
         self.agent = agent
         self.keep_timer = keep_timer
         self.backstops = backstops
@@ -183,9 +200,13 @@ class Activation:
         appended since), while short: handed to the in-process timer of a wait it parks on."""
         settings = store.settings
         limit = min(settings.max_value, store.max_decision - VALUE_ENVELOPE)
-        budget = agent.budget
+        self.snapshot = fold_history(history, snapshot)
+        """The history as loaded, folded: what the worker's history cache may keep."""
+        self.keep_run = keep_run
+        self.body: Body[Outcome] | None = None if keep_run is None else Body()
+        """The agent's code in a task of its own, when the worker may keep it resting."""
         self.machine = Machine(
-            fold(e for d in history for e in d.events),
+            self.snapshot.state,
             run_id=run_id,
             limits=Limits(
                 max_value=limit,
@@ -196,12 +217,18 @@ class Activation:
                 ),
                 crash_loop_limit=settings.crash_loop_limit,
                 poll_cap=agent.poll_cap,
-                budget_usd=None if budget is None else budget.usd,
-                budget_tokens=None if budget is None else budget.tokens,
+                budget=agent.budget,
                 retry=agent.retry,
+                compensates=agent.on_cancel is not None,
+                lifetime=agent.lifetime,
             ),
             on_record=self._arm_flush,
         )
+        self.guard = StepGuard(self._look_for_cancel)
+        """Interrupts this activation's running steps for a cancel (``_interrupt.py``)."""
+        self._expiry: asyncio.TimerHandle | None = None
+        self._lifetime_timer_set = False
+        self.compensation_error: ErrorInfo | None = None
         self.fenced = False
         self.appends = 0
         self.timers_used = bool(backstops)
@@ -214,6 +241,9 @@ class Activation:
         """A decision whose append may have landed (its ack was lost in an outage): the next
         decision sends it first, unchanged, so the store can tell whether it landed."""
         self._background: set[asyncio.Task[None]] = set()
+        self._with_refs: list[Decision] | None = history if self.snapshot.refs else None
+        """The history as loaded when it holds values by reference: read back before the
+        code runs (``_load_values``)."""
 
     @property
     def state(self) -> RunState:
@@ -330,6 +360,9 @@ class Activation:
             stop = 0  # batch[done:stop] is the message being appended
             cap: int | None = None  # at most this many events in the next message
             interrupted = False
+            if starts and self.machine.cancel_due():
+                # A cancel is known already (a notice, a look): start nothing new.
+                batch, interrupted = batch[:ours], True
             try:
                 while done < len(batch):
                     if fixed:
@@ -349,11 +382,7 @@ class Activation:
                         continue
                     except ConcurrencyConflict:
                         await self._rebase()
-                        if (
-                            starts
-                            and done <= ours < len(batch)
-                            and self.state.cancel_requested is not None
-                        ):
+                        if starts and done <= ours < len(batch) and self.machine.cancel_due():
                             # Cancelled while we were about to start a step: record what
                             # already happened, but start nothing new.
                             batch, interrupted = batch[:ours], True
@@ -373,6 +402,9 @@ class Activation:
                 self.refused = e
                 raise AppendRefused() from e
             if interrupted:
+                for dropped in events:
+                    if isinstance(dropped, StepStarted):
+                        self.machine.start_dropped(dropped)
                 raise RunCancelledInterrupt()
 
     def _stored(self, batch: list[RunEvent], seq: int) -> None:
@@ -398,8 +430,28 @@ class Activation:
         except (BrokerUnavailable, JetStreamError) as e:
             raise BrokerLost() from e
 
+    @property
+    def values(self) -> Values:
+        """Large values by reference (the worker's piece store and cache)."""
+        store = self.store
+        return values_for(store.broker, store.names, store.settings)
+
+    async def _load_values(self) -> None:
+        """Read back the values the history holds by reference and fold it again with them,
+        so the code replays on the values it recorded.
+
+        Raises:
+            ValueUnreadable: a reference or a piece cannot be trusted (the worker wedges the
+                run with the reason).
+        """
+        history, self._with_refs = self._with_refs, None
+        assert history is not None
+        events = await self.values.resolve(e for d in history for e in d.events)
+        self.machine = dataclasses.replace(self.machine, state=fold(events))
+
     async def _append(self, batch: list[RunEvent]) -> int:
         try:
+            batch = await self.values.externalize(batch)  # large values by reference
             return await self.store.append(
                 self.run_id, batch, expected_seq=self.last_seq, writer=self.writer
             )
@@ -440,6 +492,7 @@ class Activation:
                 )
             )
             self.timers_used = True
+        await self._set_lifetime_timer(action.deadline)
         await self.commit([action.event] if action.event is not None else [])
 
     def cancel_timer(self, position: int) -> None:
@@ -477,13 +530,35 @@ class Activation:
             )
         )
         self.timers_used = True
+        if left > IN_PROCESS_BACKOFF:
+            await self._set_lifetime_timer(retry_at)
         await self.commit([])  # the failed attempt, with its retry_at
         if left > IN_PROCESS_BACKOFF:
             raise Parked()
         await asyncio.sleep(left)
 
+    async def rest(self) -> None:
+        """The code parked on a wait: unwind it (``Parked``), or, when the worker may keep
+        this activation, let the code rest here until the worker resumes it with what others
+        appended meanwhile (returns: the wait looks again) or discards it (``Parked``)."""
+        body = self.body
+        if (
+            body is None
+            or not body.can_rest
+            or self.keep_run is None
+            or not self.keep_run()
+            or self.fenced
+            or self.refused is not None
+            or self.pending
+            or self._unacked
+            or self._lock.locked()
+        ):
+            raise Parked()
+        await body.rest()
+
     async def suspend(self, event: RunSuspended) -> None:
         """Park the run visibly for a human (``sojourn resume`` lifts it)."""
+        await self._set_lifetime_timer(None)
         await self.commit([event])
         raise Parked()
 
@@ -527,7 +602,9 @@ class Activation:
 
     async def run(self) -> Outcome:
         """Drive the agent to its next resting point and record it."""
-        outcome = await self._run()
+        if self._with_refs is not None:
+            await self._load_values()
+        outcome = await self._drive()
         if self.backstops and outcome != "fenced" and not self.state.terminal:
             # (An ended run's timers were all removed with its end.)
             ops = self.state.ops
@@ -536,26 +613,93 @@ class Activation:
                     self.cancel_timer(p)
         return outcome
 
+    async def _drive(self) -> Outcome:
+        """Run the code to its next resting point: in a ``Body`` when it may rest in a wait
+        (``waiting``, the code kept suspended), else right here."""
+        body = self.body
+        if body is None:
+            return await self._run()
+        outcome = await body.drive(self._run)
+        return "waiting" if outcome is None else outcome
+
+    # --- a kept activation (``_sticky.py``) ------------------------------------------------------
+
+    @property
+    def resting(self) -> bool:
+        """Whether the code rests in a wait, to be resumed (``resume_with``) or discarded."""
+        return self.body is not None and self.body.resting
+
+    def resume_with(self, newer: list[Decision]) -> bool:
+        """Take what was appended after ``last_seq`` while the code rested, if it allows
+        going on from the kept code: only signals, and a lifetime not passed. ``False``: it
+        does not (another writer's decision, a cancel...), and nothing was changed; the
+        caller discards this activation and activates the run from its history.
+
+        Going on equals replaying: the kept code is where a replay of the same history would
+        bring it, and signals only add to what the wait looks at (as in ``_rebase``)."""
+        if not self.resting or self.fenced or self.refused is not None:
+            return False
+        if any(not isinstance(e, SignalReceived) for d in newer for e in d.events):
+            return False
+        ends = self.machine.lifetime_ends()
+        if ends is not None and ends <= time.time():
+            return False  # the cancel of an expired run is the cold path's to take
+        if newer:
+            self.state = fold((e for d in newer for e in d.events), self.state)
+            self.last_seq = newer[-1].seq
+            if self.decisions is not None:
+                self.decisions.extend(newer)
+                if len(self.decisions) > KEPT_HISTORY_MAX:
+                    self.decisions = None
+        return True
+
+    def rebind(
+        self,
+        *,
+        writer: str,
+        progress: Progress,
+        heartbeat: Callable[[], None],
+        backstops: frozenset[int] = frozenset(),
+    ) -> None:
+        """A kept activation resumed for a new wake: it writes and reports as that wake's
+        activation (its writer names the activation a heartbeat lists)."""
+        self.writer = writer
+        self.progress = progress
+        self.poke_heartbeat = heartbeat
+        self.backstops = backstops
+        self.timers_used = self.timers_used or bool(backstops)
+
+    def discard(self) -> None:
+        """Never write anything again, and unwind resting code (with ``Parked``: nothing is
+        written on the way out)."""
+        self.fenced = True
+        if self.body is not None:
+            self.body.discard()
+
     async def _run(self) -> Outcome:
         self._loop = asyncio.get_running_loop()
         s = self.state
         if s.terminal:
             await self._after_end()  # redo the end's side jobs: a crash may have cut them off
             return "noop"
-        if s.status == "suspended" and s.cancel_requested is not None:
-            return await self._end(
-                [RunCancelled(reason=s.cancel_requested, at=time.time())], "cancelled"
-            )
+        self._watch_lifetime()
+        if s.status == "suspended" and self.machine.cancel_reason() is not None:
+            # (No compensation: a suspended run's code may not even replay.)
+            return await self._end([self.machine.cancelled(time.time())], "cancelled")
         if s.status == "new" or s.status == "suspended":
             return "noop"
         try:
-            if s.cancel_requested is not None:
+            if self.machine.cancel_due() and self.agent.on_cancel is None:
                 raise RunCancelledInterrupt()
             ctx = Context(
-                self.machine, self, self.store.settings.max_payload, output=self.step_output
+                self.machine,
+                self,
+                self.store.settings.max_payload,
+                output=self.step_output,
+                guard=self.guard,
             )
             arg = self.agent.decode_input(bytes(s.input or b"null"))
-            output = await self.agent.call(ctx, arg)
+            output = await self._main(ctx, arg)
             m = self.machine
             if m.nondeterminism is None:
                 m.journal.finish()
@@ -573,6 +717,8 @@ class Activation:
             return "fenced"
         except Parked:
             return "waiting"
+        except ContinueAsNew as c:
+            return await self._continue(c.input)
         except BrokerLost as e:
             # Not the agent's failure: the broker is gone. Nothing more is written; the worker
             # hands the run back and it resumes from its last recorded event later.
@@ -589,10 +735,8 @@ class Activation:
                     await asyncio.wait_for(asyncio.shield(self._flush_quietly()), 2.0)
             raise
         except RunCancelledInterrupt:
-            return await self._end(
-                [RunCancelled(reason=self.state.cancel_requested or "", at=time.time())],
-                "cancelled",
-            )
+            ended = self.machine.cancelled(time.time(), self.compensation_error)
+            return await self._end([ended], "cancelled")
         except NondeterminismError as e:
             return await self._suspend_nondeterminism(e)
         except Exception as e:
@@ -605,8 +749,183 @@ class Activation:
             if self._flush_handle is not None:
                 self._flush_handle.cancel()
                 self._flush_handle = None
+            self._unwatch()
         await self._after_end()
         return "completed"
+
+    # --- cancel: interrupts, compensation, lifetime (``_interrupt.py``) ------------------------
+
+    async def _main(self, ctx: Context, arg: Any) -> Any:
+        """The agent's code; when a cancel stops it, its compensation (``on_cancel``) runs
+        before the cancel goes on to end the run."""
+        try:
+            return await self.agent.call(ctx, arg)
+        except RunCancelledInterrupt:
+            if self.machine.take_cancel(time.time()):
+                await self._compensate(ctx, arg)
+            raise
+
+    async def _compensate(self, ctx: Context, arg: Any) -> None:
+        """Run the compensation; what it raises (a failed step, any error) is kept for
+        ``RunCancelled.compensation_error``: the run ends cancelled all the same. Parking,
+        fencing, a broker outage, a terminate and the like unwind as they would the code."""
+        m = self.machine
+        try:
+            await self.agent.compensate(ctx, arg)
+            if m.nondeterminism is None:
+                m.journal.finish()
+        except NondeterminismError:
+            raise
+        except Exception as e:
+            if m.nondeterminism is not None:
+                raise m.nondeterminism from None
+            self.compensation_error = error_info(m.fatal if m.fatal is not None else e)
+            return
+        if m.nondeterminism is not None:
+            raise m.nondeterminism
+
+    def noticed(self) -> None:
+        """The intake's notice: a cancel of this run may be recorded. Read what was appended
+        and, if a cancel is due, interrupt the steps in flight (``Interrupts``)."""
+        if self._loop is not None and not self.fenced:
+            self._later(self._on_notice())
+
+    async def _on_notice(self) -> None:
+        with contextlib.suppress(Exception):
+            why = await self._look_for_cancel(fresh=True)
+            if why is not None:
+                self.guard.interrupt(why)
+
+    async def _look_for_cancel(self, fresh: bool = False) -> str | None:
+        """Why the running steps must stop (``None``: they go on): a cancel appended since
+        this activation's last decision (one direct get tells whether anything was; read
+        when ``fresh`` or when it was), or the run's lifetime."""
+        m = self.machine
+        if not fresh and not m.cancel_due():
+            last = await self.store.broker.direct_get_last(
+                self.store.names.events_stream, self.store.names.events(self.run_id)
+            )
+            fresh = last is not None and last.seq > self.last_seq
+        if fresh and not m.cancel_due():
+            await self._catch_up()
+        if not m.cancel_due():
+            return None
+        if m.compensating:
+            return "the run was terminated"
+        why = m.cancel_reason() or "cancelled"
+        return f"the run was {'terminated' if m.state.terminate_requested else 'cancelled'}" + (
+            "" if why == "cancelled" else f" ({why})"
+        )
+
+    async def _catch_up(self) -> None:
+        """Fold in what others appended since this activation's last decision (a cancel, a
+        signal). A decision of another writer is left to the fence: this activation's next
+        append is refused, as it would have been without the look."""
+        async with self._lock:
+            if self.fenced:
+                return
+            newer = await self.store.load(self.run_id, after_seq=self.last_seq)
+            if not newer:
+                return
+            if any(not isinstance(e, EXTERNAL_EVENTS) for d in newer for e in d.events):
+                return
+            self.state = fold((e for d in newer for e in d.events), self.state)
+            self.last_seq = newer[-1].seq
+            if self.decisions is not None:
+                self.decisions.extend(newer)
+
+    def _watch_lifetime(self) -> None:
+        """Past the run's lifetime, it is cancelled: now, or when it passes while this
+        activation runs (interrupting the steps in flight)."""
+        m = self.machine
+        ends = m.lifetime_ends()
+        if ends is None or m.expire(time.time()):
+            return
+        assert self._loop is not None
+        self._expiry = self._loop.call_later(ends - time.time(), self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        m = self.machine
+        if m.expire(time.time()) and not m.compensating:
+            self.guard.interrupt(f"the run was cancelled ({m.expired})")
+
+    def _unwatch(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self.guard.close()
+
+    async def _set_lifetime_timer(self, wakes_at: float | None) -> None:
+        """Before the run parks (``wakes_at``: when its own timer wakes it, if it has one):
+        a broker timer at the end of its lifetime, so that a run parked past it is woken, with
+        no process alive, and ended. Not needed when the run wakes before that anyway."""
+        ends = self.machine.lifetime_ends()
+        if ends is None or self._lifetime_timer_set or (wakes_at is not None and wakes_at < ends):
+            return
+        await self._io(
+            schedule_timer(
+                self.store.broker,
+                self.store.names,
+                self.run_id,
+                LIFETIME_TIMER,
+                ends,
+                agent=self.agent.name,
+            )
+        )
+        self._lifetime_timer_set = self.timers_used = True
+
+    async def _continue(self, raw: msgspec.Raw) -> Outcome:
+        """``ctx.continue_as_new``: store what is pending, create and wake the chain's next run
+        (once, ``start_next``), then record this run's end naming it."""
+        m = self.machine
+        try:
+            if m.nondeterminism is not None:
+                raise m.nondeterminism
+            m.journal.finish()
+        except NondeterminismError as e:
+            return await self._suspend_nondeterminism(e)
+        problem: Exception | None = m.fatal or m.oversized(raw, "the input of continue_as_new")
+        if problem is None:
+            try:
+                self.agent.decode_input(bytes(raw))
+            except msgspec.ValidationError as e:
+                problem = TypeError(
+                    f"ctx.continue_as_new input does not match agent '{self.agent.name}': {e}"
+                )
+        if problem is not None:
+            return await self._end([RunFailed(error=error_info(problem), at=time.time())], "failed")
+        try:
+            await self.commit([])  # the last step's result is stored before the next run exists
+        except Fenced:
+            return "fenced"
+        except BrokerLost as e:
+            raise BrokerUnavailable(str(e.__cause__ or e), run_id=self.run_id) from e
+        except AppendRefused:
+            raise self._refusal() from None
+        if self.state.cancel_requested is not None:
+            return await self._end(
+                [RunCancelled(reason=self.state.cancel_requested, at=time.time())], "cancelled"
+            )
+        try:
+            nxt = await start_next(
+                store=self.store,
+                values=self.values,
+                run_id=self.run_id,
+                agent=self.agent.name,
+                code_version=self.agent.version,
+                state=self.state,
+                consumed=m.consumed,
+                input=raw,
+                writer=self.writer,
+                carried=m.chain_spending(),
+            )
+        except ChainTaken as e:
+            return await self._end([RunFailed(error=error_info(e), at=time.time())], "failed")
+        fault("continued")
+        return await self._end(
+            [RunCompleted(output=_NULL, continued_as=nxt, at=time.time())], "completed"
+        )
 
     async def _suspend_nondeterminism(self, e: NondeterminismError) -> Outcome:
         return await self._end(
@@ -646,19 +965,33 @@ class Activation:
                 if await child_outcome(self.store, child) is None:
                     await broker.publish(
                         names.cancel(child, self.sender),
-                        encode(CancelBody(reason=f"parent {self.run_id} cancelled")),
+                        encode(
+                            CancelBody(
+                                reason=f"parent {self.run_id} cancelled",
+                                terminate=s.terminate_requested,  # a terminate cascades as one
+                            )
+                        ),
                         {MSG_ID: f"cascade:{child}"},
                     )
         if not s.terminal:
             return  # a suspension is not an end: the parent keeps waiting, timers stay
-        if s.parent_run_id:
-            outcome = outcome_of(self.run_id, s)
+        if s.continued_as is not None:
+            # Not the chain's end: its last run tells the parent. Pass on what came too late.
+            await pass_on(self.store, s, self.machine.consumed, s.continued_as, self.sender)
+        elif s.parent_run_id:
+            child = s.chain_root or self.run_id  # the id the parent knows the chain by
+            outcome = outcome_of(child, s)
             await broker.publish(
-                names.child_end(s.parent_run_id, self.run_id, self.sender),
+                names.child_end(s.parent_run_id, child, self.sender),
                 encode(outcome),
-                {MSG_ID: f"child-end:{self.run_id}"},
+                {MSG_ID: f"child-end:{child}"},
             )
-        if self.timers_used or any(_timer_may_be_stored(op) for op in s.ops):
+        may_have_lifetime_timer = self.agent.lifetime is not None
+        if (
+            self.timers_used
+            or may_have_lifetime_timer
+            or any(_timer_may_be_stored(op) for op in s.ops)
+        ):
             await cancel_timers(broker, names, self.run_id)
 
 
@@ -700,15 +1033,18 @@ def outcome_of(run_id: str, s: RunState) -> ChildOutcome:
 
 
 async def child_outcome(store: EventStore, child_id: str) -> ChildOutcome | None:
-    """The outcome of ``child_id`` if its history says it ended, else ``None``."""
-    last = await store.broker.direct_get_last(
-        store.names.events_stream, store.names.events(child_id)
-    )
+    """The outcome of ``child_id`` if its history says it ended, else ``None``: of its
+    chain's last run, if it continued as new (with its output read back if it is stored by
+    reference)."""
+    _, last = await current_run(store.broker, store.names, child_id)
     if last is None:
         return None
     events = decode_events(last.data)
     for e in events:
         if isinstance(e, RunCompleted):
+            if e.output_ref is not None:
+                values = values_for(store.broker, store.names, store.settings)
+                e = await values.resolve_one(e)
             return ChildOutcome(child_run_id=child_id, status="completed", output=e.output)
         if isinstance(e, RunFailed):
             return ChildOutcome(

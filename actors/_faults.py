@@ -10,7 +10,9 @@ each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RA
 - ``replay``: while replaying recorded history, before reaching new work;
 - ``timer_wake``: a fired timer's wake was delivered but not yet handled;
 - ``intake_recorded``: the intake appended a signal, resume, decision or cancel to a run but
-  has not yet published its wake (nor acknowledged the inbox message).
+  has not yet published its wake (nor acknowledged the inbox message);
+- ``continued``: ``ctx.continue_as_new`` created the chain's next run but the old run's end is
+  not recorded yet.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import signal
 
 __all__ = ["SEAMS", "fault"]
 
-SEAMS = ("after_step", "before_ack", "replay", "timer_wake", "intake_recorded")
+SEAMS = ("after_step", "before_ack", "replay", "timer_wake", "intake_recorded", "continued")
 
 _ARMED = frozenset(s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s)
 _RATE = float(os.environ.get("SOJOURN_FAULT_RATE", "").strip() or "0.05")  # "0" means never

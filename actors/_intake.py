@@ -31,16 +31,17 @@ from sojourn.broker.connection import Broker, header
 from sojourn.broker.delivery import Delivery, StoredMessage
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.names import (
-    CHILD_RUN_ID,
     RESERVED_SIGNAL_PREFIX,
     InboxSubject,
     Names,
+    reserved_run_id,
     valid_reply_subject,
     validate_token,
 )
 from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import (
+    decode_budget,
     decode_cancel,
     decode_child_outcome,
     decode_decision,
@@ -54,6 +55,8 @@ from sojourn.schemas.codec import (
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import ConcurrencyConflict, HistoryError, InvalidName
 from sojourn.schemas.events import (
+    Budget,
+    BudgetChanged,
     CancelRequested,
     RunCancelled,
     RunCompleted,
@@ -80,7 +83,10 @@ from sojourn.schemas.wire import (
 
 from . import _metrics as metrics
 from ._agent import Agent
+from ._chain import continued_as, current_run
 from ._faults import fault
+from ._interrupt import publish_interrupt
+from ._snapshots import current as current_snapshot
 from ._state import RunState, fold
 
 __all__ = ["REPLY_HEADER", "Intake", "PendingRun", "Rejected", "dead_letter", "find_pending"]
@@ -136,6 +142,7 @@ _DLQ_KINDS: dict[str, DlqKind] = {
     "spawn": "start",
     "signal": "signal",
     "resume": "signal",
+    "budget": "signal",
     "decide": "signal",
     "child": "signal",
     "cancel": "cancel",
@@ -271,12 +278,9 @@ class Intake:
             raise Rejected("invalid_json", f"trigger is not valid JSON: {e}") from e
         parent = trigger.parent_run_id
         if inbox.name:  # the subject names the run (``start.<agent>.<run_id>``): it decides
-            if CHILD_RUN_ID.fullmatch(inbox.name):
-                raise Rejected(
-                    "invalid_run_id",
-                    f"run id {inbox.name!r} in the subject has the form of a child run's id "
-                    "(<parent>-c<number>), which only a run starting its child may use",
-                )
+            why = reserved_run_id(inbox.name)
+            if why is not None:
+                raise Rejected("invalid_run_id", f"run id {inbox.name!r} in the subject {why}")
             if trigger.run_id is None:
                 trigger = msgspec.structs.replace(trigger, run_id=inbox.name)
             elif trigger.run_id != inbox.name:
@@ -297,11 +301,9 @@ class Intake:
             raise Rejected(
                 "forbidden", "parent_run_id is set by sojourn when a run starts a child run"
             )
-        elif trigger.run_id is not None and CHILD_RUN_ID.fullmatch(trigger.run_id):
+        elif trigger.run_id is not None and reserved_run_id(trigger.run_id) is not None:
             raise Rejected(
-                "invalid_run_id",
-                f"run id {trigger.run_id!r} has the form of a child run's id "
-                "(<parent>-c<number>), which only a run starting its child may use",
+                "invalid_run_id", f"run id {trigger.run_id!r} {reserved_run_id(trigger.run_id)}"
             )
         try:
             return await self._create(msg, inbox.target, trigger)
@@ -351,7 +353,9 @@ class Intake:
             raise Rejected(
                 "invalid_input", f"input does not match agent '{agent_name}': {e}"
             ) from e
-        budget = agent.budget
+        budget = agent.budget.over(trigger.budget) if agent.budget else trigger.budget
+        if budget is not None and budget.empty:
+            budget = None
         started = RunStarted(
             run_id=run_id,
             agent=agent_name,
@@ -365,6 +369,7 @@ class Intake:
             ),
             budget_usd=None if budget is None else budget.usd,
             budget_tokens=None if budget is None else budget.tokens,
+            budget=None if budget is None else Budget(**msgspec.structs.asdict(budget)),
             at=time.time(),
         )
         # A cancel sent while the run was pending waits in the inbox behind its start: looked
@@ -457,7 +462,9 @@ class Intake:
             body = _cancel_body(m.data)
         except Rejected:
             return None
-        return CancelRequested(reason=body.reason, by=inbox.sender, at=time.time())
+        return CancelRequested(
+            reason=body.reason, by=inbox.sender, terminate=body.terminate, at=time.time()
+        )
 
     async def _check_parent(self, parent_run_id: str) -> None:
         """A child whose parent was cancelled (or ended) while its start was queued must not
@@ -490,11 +497,29 @@ class Intake:
                 position = inbox.name.split(".")[0]
                 note = f"decided for the step at position {position}"
                 events.append(RunResumed(by=inbox.sender, note=note, at=time.time()))
+            elif inbox.kind == "budget" and state.suspended_reason == "budget":
+                # Resumed by the change, not granted the old budget again: the run checks its
+                # new limits at its next step (and suspends again if one is still used up).
+                note = "budget changed"
+                events.append(RunResumed(by=inbox.sender, note=note, grant=False, at=time.time()))
         return events
 
     def _event_for(self, msg: Delivery, inbox: InboxSubject, state: RunState) -> RunEvent | None:
         """The event a signal-like message records, or ``None`` when it changes nothing."""
         sender = inbox.sender
+        if inbox.kind == "budget":
+            try:
+                body = decode_budget(msg.data)
+            except msgspec.MsgspecError as e:
+                raise Rejected(
+                    "invalid_trigger",
+                    f'budget body must be limits like {{"usd": 5, "steps": 100}}: {e}',
+                ) from e
+            if body.empty:
+                raise Rejected("invalid_trigger", "a budget change names at least one limit")
+            return BudgetChanged(
+                budget=Budget(**msgspec.structs.asdict(body)), by=sender, at=time.time()
+            )
         if inbox.kind == "resume":
             if state.status != "suspended":
                 return None  # resumed already: a no-op
@@ -565,24 +590,29 @@ class Intake:
         run_id = inbox.target
         inbox_seq = msg.stream_seq
         for _ in range(20):
-            history = await self.store.history(run_id)
-            if not history:
+            # The history folded from the store's snapshot of it: only what came after the
+            # snapshot is read and looked at (``_snapshots.py``).
+            snap = await current_snapshot(self.store, run_id)
+            if snap is None:
                 if inbox.kind == "child":
                     return IntakeOk(run_id=run_id, created=False)  # no such parent: drop
                 await self._not_yet(msg, run_id)
                 return None
             msg_id = f"{run_id}:signal:{inbox_seq}"
-            if any(d.msg_id == msg_id for d in history):
+            if msg_id in snap.intake_ids:
                 break  # recorded by an earlier delivery of this very message
-            past = [e for d in history for e in d.events]
-            state = fold(past)
+            state = snap.state
             if inbox.kind in ("signal", "child"):
                 sid = self._signal_id(msg, inbox)
-                if any(isinstance(e, SignalReceived) and e.signal_id == sid for e in past):
+                if sid in snap.signal_ids:
                     break  # delivered before under this id: count once, wake again
             if state.terminal:
                 if inbox.kind == "child":
                     return IntakeOk(run_id=run_id, created=False)  # parent already over
+                if state.continued_as is not None:
+                    # "The conversation" goes on in a later run of its chain: record it there.
+                    run_id, _ = await current_run(self.broker, self.names, state.continued_as)
+                    continue
                 raise Rejected("run_ended", f"run '{run_id}' has ended ({state.status})")
             events = self._events_for(msg, inbox, state)
             if not events:
@@ -591,7 +621,7 @@ class Intake:
                 await self.store.append(
                     run_id,
                     events,
-                    expected_seq=history[-1].seq,
+                    expected_seq=snap.seq,
                     writer=self.writer,
                     msg_id=msg_id,
                 )
@@ -602,7 +632,8 @@ class Intake:
             await msg.nak(delay=0.2)
             return None
         fault("intake_recorded")
-        await publish_wake(self.broker, self.names, run_id, "signal", agent=agent_in(history))
+        agent = snap.state.agent or None
+        await publish_wake(self.broker, self.names, run_id, "signal", agent=agent)
         return IntakeOk(run_id=run_id, created=False)
 
     # --- cancel ------------------------------------------------------------------------------
@@ -611,8 +642,8 @@ class Intake:
         run_id = inbox.target
         body = _cancel_body(msg.data)
         inbox_seq = msg.stream_seq
-        msg_id = f"{run_id}:cancel:{inbox_seq}"
         for _ in range(20):
+            msg_id = f"{run_id}:cancel:{inbox_seq}"
             last = await self.broker.direct_get_last(
                 self.names.events_stream, self.names.events(run_id)
             )
@@ -622,6 +653,10 @@ class Intake:
             if header(last, h.MSG_ID) == msg_id:
                 break  # recorded by an earlier delivery: wake again
             last_events = decode_events(last.data)
+            nxt = continued_as(last_events)
+            if nxt is not None:  # cancel the conversation: its chain's current run
+                run_id, _ = await current_run(self.broker, self.names, nxt)
+                continue
             if any(isinstance(e, (RunCompleted, RunFailed, RunCancelled)) for e in last_events):
                 return IntakeOk(run_id=run_id, created=False)  # already over: nothing to do
             if await self._cancelled_at_start(run_id, last_events):
@@ -629,7 +664,14 @@ class Intake:
             try:
                 await self.store.append(
                     run_id,
-                    [CancelRequested(reason=body.reason, by=inbox.sender, at=time.time())],
+                    [
+                        CancelRequested(
+                            reason=body.reason,
+                            by=inbox.sender,
+                            terminate=body.terminate,
+                            at=time.time(),
+                        )
+                    ],
                     expected_seq=int(header(last, h.SEQUENCE)),
                     writer=self.writer,
                     msg_id=msg_id,
@@ -641,6 +683,9 @@ class Intake:
             await msg.nak(delay=0.5)
             return None
         fault("intake_recorded")
+        # The worker executing the run (if any) interrupts its running step at once; the wake
+        # brings a run that rests.
+        await publish_interrupt(self.broker, self.names, run_id)
         await publish_wake(
             self.broker, self.names, run_id, "cancel", agent=await self._agent_of(run_id)
         )
@@ -747,8 +792,8 @@ async def find_pending(
     not make a run pending. Whether the run has a history is the caller's to know: a start
     that created its run stays stored until the run first rests.
     """
-    if CHILD_RUN_ID.fullmatch(run_id):
-        return None  # only a spawn makes a child run, and its subject names no run
+    if reserved_run_id(run_id) is not None:
+        return None  # only a spawn (continue_as_new) makes such a run: its start names none
     found: list[PendingRun] = []
     for subject in names.pending_starts(run_id):
         async for m in _scan(broker, names.inbox_stream, subject):

@@ -9,6 +9,7 @@ and the code now calls ``compose`` at position 3, that is a ``NondeterminismErro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -104,6 +105,14 @@ class Journal:
         self._run_id = state.run_id
         self._stop = stop_at_frontier
         self.position = 0
+        self.claim: Callable[[str], None] | None = None
+        """Asked before an operation takes a position, with its kind (``step``, ``value``,
+        ``wait``, ``child``, ``patch``); it may refuse by raising. ``ctx.gather`` sets it while
+        its branches run: only there can the order of calls depend on timing."""
+
+    def _claim(self, kind: str) -> None:
+        if self.claim is not None:
+            self.claim(kind)
 
     @property
     def recorded(self) -> int:
@@ -142,6 +151,7 @@ class Journal:
         )
 
     def step(self, name: str) -> Recorded | RecordedFailure | Execute:
+        self._claim("step")
         p, rec = self._take()
         if rec is None:
             return self._new(p)
@@ -164,6 +174,7 @@ class Journal:
         return self._open(doubt)
 
     def value(self, kind: str) -> Recorded | Execute:
+        self._claim("value")
         p, rec = self._take()
         if rec is None:
             return self._new(p)
@@ -173,6 +184,7 @@ class Journal:
         return Recorded(position=p, result=rec.result)
 
     def wait(self, key: str) -> RecordedWait | OpenWait:
+        self._claim("wait")
         p, rec = self._take()
         if rec is None:
             return self._open(OpenWait(position=p, recorded=None))
@@ -192,6 +204,7 @@ class Journal:
         """``ctx.patched(change_id)``: the recorded marker (new branch), a marker to record now
         (new branch, live code), or ``None`` (old branch: history went on without the marker;
         no position is taken)."""
+        self._claim("patch")
         p = self.position
         rec = self._ops[p] if p < len(self._ops) else None
         if rec is None:
@@ -205,11 +218,13 @@ class Journal:
 
     def skip_patch(self, change_id: str) -> None:
         """``ctx.deprecate_patch(change_id)``: step over the marker if history has it here."""
+        self._claim("patch")
         p = self.position
         if p < len(self._ops) and _is_marker(self._ops[p], change_id):
             self.position += 1
 
     def child(self, agent: str) -> Recorded | Execute:
+        self._claim("child")
         p, rec = self._take()
         if rec is None:
             return self._new(p)

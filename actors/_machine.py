@@ -34,13 +34,18 @@ from sojourn.schemas.errors import (
     TerminalError,
 )
 from sojourn.schemas.events import (
+    Budget,
+    CancelTaken,
+    Carried,
     ChildStarted,
     ErrorInfo,
+    RunCancelled,
     RunEvent,
     RunSuspended,
     StepCompleted,
     StepFailed,
     StepStarted,
+    Usage,
     ValueRecorded,
     WaitCompleted,
     WaitStarted,
@@ -57,7 +62,7 @@ from ._journal import (
     RecordedWait,
 )
 from ._retry import DEFAULT_RETRYABLE, RetryPolicy
-from ._state import RunState, SignalRecord
+from ._state import OpRecord, RunState, SignalRecord
 
 __all__ = [
     "ERROR_TEXT_MAX",
@@ -74,12 +79,15 @@ __all__ = [
     "Reconcile",
     "Return",
     "RunCancelledInterrupt",
+    "Spending",
     "StepTurn",
     "Suspend",
     "WaitTurn",
+    "budget_suspension",
     "child_run_id",
     "clip_text",
     "error_info",
+    "format_duration",
     "retry_delay",
 ]
 
@@ -99,6 +107,29 @@ class Parked(BaseException):
 
 class RunCancelledInterrupt(BaseException):
     """Unwinds agent code when a cancel was requested (not catchable by ``except Exception``)."""
+
+
+def format_duration(seconds: float) -> str:
+    """``90061`` as ``1d1h1m1s`` (``1.5`` as ``1.5s``): a lifetime in a reason people read."""
+    if seconds < 60 and seconds != int(seconds):
+        return f"{seconds:g}s"
+    left = int(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        n, left = divmod(left, size)
+        if n:
+            parts.append(f"{n}{unit}")
+    return "".join(parts)
+
+
+def _open(op: OpRecord) -> bool:
+    """Whether an operation history recorded is not settled: a step started and never ended
+    or with a retry due, a wait still waiting."""
+    if op.kind == "wait":
+        return op.status == "waiting"
+    if op.kind != "step":
+        return False
+    return op.status == "started" or (op.status == "failed" and op.deadline is not None)
 
 
 def clip_text(text: str, limit: int = ERROR_TEXT_MAX) -> str:
@@ -146,6 +177,39 @@ def retry_delay(e: BaseException, policy: RetryPolicy | None, attempt: int) -> f
     return policy.delay(attempt)
 
 
+@dataclass(slots=True)
+class Spending:
+    """What live operations used, summed: the activation's share of a run's spending (what
+    history recorded before it is folded in ``RunState``)."""
+
+    usd: float = 0.0
+    tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    steps: int = 0
+    """Step executions started."""
+    model_calls: int = 0
+    """Of those, model requests (kind ``llm``)."""
+
+    def add(self, usage: Usage) -> None:
+        self.usd += usage.usd
+        self.tokens += usage.tokens
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+
+
+def budget_suspension(unit: str, used: float, limit: float, now: float) -> RunSuspended:
+    """The suspension of a run that used up its ``unit`` limit, the limit named."""
+    flag = unit.replace("_", "-")
+    return RunSuspended(
+        reason="budget",
+        detail=f"budget {unit} used up: {used:g} of {limit:g}; "
+        f"`sojourn budget RUN --{flag} N` raises it and resumes the run",
+        limit=unit,
+        at=now,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What bounds a run, from its agent and the deployment's settings."""
@@ -156,10 +220,16 @@ class Limits:
     crash_loop_limit: int = 3
     """In-doubt attempts in a row after which a step waits for a human (0: never)."""
     poll_cap: int = 1000
-    budget_usd: float | None = None
-    budget_tokens: int | None = None
+    budget: Budget | None = None
+    """The agent's budget: what a run whose start recorded none is held to (a run's own
+    ``RunStarted.budget``, and every ``BudgetChanged`` since, win)."""
     retry: RetryPolicy | None = None
     """The agent's default retry policy (a step's own ``@step(retry=...)`` wins)."""
+    compensates: bool = False
+    """The agent has a compensation (``on_cancel``): a cancel stops its code where it was
+    taken live, and replay runs the code up to that point again before the compensation."""
+    lifetime: float | None = None
+    """Seconds a run may live from its start (the agent's ``lifetime``); ``None``: forever."""
 
 
 # --- actions: what the caller does next ---------------------------------------------------
@@ -203,7 +273,7 @@ class Suspend:
 
     event: RunSuspended
     unit: str | None = None
-    """For a budget: the unit that reached it (``usd`` or ``tokens``)."""
+    """For a budget: the limit that was reached (a ``BudgetLimit``: ``usd``, ``steps``...)."""
 
 
 @dataclass(slots=True)
@@ -270,11 +340,18 @@ class Machine:
     children: list[str] = field(default_factory=list)
     """Children started in this activation."""
     polls: int = 0
-    spent_usd: float = 0.0
-    spent_tokens: int = 0
+    live: Spending = field(default_factory=lambda: Spending())
+    """What this activation's live operations spent (history's is in ``state``)."""
     nondeterminism: NondeterminismError | None = None
     fatal: PayloadTooLarge | None = None
     patches: dict[str, bool] = field(default_factory=dict)
+    compensating: bool = False
+    """The agent's code was stopped for a cancel and its compensation runs."""
+    expired: str | None = None
+    """Why the run is past its lifetime (``expire``), once it is."""
+    stopped: tuple[int, int] | None = None
+    """Where a cancel stopped the code live: (the position it stopped at, the position the
+    compensation starts at)."""
 
     def __post_init__(self) -> None:
         self.run_id = self.run_id or self.state.run_id
@@ -293,8 +370,123 @@ class Machine:
         """Before every journaled operation: stop if the run cannot go on."""
         if self.fatal is not None:
             raise self.fatal
-        if self.state.cancel_requested is not None:
+        if self.cancel_due():
+            self._stop(self.journal.position)
             raise RunCancelledInterrupt()
+
+    # --- cancel, compensation, lifetime ------------------------------------------------------
+
+    def cancel_reason(self) -> str | None:
+        """Why the run is to end cancelled (a cancel request, or its lifetime), or ``None``."""
+        s = self.state
+        if s.cancel_requested is not None:
+            return s.cancel_requested
+        if s.cancel_taken is not None:
+            return s.cancel_taken.reason
+        return self.expired
+
+    def cancel_due(self) -> bool:
+        """Whether the code must stop before its next operation: a cancel (or the lifetime)
+        ends the agent's code, a terminate also its compensation.
+
+        The code of an agent with a compensation is stopped where the cancel was taken live
+        (the recorded ``CancelTaken``, else the first operation history has not settled), so
+        that a replay hands the compensation the same positions; any other run stops at once.
+        """
+        if self.compensating:
+            return self.state.terminate_requested
+        if self.cancel_reason() is None:
+            return False
+        if self.limits.compensates and not self.state.terminate_requested:
+            return self.journal.position >= self._frontier()
+        return True
+
+    def _frontier(self) -> int:
+        taken = self.state.cancel_taken
+        if taken is not None:
+            return taken.stopped_at
+        ops = self.state.ops
+        if ops and _open(ops[-1]):
+            return len(ops) - 1
+        return len(ops)
+
+    def _stop(self, position: int, compensate_at: int | None = None) -> None:
+        """The code stops at ``position`` (the first stop counts; a replay's is recorded)."""
+        if self.stopped is not None:
+            return
+        taken = self.state.cancel_taken
+        if taken is not None:
+            self.stopped = (taken.stopped_at, taken.compensate_at)
+            return
+        if compensate_at is None:  # history holds an (open) operation here: after it
+            compensate_at = position + 1 if position < len(self.state.ops) else position
+        self.stopped = (position, compensate_at)
+
+    def start_dropped(self, started: StepStarted) -> None:
+        """A cancel came in as this step was to start: its start was not stored. The
+        compensation takes its position, unless an earlier attempt is recorded there."""
+        p = started.position
+        self._stop(p, p + 1 if started.attempt > 1 else p)
+
+    def take_cancel(self, now: float) -> bool:
+        """The agent's code was stopped for a cancel: ``True`` if its compensation is to run
+        now (recorded as ``CancelTaken``, or replayed from it), ``False`` if the run ends at
+        once (no compensation, a terminate, or the compensation itself was stopped)."""
+        if not self.limits.compensates or self.compensating or self.state.terminate_requested:
+            return False
+        taken = self.state.cancel_taken
+        if taken is None:
+            stop, at = self.stopped or (self.journal.position, self.journal.position)
+            ops = self.state.ops
+            if stop < len(ops) and ops[stop].kind == "step" and ops[stop].status == "started":
+                # An attempt left in doubt by a worker that died: it is not run again.
+                rec = ops[stop]
+                self.record(
+                    StepFailed(
+                        position=stop,
+                        name=rec.name,
+                        attempt=rec.attempts,
+                        error=ErrorInfo(
+                            type="Cancelled",
+                            message="the run was cancelled while this attempt was in doubt "
+                            "(its worker stopped): it is not run again",
+                        ),
+                        at=now,
+                    )
+                )
+            reason = self.cancel_reason() or ""
+            self.record(CancelTaken(reason=reason, stopped_at=stop, compensate_at=at, at=now))
+        else:
+            at = taken.compensate_at
+        self.journal.position = at
+        self.compensating = True
+        return True
+
+    def cancelled(self, now: float, error: ErrorInfo | None = None) -> RunCancelled:
+        """The run's end for a cancel: terminated, or cancelled (with what its compensation
+        raised, if it did)."""
+        reason = self.cancel_reason() or ""
+        if self.state.terminate_requested:
+            said = "" if reason in ("", "cancelled") else f": {reason}"
+            return RunCancelled(reason=f"terminated{said}", terminated=True, at=now)
+        return RunCancelled(reason=reason, compensation_error=error, at=now)
+
+    def lifetime_ends(self) -> float | None:
+        """When the run's lifetime ends (wall clock), or ``None`` without one."""
+        life = self.limits.lifetime
+        if life is None or not self.state.started_at:
+            return None
+        return self.state.started_at + life
+
+    def expire(self, now: float) -> bool:
+        """Whether the run is past its lifetime at ``now`` (then it is cancelled, reason
+        naming the lifetime, at its next operation)."""
+        if self.expired is None:
+            ends = self.lifetime_ends()
+            if ends is not None and now >= ends:
+                life = self.limits.lifetime or 0.0
+                self.expired = f"lifetime of {format_duration(life)} exceeded"
+        return self.expired is not None
 
     def _diverged(self, e: NondeterminismError) -> None:
         """Keep the first divergence, even if the agent's code catches the exception."""
@@ -315,7 +507,11 @@ class Machine:
     # --- steps ------------------------------------------------------------------------------
 
     def step(
-        self, name: str, in_doubt: InDoubtPolicy, retry: RetryPolicy | None
+        self,
+        name: str,
+        in_doubt: InDoubtPolicy,
+        retry: RetryPolicy | None,
+        kind: str = "step",
     ) -> Return | StepTurn:
         """A step call: its recorded result, or a turn that decides how to run it.
 
@@ -338,7 +534,7 @@ class Machine:
                 run_id=self.run_id,
                 step=name,
             )
-        return StepTurn(self, name, plan, in_doubt, retry or self.limits.retry)
+        return StepTurn(self, name, plan, in_doubt, retry or self.limits.retry, kind)
 
     def decision(self, position: int, attempt: int) -> InDoubtDecision | None:
         """An operator's decision about attempt ``attempt`` of the in-doubt step at
@@ -412,9 +608,17 @@ class Machine:
     def count_poll(self, what: str, now: float) -> Suspend | None:
         """One more ``ctx.poll`` check: past the run's allowance, suspend it (reason ``cap``)."""
         self.polls += 1
+        if self.replaying:
+            return None
+        budget = self.budget()
+        if budget is not None and budget.polls is not None:
+            allowed = budget.polls * (1 + self.state.budget_resumes)
+            polls = self.polls + (self.state.carried or Carried()).polls
+            if polls > allowed:
+                return Suspend(budget_suspension("polls", polls - 1, allowed, now), unit="polls")
         cap = self.limits.poll_cap
         allowance = cap * (1 + self.state.cap_resumes)
-        if self.polls > allowance and not self.replaying:
+        if self.polls > allowance:
             return Suspend(
                 RunSuspended(
                     reason="cap",
@@ -427,27 +631,69 @@ class Machine:
 
     def spend(self, usd: float, tokens: int, now: float) -> tuple[bool, Suspend | None]:
         """Record spending (journaled as a ``spend`` value). Returns whether it was live (not
-        replayed), and the suspension due when the total reaches the agent's budget."""
+        replayed), and the suspension due when the total reaches the run's budget."""
         live = not self.replaying
         self.value("spend", lambda: {"usd": usd, "tokens": tokens}, now)
-        self.spent_usd += usd
-        self.spent_tokens += tokens
-        usd_limit, tokens_limit = self.limits.budget_usd, self.limits.budget_tokens
-        if (usd_limit is None and tokens_limit is None) or not live:
+        if not live:
             return live, None
+        self.live.usd += usd
+        self.live.tokens += tokens
+        return live, self.over_budget(now)
+
+    def charged(self, usage: Usage | None) -> None:
+        """A live step attempt ended having charged ``usage``: count it."""
+        if usage is not None:
+            self.live.add(usage)
+
+    def chain_spending(self) -> Carried:
+        """What the run used (history, this activation's live steps) plus what its chain's
+        earlier runs used: the run's budget holds it, and a continued run carries it on."""
+        s, live = self.state, self.live
+        c = s.carried or Carried()
+        return Carried(
+            usd=c.usd + s.spent_usd + live.usd,
+            tokens=c.tokens + s.spent_tokens + live.tokens,
+            input_tokens=c.input_tokens + s.spent_input_tokens + live.input_tokens,
+            output_tokens=c.output_tokens + s.spent_output_tokens + live.output_tokens,
+            steps=c.steps + s.step_attempts + live.steps,
+            model_calls=c.model_calls + s.model_calls + live.model_calls,
+            polls=c.polls + self.polls,
+            started_at=c.started_at or s.started_at,
+        )
+
+    def budget(self) -> Budget | None:
+        """The run's budget in effect: its own as recorded, else its agent's."""
+        return self.state.budget or self.limits.budget
+
+    def over_budget(self, now: float, kind: str | None = None) -> Suspend | None:
+        """The suspension due now if the run has used up a limit of its budget, checked before
+        a step of ``kind`` (``None``: after spending) and after every ``ctx.spend``.
+
+        A limit is used up when what the run used reaches it (each resume of a ``budget``
+        suspension grants the whole budget again). ``steps`` and ``tool_calls`` are counted
+        before the execution they would allow: at 3 of 3 steps, the fourth does not start.
+        """
+        budget = self.budget()
+        if budget is None:
+            return None
+        c = self.chain_spending()
+        used: dict[str, float] = {
+            "usd": c.usd,
+            "tokens": c.tokens,
+            "input_tokens": c.input_tokens,
+            "output_tokens": c.output_tokens,
+            "wall_seconds": now - c.started_at if c.started_at else 0.0,
+        }
+        if kind is not None:
+            used["steps"] = c.steps
+            if kind != "llm":
+                used["tool_calls"] = c.steps - c.model_calls
         grants = 1 + self.state.budget_resumes
-        for unit, spent, limit in (
-            ("usd", self.spent_usd, usd_limit),
-            ("tokens", float(self.spent_tokens), tokens_limit),
-        ):
+        for unit, spent in used.items():
+            limit = getattr(budget, unit)
             if limit is not None and spent >= limit * grants:
-                detail = (
-                    f"spent {spent:g} {unit} of a budget of {limit * grants:g}; "
-                    "`sojourn resume RUN` grants the same budget again"
-                )
-                event = RunSuspended(reason="budget", detail=detail, at=now)
-                return live, Suspend(event, unit=unit)
-        return live, None
+                return Suspend(budget_suspension(unit, spent, limit * grants, now), unit=unit)
+        return None
 
     # --- waits and children ------------------------------------------------------------------
 
@@ -505,7 +751,7 @@ class Machine:
 class StepTurn:
     """How one step call is carried out: attempts, backoffs, in-doubt settlement."""
 
-    __slots__ = ("_done", "_in_doubt", "_m", "_settled", "name", "plan", "policy")
+    __slots__ = ("_done", "_in_doubt", "_m", "_settled", "kind", "name", "plan", "policy")
 
     def __init__(
         self,
@@ -514,8 +760,10 @@ class StepTurn:
         plan: Execute,
         in_doubt: InDoubtPolicy,
         policy: RetryPolicy | None,
+        kind: str = "step",
     ) -> None:
         self._m = machine
+        self.kind = kind
         self.name = name
         self.plan = plan
         self.policy = policy
@@ -546,7 +794,15 @@ class StepTurn:
             settle = self._settle(now)
             if settle is not None:
                 return settle
-        started = StepStarted(position=plan.position, name=self.name, attempt=plan.attempt, at=now)
+        over = self._m.over_budget(now, self.kind)
+        if over is not None:
+            return over
+        m = self._m
+        m.live.steps += 1
+        m.live.model_calls += self.kind == "llm"
+        started = StepStarted(
+            position=plan.position, name=self.name, attempt=plan.attempt, kind=self.kind, at=now
+        )
         return Attempt(plan.position, plan.attempt, plan.in_doubt, started)
 
     def _settle(self, now: float) -> StepAction | None:
@@ -634,12 +890,16 @@ class StepTurn:
         self._done = Raise(error)
         return self._done
 
-    def returned(self, raw: msgspec.Raw, duration: float, now: float) -> Return | Raise:
-        """The attempt returned ``raw``: record it (a result too large to store fails the
-        step for good: another attempt would most likely return the same)."""
+    def returned(
+        self, raw: msgspec.Raw, duration: float, now: float, usage: Usage | None = None
+    ) -> Return | Raise:
+        """The attempt returned ``raw`` having charged ``usage``: record it (a result too
+        large to store fails the step for good: another attempt would most likely return the
+        same)."""
+        self._m.charged(usage)
         too_big = self._m.oversized(raw, f"the result of step '{self.name}'")
         if too_big is not None:
-            outcome = self._failed(too_big, None, duration, now)
+            outcome = self._failed(too_big, None, duration, now, usage)
             assert outcome is not None
             return outcome
         plan = self.plan
@@ -650,19 +910,46 @@ class StepTurn:
                 attempt=plan.attempt,
                 result=raw,
                 duration=duration,
+                usage=usage,
                 at=now,
             )
         )
         self._done = Return(raw)
         return self._done
 
-    def raised(self, e: BaseException, duration: float, now: float) -> Raise | None:
-        """The attempt raised ``e``: record the failure; ``None`` means a retry is due (ask
-        ``next`` again), else the ``StepError`` for the code."""
-        return self._failed(e, retry_delay(e, self.policy, self.plan.attempt), duration, now)
+    def interrupted(self, error: ErrorInfo, duration: float, now: float) -> None:
+        """The attempt was interrupted by a cancel (cancelled, or abandoned in its thread):
+        recorded as failed, never retried; the code stops here (``RunCancelledInterrupt``)."""
+        plan = self.plan
+        self._m.record(
+            StepFailed(
+                position=plan.position,
+                name=self.name,
+                attempt=plan.attempt,
+                error=error,
+                duration=duration,
+                at=now,
+            )
+        )
+        m = self._m
+        m._stop(plan.position, max(plan.position + 1, m.journal.position))
+
+    def raised(
+        self, e: BaseException, duration: float, now: float, usage: Usage | None = None
+    ) -> Raise | None:
+        """The attempt raised ``e`` having charged ``usage``: record the failure; ``None``
+        means a retry is due (ask ``next`` again), else the ``StepError`` for the code."""
+        self._m.charged(usage)
+        delay = retry_delay(e, self.policy, self.plan.attempt)
+        return self._failed(e, delay, duration, now, usage)
 
     def _failed(
-        self, e: BaseException, delay: float | None, duration: float, now: float
+        self,
+        e: BaseException,
+        delay: float | None,
+        duration: float,
+        now: float,
+        usage: Usage | None = None,
     ) -> Raise | None:
         plan = self.plan
         err = error_info(e)
@@ -675,6 +962,7 @@ class StepTurn:
                 error=err,
                 duration=duration,
                 retry_at=retry_at,
+                usage=usage,
                 at=now,
             )
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sojourn.schemas.errors import SojournError
+from sojourn.schemas.events import Usage
 
 from ._health import PROCESS_HEALTH, Health, ProbeApp, ProbeRequestHandler, ProbeServer
 
@@ -53,6 +55,8 @@ __all__ = [
     "Incrementable",
     "StepMetrics",
     "agent_label",
+    "count_spend",
+    "count_usage",
     "serve_metrics",
     "step_label",
     "step_metrics",
@@ -245,12 +249,84 @@ DEAD_LETTERS = Counter(
 )
 SPEND = Counter(
     "sojourn_spend",
-    "What runs reported spending with ctx.spend, by unit (usd, tokens).",
+    "What runs spent: model requests' usage (ctx.llm, current_step().charge) and ctx.spend, "
+    "by unit (usd, tokens, input_tokens, output_tokens).",
     ["agent", "unit"],
 )
+
+SPEND_WINDOW = 3600.0
+"""Seconds of the rolling window of ``sojourn_spend_window``."""
+_BUCKET = 60.0
+
+
+class SpendWindow(Collector):
+    """What each agent spent over the last ``SPEND_WINDOW`` seconds, per unit, in one-minute
+    buckets: the steady-state spend an alert can compare with a limit without a ``rate()``
+    over counters that reset when a worker restarts. Summed over workers it is the fleet's.
+    """
+
+    def __init__(self, window: float = SPEND_WINDOW) -> None:
+        self.window = window
+        self._lock = threading.Lock()
+        self._buckets: dict[tuple[str, str], dict[int, float]] = {}
+
+    def add(self, agent: str, unit: str, amount: float, now: float) -> None:
+        if amount <= 0:
+            return
+        slot = int(now // _BUCKET)
+        with self._lock:
+            buckets = self._buckets.setdefault((agent, unit), {})
+            buckets[slot] = buckets.get(slot, 0.0) + amount
+            if len(buckets) > self.window / _BUCKET + 2:
+                self._expire(buckets, slot)
+
+    def _expire(self, buckets: dict[int, float], slot: int) -> None:
+        oldest = slot - int(self.window // _BUCKET)
+        for k in [k for k in buckets if k <= oldest]:
+            del buckets[k]
+
+    def totals(self, now: float) -> dict[tuple[str, str], float]:
+        slot = int(now // _BUCKET)
+        with self._lock:
+            out = {}
+            for key, buckets in self._buckets.items():
+                self._expire(buckets, slot)
+                out[key] = sum(buckets.values())
+            return out
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily(
+            "sojourn_spend_window",
+            f"What runs of an agent spent in the last {SPEND_WINDOW:g} seconds, by unit "
+            "(usd, tokens, input_tokens, output_tokens); this worker's share.",
+            labels=["agent", "unit"],
+        )
+        for (agent, unit), total in self.totals(time.time()).items():
+            g.add_metric([agent, unit], total)
+        yield g
+
+
+SPEND_RECENT = SpendWindow()
+
+
+def count_spend(agent: str, unit: str, amount: float) -> None:
+    """Count spending in ``sojourn_spend_total`` and the rolling ``sojourn_spend_window``."""
+    SPEND.labels(agent, unit).inc(amount)
+    SPEND_RECENT.add(agent, unit, amount, time.time())
+
+
+def count_usage(agent: str, usage: Usage) -> None:
+    """Count what a step attempt charged."""
+    count_spend(agent, "usd", usage.usd)
+    count_spend(agent, "tokens", usage.tokens)
+    count_spend(agent, "input_tokens", usage.input_tokens)
+    count_spend(agent, "output_tokens", usage.output_tokens)
+
+
 BUDGET_BREACHES = Counter(
     "sojourn_budget_breaches",
-    "Runs suspended because they reached their budget, by limit (usd, tokens, steps).",
+    "Runs suspended because they used up a limit of their budget, by limit (usd, tokens, "
+    "input_tokens, output_tokens, steps, tool_calls, polls, wall_seconds).",
     ["agent", "limit"],
 )
 
@@ -365,6 +441,7 @@ def _projector_families(projectors: list[Any]) -> Iterable[Metric]:
 _workers = _LiveCollector(_worker_families)
 _watchdogs = _LiveCollector(_watchdog_families)
 _projectors = _LiveCollector(_projector_families)
+REGISTRY.register(SPEND_RECENT)
 REGISTRY.register(_workers)
 REGISTRY.register(_watchdogs)
 REGISTRY.register(_projectors)

@@ -119,6 +119,9 @@ class _ReplayDriver:
     async def park(self, action: Park) -> None:
         raise self._refuse()
 
+    async def rest(self) -> None:
+        raise Parked()
+
     async def suspend(self, event: Any) -> None:
         raise self._refuse()
 

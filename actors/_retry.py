@@ -12,9 +12,12 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
 import msgspec
+
+from sojourn.schemas.vocabulary import STEP_KINDS, StepKind
 
 __all__ = ["NOT_DONE", "InDoubt", "RetryPolicy", "StepOptions", "step", "step_options"]
 
@@ -80,10 +83,31 @@ class StepOptions:
     name: str | None = None
     retry: RetryPolicy | None = None
     in_doubt: InDoubt = "retry"
+    kind: StepKind = "step"
+    """What the step is, for budgets and read models (``StepStarted.kind``): ``llm`` for a
+    model request (``ctx.llm``), ``tool`` for a tool an LLM asked for, ``step`` otherwise."""
+    timeout: float | None = None
+    """Seconds one attempt may run: past it the attempt fails with ``StepTimeout`` (an async
+    one is cancelled, a sync one abandoned) and is retried as the step's policy says."""
+
+
+def step_timeout(timeout: float | int | timedelta | None) -> float | None:
+    """``@step(timeout=...)`` as seconds, checked: a positive number or ``timedelta``."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"a step's timeout must be a positive duration, not {timeout!r}")
+    return seconds
 
 
 def step(
-    *, name: str | None = None, retry: RetryPolicy | None = None, in_doubt: InDoubt = "retry"
+    *,
+    name: str | None = None,
+    retry: RetryPolicy | None = None,
+    in_doubt: InDoubt = "retry",
+    kind: StepKind = "step",
+    timeout: float | int | timedelta | None = None,
 ) -> Callable[[F], F]:
     """Attach options to a step function (it stays a plain function).
 
@@ -94,8 +118,13 @@ def step(
         ...     return "ch_1"
     """
 
+    if kind not in STEP_KINDS:
+        raise ValueError(f"a step's kind is one of {', '.join(STEP_KINDS)}, not {kind!r}")
+    seconds = step_timeout(timeout)
+
     def attach(fn: F) -> F:
-        fn.__sojourn_step__ = StepOptions(name=name, retry=retry, in_doubt=in_doubt)  # type: ignore[attr-defined]
+        opts = StepOptions(name=name, retry=retry, in_doubt=in_doubt, kind=kind, timeout=seconds)
+        fn.__sojourn_step__ = opts  # type: ignore[attr-defined]
         if name is not None:
             fn.__sojourn_step_name__ = name  # type: ignore[attr-defined]
         return fn

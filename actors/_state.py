@@ -16,7 +16,11 @@ import msgspec
 
 from sojourn.schemas.codec import decode_spend
 from sojourn.schemas.events import (
+    Budget,
+    BudgetChanged,
     CancelRequested,
+    CancelTaken,
+    Carried,
     ChildStarted,
     ErrorInfo,
     RunCancelled,
@@ -30,6 +34,7 @@ from sojourn.schemas.events import (
     StepCompleted,
     StepFailed,
     StepStarted,
+    Usage,
     ValueRecorded,
     WaitCompleted,
     WaitStarted,
@@ -88,6 +93,11 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     suspended_reason: str | None = None
     suspended_detail: str | None = None
     cancel_requested: str | None = None
+    terminate_requested: bool = False
+    """A cancel asked to end the run without its compensation (``sojourn terminate``)."""
+    cancel_taken: CancelTaken | None = None
+    """Where the agent's code was stopped for a cancel whose compensation runs (replay stops
+    the code there again, then replays the compensation)."""
     started_at: float = 0.0
     ended_at: float | None = None
     updated_at: float = 0.0
@@ -108,14 +118,37 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     spent_usd: float = 0.0
     """What the run's ``ctx.spend`` calls recorded, summed (``spend`` values)."""
     spent_tokens: int = 0
+    """Tokens: ``ctx.spend(tokens=...)`` plus every step's charged input and output tokens."""
+    spent_input_tokens: int = 0
+    spent_output_tokens: int = 0
+    model_calls: int = 0
+    """Step executions of kind ``llm`` (model requests); the rest of ``step_attempts`` are
+    tool calls."""
+    carried: Carried | None = None
+    """What the earlier runs of its continue-as-new chain used (``RunStarted.carried``)."""
+    budget: Budget | None = None
+    """The run's budget in effect: ``RunStarted.budget`` (or, for a run started before that was
+    recorded, its ``budget_usd``/``budget_tokens``), each ``BudgetChanged`` replacing limits."""
     budget_usd: float | None = None
     """The agent's budget as ``RunStarted`` recorded it: one grant (``granted_usd`` counts
     the grants); ``None`` without one, or for a run started before budgets were recorded."""
     budget_tokens: int | None = None
+    previous_run_id: str | None = None
+    """The run this one continues (``ctx.continue_as_new``), if any."""
+    chain_root: str | None = None
+    """The first run of this run's continue-as-new chain (``None``: this run is the first)."""
+    generation: int = 1
+    continued_as: str | None = None
+    """Set when the run ended by continuing as new: the run that carries on."""
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def tool_calls(self) -> int:
+        """Step executions that were not model requests."""
+        return self.step_attempts - self.model_calls
 
     @property
     def grants(self) -> int:
@@ -126,12 +159,14 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def granted_usd(self) -> float | None:
         """The usd budget in effect (every grant), ``None`` without one."""
-        return None if self.budget_usd is None else self.budget_usd * self.grants
+        usd = self.budget.usd if self.budget is not None else self.budget_usd
+        return None if usd is None else usd * self.grants
 
     @property
     def granted_tokens(self) -> int | None:
         """The token budget in effect (every grant), ``None`` without one."""
-        return None if self.budget_tokens is None else self.budget_tokens * self.grants
+        tokens = self.budget.tokens if self.budget is not None else self.budget_tokens
+        return None if tokens is None else tokens * self.grants
 
     @property
     def buffered_signals(self) -> int:
@@ -165,7 +200,15 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 parent_run_id=event.parent_run_id,
                 budget_usd=event.budget_usd,
                 budget_tokens=event.budget_tokens,
+                budget=_started_budget(event),
+                carried=event.carried,
+                previous_run_id=event.previous_run_id,
+                chain_root=event.chain_root,
+                generation=event.generation,
             )
+        case BudgetChanged():
+            base = s.budget or Budget()
+            return msgspec.structs.replace(s, budget=base.over(event.budget))
         case SignalReceived():
             return msgspec.structs.replace(s, signals=(*s.signals, _signal_record(event)))
         case (
@@ -186,7 +229,16 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
         case CancelRequested():
             if s.terminal:
                 return s
-            return msgspec.structs.replace(s, cancel_requested=event.reason or "cancelled")
+            return msgspec.structs.replace(
+                s,
+                # a later request without a reason keeps the earlier one's
+                cancel_requested=event.reason or s.cancel_requested or "cancelled",
+                terminate_requested=s.terminate_requested or event.terminate,
+            )
+        case CancelTaken():
+            if s.cancel_taken is not None:
+                return _anomaly(s, "CancelTaken twice")
+            return msgspec.structs.replace(s, cancel_taken=event)
         case RunSuspended():
             return msgspec.structs.replace(
                 s,
@@ -200,12 +252,16 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 status=next_status(s.status, event),
                 suspended_reason=None,
                 suspended_detail=None,
-                cap_resumes=s.cap_resumes + (s.suspended_reason == "cap"),
-                budget_resumes=s.budget_resumes + (s.suspended_reason == "budget"),
+                cap_resumes=s.cap_resumes + (event.grant and s.suspended_reason == "cap"),
+                budget_resumes=s.budget_resumes + (event.grant and s.suspended_reason == "budget"),
             )
         case RunCompleted():
             return msgspec.structs.replace(
-                s, status=next_status(s.status, event), output=event.output, ended_at=event.at
+                s,
+                status=next_status(s.status, event),
+                output=event.output,
+                ended_at=event.at,
+                continued_as=event.continued_as,
             )
         case RunFailed():
             return msgspec.structs.replace(
@@ -219,6 +275,27 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 cancel_requested=event.reason or "cancelled",
             )
     return _anomaly(s, f"unknown event {type(event).__name__}")  # pragma: no cover
+
+
+def _started_budget(event: RunStarted) -> Budget | None:
+    if event.budget is not None:
+        return event.budget
+    if event.budget_usd is None and event.budget_tokens is None:
+        return None
+    return Budget(usd=event.budget_usd, tokens=event.budget_tokens)
+
+
+def _charged(s: RunState, usage: Usage | None) -> RunState:
+    """``s`` with what a step attempt charged added to its spending."""
+    if usage is None:
+        return s
+    return msgspec.structs.replace(
+        s,
+        spent_usd=s.spent_usd + usage.usd,
+        spent_tokens=s.spent_tokens + usage.tokens,
+        spent_input_tokens=s.spent_input_tokens + usage.input_tokens,
+        spent_output_tokens=s.spent_output_tokens + usage.output_tokens,
+    )
 
 
 def _signal_record(event: SignalReceived) -> SignalRecord:
@@ -266,7 +343,9 @@ def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
     add is moved aside at once.
     """
     s = state or RunState()
-    ops = list(s.ops)
+    # Copied at the first operation event: folding signals into a long run's state (a kept
+    # activation, the intake) does not copy its operation index.
+    ops: list[OpRecord] | tuple[OpRecord, ...] = s.ops
     synced = True  # whether ``s.ops`` holds what ``ops`` holds
     signals: _Buffered | None = None  # once set, the buffered signals (``s.signals`` is empty)
     children: list[str] | None = None  # once set, the children (``s.children`` is empty)
@@ -286,6 +365,8 @@ def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
                 elif isinstance(event, ChildStarted) and children is None:
                     children, s = list(s.children), msgspec.structs.replace(s, children=())
                 s = msgspec.structs.replace(s, events=s.events + 1, updated_at=event.at)
+                if isinstance(ops, tuple):
+                    ops = list(ops)
                 s = _apply_op(s, ops, event)
                 if children is not None and s.children:  # the child ``_apply_op`` just added
                     children.extend(s.children)
@@ -412,7 +493,11 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 attempts=event.attempt,
                 interrupted=prev.interrupted + 1 if prev and prev.status == "started" else 0,
             )
-            s = msgspec.structs.replace(s, step_attempts=s.step_attempts + 1)
+            s = msgspec.structs.replace(
+                s,
+                step_attempts=s.step_attempts + 1,
+                model_calls=s.model_calls + (event.kind == "llm"),
+            )
         case StepCompleted():
             rec = OpRecord(
                 position=event.position,
@@ -422,7 +507,9 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 attempts=event.attempt,
                 result=event.result,
             )
-            s = msgspec.structs.replace(s, steps_completed=s.steps_completed + 1)
+            s = _charged(
+                msgspec.structs.replace(s, steps_completed=s.steps_completed + 1), event.usage
+            )
         case StepFailed():
             rec = OpRecord(
                 position=event.position,
@@ -433,6 +520,7 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 error=event.error,
                 deadline=event.retry_at,
             )
+            s = _charged(s, event.usage)
         case ValueRecorded():
             rec = OpRecord(
                 position=event.position,

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import typing
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from sojourn.schemas.events import Usage
+
 if TYPE_CHECKING:
     from ._output import StepOutput
 
 __all__ = [
     "StepInfo",
+    "UsageMeter",
     "current_step",
     "heartbeat",
     "idempotency_headers",
@@ -30,6 +34,21 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class UsageMeter:
+    """What one step attempt charged so far, summed. Thread-safe: a sync step charges from
+    its own thread."""
+
+    __slots__ = ("_lock", "total")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total: Usage | None = None
+
+    def add(self, usage: Usage) -> None:
+        with self._lock:
+            self.total = usage if self.total is None else self.total + usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +71,45 @@ class StepInfo:
     in_doubt: bool
     report: Callable[[Any], None] | None = None
     output: StepOutput | None = None
+    meter: UsageMeter | None = None
 
     def heartbeat(self, details: Any = None) -> None:
         """Report this step's progress (see ``heartbeat``)."""
         if self.report is not None:
             self.report(details)
+
+    def charge(
+        self,
+        usage: Usage | None = None,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        usd: float = 0.0,
+        requests: int = 0,
+        model: str | None = None,
+    ) -> None:
+        """Charge what this attempt used (a model request's tokens and cost) to the run.
+
+        Recorded with the attempt's end (``StepCompleted.usage``, or ``StepFailed.usage``: a
+        failed request may have cost money too), counted against the run's budget and in
+        ``sojourn_spend_total``. Call it as often as you like; the amounts add up. ``ctx.llm``
+        charges each model request itself.
+
+        Raises:
+            ValueError: a negative or non-finite amount.
+            RuntimeError: the step has no meter (a reconcile function: it is not an attempt).
+        """
+        if usage is None:
+            usage = Usage(
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                usd=usd,
+                requests=requests,
+                model=model,
+            )
+        if self.meter is None:
+            raise RuntimeError("only a step's attempt can charge usage")
+        self.meter.add(usage)
 
 
 current_info: ContextVar[StepInfo | None] = ContextVar("sojourn_current_step", default=None)

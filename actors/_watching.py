@@ -40,6 +40,7 @@ from sojourn.schemas.health import LivenessState
 from sojourn.schemas.views import RunView
 from sojourn.schemas.vocabulary import is_terminal
 
+from ._chain import continued_as
 from ._intake import find_pending
 
 __all__ = [
@@ -388,7 +389,9 @@ async def follow_history(
     broker: Broker, names: Names, run_id: str, *, after_seq: int = 0
 ) -> AsyncGenerator[Decision, None]:
     """Yield ``run_id``'s stored decisions after ``after_seq`` in order, then each new one as
-    it is appended, until (and including) the decision that ends the run.
+    it is appended, until (and including) the decision that ends the run; a run that
+    continued as new is followed on into its chain's next runs (their decisions from the
+    first), until the chain's last run ends.
 
     Reads the events stream only, so it needs no projector. A run whose start is stored and
     not yet taken is waited for.
@@ -401,6 +404,21 @@ async def follow_history(
     """
     validate_token(run_id, "run_id")
     store = EventStore(broker, names, Settings(prefix=names.prefix))
+    while True:
+        nxt: str | None = None
+        async for d in _follow_one(broker, names, store, run_id, after_seq):
+            yield d
+            nxt = continued_as(d.events)
+        if nxt is None:
+            return
+        # The run continued as new: follow its chain's next run from its start.
+        run_id, after_seq = validate_token(nxt, "run_id"), 0
+
+
+async def _follow_one(
+    broker: Broker, names: Names, store: EventStore, run_id: str, after_seq: int
+) -> AsyncGenerator[Decision, None]:
+    """``follow_history`` for one run of a chain."""
     changed = asyncio.Event()
 
     async def on_event(_msg: Delivery) -> None:

@@ -47,7 +47,11 @@ from ._agent import Agent
 from ._executor import Activation
 from ._faults import fault
 from ._intake import HANDBACK_MAX_DELAY, Intake, dead_letter
+from ._interrupt import Interrupts
 from ._membership import Membership
+from ._snapshots import SNAPSHOT_EVENTS, as_snapshot
+from ._snapshots import keep as keep_snapshot
+from ._sticky import STICKY_RUNS, StickyRuns
 from ._tenancy import Tenancy, held_step, times_delivered
 from ._timers import InProcessTimers
 
@@ -92,6 +96,11 @@ class Worker:
             waking a long-lived run reads only what was appended since; 0 disables.
         history_cache_bytes: the same cache's bound in stored bytes (default 64 MiB), so a
             few runs with large outputs cannot make it hold gigabytes.
+        sticky_runs: parked runs whose activation this worker keeps resting in its wait
+            (default 2,000; 0 disables), so that their next wake here goes on from there
+            without loading, folding or replaying their history (docs/decisions/
+            0021-sticky-activations-and-fold-snapshots.md). The least recently parked are
+            discarded first; a kept run holds no slot and is not listed as held.
 
     Example:
         >>> async def main():                                   # doctest: +SKIP
@@ -111,6 +120,7 @@ class Worker:
         flush_delay: float = 0.02,
         history_cache: int = 10_000,
         history_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        sticky_runs: int = STICKY_RUNS,
     ) -> None:
         self.agents: dict[str, Agent[Any, Any]] = {}
         for a in agents:
@@ -131,6 +141,11 @@ class Worker:
         self.flush_delay = flush_delay
         self.history_cache = history_cache
         self.history_cache_bytes = history_cache_bytes
+        self.sticky: StickyRuns[Activation] = StickyRuns(sticky_runs)
+        """Activations of parked runs kept resting in their waits (``_sticky.py``)."""
+        self.folds = 0
+        """Activations built from a (loaded, folded) history, as opposed to kept ones
+        resumed (``sticky.resumed``)."""
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._url = nats
         self._broker = broker
@@ -172,6 +187,8 @@ class Worker:
         self.misrouted = 0
         """Wakes taken for runs of agents this worker does not serve (and handed back)."""
         self._background: set[asyncio.Task[None]] = set()
+        self.interrupts = Interrupts(self.names)
+        """The runs executing here, for the intake's interrupt notices (a cancel)."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -187,6 +204,7 @@ class Worker:
             cache_decisions=self.history_cache,
             cache_bytes=self.history_cache_bytes,
             cache_min=HISTORY_CACHE_MIN,
+            snapshot_weight=SNAPSHOT_EVENTS if self.history_cache > 0 else 0,
         )
         self.reports = ProgressStore(b, self.names, worker=self.worker_id)
         self.registry = AgentRegistry(b, self.names)
@@ -212,6 +230,7 @@ class Worker:
             check(self.names, [await b.ensure_consumer(self.names.wake_stream, config)])
             consumer = config["durable_name"]
             wake_subs[consumer] = await b.pull(self.names.wake_stream, consumer)
+        await self.interrupts.subscribe(b)
         await self._beat()
         await self._look_at_workers()
         self._tasks = [
@@ -236,6 +255,7 @@ class Worker:
             return
         self._stopping.set()
         self.timers.close()  # the broker's copies fire instead
+        await self.sticky.close(grace)  # their next wakes activate them anywhere
         # Beats go on while the activations finish: without them, the others would count
         # this worker dead and run its runs while they still execute here.
         beating = [t for t in self._tasks if t.get_name() == "sojourn-heartbeat"]
@@ -249,7 +269,9 @@ class Worker:
             for t in still:
                 t.cancel()
             await _settle(still, grace)
+        await self.sticky.close(grace)  # any that parked while the worker was stopping
         self._beating = False
+        await self.interrupts.close()
         for t in beating:
             t.cancel()
         await _settle(beating, grace)
@@ -671,54 +693,22 @@ class Worker:
         agent_name = "unknown"
         new = history is not None and not backstops
         cause = "start" if new else "wake"
+        act: Activation | None = None
         try:
             if history is None and wake.header(h.SCHEDULER):
                 fault("timer_wake")
-            if not new:
-                t0 = time.perf_counter()
-                if history:  # kept by the timer: read only what came after
-                    history = history + await self.store.load(run_id, after_seq=history[-1].seq)
-                else:
-                    history = await self.store.history(run_id)
-                loaded = time.perf_counter() - t0
-                holder = await self._held_step(run_id, history)
-                if holder is not None:
-                    await self._hand_back(wake, run_id, holder, "open_step")
+            act = None if new else await self._resume_kept(tenancy, backstops)
+            if act is None:
+                act = await self._prepare(tenancy, history, consumer, backstops)
+                if act is None:
                     return
-            else:
-                assert history is not None
-                loaded = None
-            agent = self._agent_of(history)
-            if agent is None:
-                # Not ours (or not created yet): leave it for a worker that serves it.
-                if history:
-                    self.misrouted += 1
-                    metrics.MISROUTED_WAKES.labels(consumer or "?").inc()
-                    await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(times_delivered(wake))))
-                else:
-                    await wake.ack()
-                return
-            self._run_agents[run_id] = agent.name
-            agent_name = metrics.agent_label(agent.name)
-            t0 = time.perf_counter()
-            act = Activation(
-                agent=agent,
-                run_id=run_id,
-                store=self.store,
-                history=history,
-                writer=tenancy.owner,
-                flush_delay=self.flush_delay,
-                progress=tenancy.progress,
-                heartbeat=tenancy.heartbeat,
-                keep_timer=functools.partial(self.timers.keep, run_id, agent.name),
-                backstops=backstops,
-            )
-            if loaded is not None:
-                metrics.HISTORY_LOAD_SECONDS.labels(agent_name).observe(loaded)
-                metrics.FOLD_SECONDS.labels(agent_name).observe(time.perf_counter() - t0)
+            agent_name = act.metric_agent
+            self._run_agents[run_id] = act.agent.name
             cause, late = _resume_cause(act, wake, cause)
             metrics.RESUME_LATENCY.labels(agent_name, cause).observe(late)
-            outcome = await act.run()
+            with self.interrupts.track(run_id, act):
+                outcome = await act.run()
+            self._keep(run_id, act)
             fault("before_ack")
             log.debug("run %s: %s", run_id, outcome)
             self.activations_completed += 1
@@ -754,7 +744,7 @@ class Worker:
                 metrics.ACTIVATIONS.labels(agent_name, "wedged").inc()
                 self._failures.clear(run_id)
                 with contextlib.suppress(Exception):
-                    seq = history[-1].seq if history else 0
+                    seq = act.last_seq if act is not None else 0
                     text = f"{failures} activations failed, the last with {type(e).__name__}: {e}"
                     await self._give_up(run_id, "max_deliveries", text, seq)
                     await wake.ack()
@@ -765,6 +755,100 @@ class Worker:
             metrics.ACTIVATIONS.labels(agent_name, "error").inc()
             with contextlib.suppress(Exception):
                 await wake.nak(delay=1.0)
+
+    async def _prepare(
+        self,
+        tenancy: Tenancy,
+        history: list[Decision] | None,
+        consumer: str,
+        backstops: frozenset[int],
+    ) -> Activation | None:
+        """The activation of a run from its history: loaded (unless the run is new) and
+        folded from the history cache's snapshot of it. ``None``: the wake was settled or
+        handed back (another worker may run the open step; not an agent served here)."""
+        run_id, wake = tenancy.run_id, tenancy.delivery
+        snapshot = None
+        if history is None or backstops:
+            t0 = time.perf_counter()
+            if history:  # kept by the timer: read only what came after
+                history = history + await self.store.load(run_id, after_seq=history[-1].seq)
+            else:
+                history = await self.store.history(run_id)
+                snapshot = as_snapshot(self.store.snapshot(run_id))
+            loaded: float | None = time.perf_counter() - t0
+            holder = await self._held_step(run_id, history)
+            if holder is not None:
+                await self._hand_back(wake, run_id, holder, "open_step")
+                return None
+        else:
+            loaded = None
+        agent = self._agent_of(history)
+        if agent is None:
+            # Not ours (or not created yet): leave it for a worker that serves it.
+            if history:
+                self.misrouted += 1
+                metrics.MISROUTED_WAKES.labels(consumer or "?").inc()
+                await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(times_delivered(wake))))
+            else:
+                await wake.ack()
+            return None
+        agent_name = metrics.agent_label(agent.name)
+        t0 = time.perf_counter()
+        act = Activation(
+            agent=agent,
+            run_id=run_id,
+            store=self.store,
+            history=history,
+            writer=tenancy.owner,
+            flush_delay=self.flush_delay,
+            progress=tenancy.progress,
+            heartbeat=tenancy.heartbeat,
+            keep_timer=functools.partial(self.timers.keep, run_id, agent.name),
+            backstops=backstops,
+            keep_run=self._may_keep if self.sticky.limit > 0 else None,
+            snapshot=snapshot,
+        )
+        self.folds += 1
+        keep_snapshot(self.store, run_id, act.snapshot)
+        if loaded is not None:
+            metrics.HISTORY_LOAD_SECONDS.labels(agent_name).observe(loaded)
+            metrics.FOLD_SECONDS.labels(agent_name).observe(time.perf_counter() - t0)
+        return act
+
+    async def _resume_kept(self, tenancy: Tenancy, backstops: frozenset[int]) -> Activation | None:
+        """The run's activation kept here resting in a wait (``_sticky.py``), resumed with
+        what was appended since it parked, if that is only signals; ``None`` (and the kept
+        copy discarded) otherwise: the run is activated from its history."""
+        run_id = tenancy.run_id
+        act = self.sticky.take(run_id)
+        if act is None:
+            return None
+        try:
+            newer = await self.store.load(run_id, after_seq=act.last_seq)
+        except BaseException:
+            self.sticky.discard(act, "error")
+            raise
+        if not act.resume_with(newer):
+            self.sticky.discard(act, "changed")
+            return None
+        act.rebind(
+            writer=tenancy.owner,
+            progress=tenancy.progress,
+            heartbeat=tenancy.heartbeat,
+            backstops=backstops,
+        )
+        self.sticky.resumed_one()
+        return act
+
+    def _may_keep(self) -> bool:
+        """Whether an activation that parks may rest in its wait to be kept here."""
+        return self.sticky.enabled and not self._stopping.is_set()
+
+    def _keep(self, run_id: str, act: Activation) -> None:
+        """An activation ended its turn: keep it if its code rests in a wait (``keep``
+        discards it instead when the worker stops or keeps none)."""
+        if act.resting:
+            self.sticky.keep(run_id, act)
 
     async def _give_up(
         self, run_id: str, code: str, reason: str, seq: int, *, permanent: bool = False

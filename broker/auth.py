@@ -100,6 +100,7 @@ def _streams(names: Names) -> list[str]:
         names.leases_stream,
         names.agents_stream,
         names.health_stream,
+        names.values_stream,
         *_read_side(names),
     ]
 
@@ -138,6 +139,7 @@ def _reading(names: Names) -> list[str]:
         names.leases_stream,
         names.health_stream,
         names.agents_stream,
+        names.values_stream,  # large values by reference: a run's input, output, results
         *_read_side(names),
     ):
         out += _direct_get(stream)
@@ -240,12 +242,17 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             names.wedge("*"),
             names.dlq_all,
             names.agent("*"),
+            names.values_all,  # large values' pieces (written once, by digest)
             # child runs, the cancel cascade and child runs' end notices, in its own name
             names.start("*", user),
             names.start("*", user, "*"),
             names.spawn("*", user),
             names.cancel("*", user),
             names.child_end("*", "*", user),
+            # the intake's notice that a cancel is recorded (read by every worker)
+            names.interrupt("*"),
+            # signals that reached a run as it continued as new, passed on to the next run
+            names.signal("*", ">", user),
             # the read side: a projector runs with the worker role; steps write output
             names.run_keys_all,
             names.changes_all,
@@ -277,8 +284,9 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             ]
         publish += [d for s in _read_side(names) for d in _following(s)]
         # The listing service listens on its subject (the replies go to the asker's inbox);
-        # a projector takes appends on the event subjects as hints to read at once.
-        subscribe = (inbox, names.query_runs, names.events_all)
+        # a projector takes appends on the event subjects as hints to read at once; every
+        # worker hears the intake's interrupt notices.
+        subscribe = (inbox, names.query_runs, names.events_all, names.interrupts_all)
         return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     raise ValueError(f"unknown role {role!r}")
 

@@ -102,7 +102,10 @@ class EventStore:
         cache_decisions: int = 0,
         cache_min: int = 0,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        snapshot_weight: int = 0,
     ) -> None:
+        """``snapshot_weight``: the bound of ``keep_snapshot``'s snapshots, in events folded
+        (0: none kept)."""
         self.broker = broker
         self.names = names
         self.settings = settings
@@ -113,6 +116,9 @@ class EventStore:
         self._cached = 0
         self._cached_bytes = 0
         self.cache_hits = 0
+        self.snapshot_weight = snapshot_weight
+        self._snapshots: OrderedDict[str, tuple[int, object, int]] = OrderedDict()
+        self._snapshot_weight = 0
 
     # --- the history cache ------------------------------------------------------------------
 
@@ -144,6 +150,43 @@ class EventStore:
     def forget(self, run_id: str) -> None:
         """Drop a run from the cache (it ended: nobody will read it again soon)."""
         self._take(run_id)
+        kept = self._snapshots.pop(run_id, None)
+        if kept is not None:
+            self._snapshot_weight -= kept[2]
+
+    # --- snapshots of folded histories ------------------------------------------------------
+
+    def snapshot(self, run_id: str) -> tuple[int, object] | None:
+        """The newest snapshot kept of the run: the sequence it folded up to, and the
+        snapshot (opaque here: the actors' fold of the history up to that sequence)."""
+        kept = self._snapshots.get(run_id)
+        if kept is None:
+            return None
+        self._snapshots.move_to_end(run_id)
+        return kept[0], kept[1]
+
+    def keep_snapshot(self, run_id: str, seq: int, snapshot: object, weight: int) -> None:
+        """Keep ``snapshot``, the fold of the run's history up to ``seq``, so that its next
+        reader folds only what came after (``docs/decisions/0021``); it replaces an older one.
+        ``weight`` (the events folded) is what the bound ``snapshot_weight`` counts: a fold
+        holds ~0.2 KB of Python objects per operation plus the stored values it refers to
+        (shared with the cached decisions, when those are cached too). The least recently
+        used snapshots go first; one heavier than the bound alone is not kept.
+
+        A snapshot cannot go stale, for the reason the history cache cannot: a run's history
+        only ever grows after the sequences it has."""
+        old = self._snapshots.pop(run_id, None)
+        if old is not None:
+            self._snapshot_weight -= old[2]
+            if old[0] > seq:  # keep the newer one
+                seq, snapshot, weight = old
+        if self.snapshot_weight <= 0 or weight > self.snapshot_weight:
+            return
+        self._snapshots[run_id] = (seq, snapshot, weight)
+        self._snapshot_weight += weight
+        while self._snapshot_weight > self.snapshot_weight:
+            _, (_, _, w) = self._snapshots.popitem(last=False)
+            self._snapshot_weight -= w
 
     def _take(self, run_id: str) -> _Cached | None:
         entry = self._cache.pop(run_id, None)

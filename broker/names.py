@@ -15,6 +15,7 @@ from sojourn.schemas.errors import InvalidName
 from sojourn.schemas.wire import InboxKind
 
 __all__ = [
+    "CHAIN_RUN_ID",
     "CHILD_RUN_ID",
     "RESERVED_SIGNAL_PREFIX",
     "TOKEN_PATTERN",
@@ -31,6 +32,27 @@ _TOKEN = re.compile(TOKEN_PATTERN)
 CHILD_RUN_ID = re.compile(r".*-c(0|[1-9][0-9]*)")
 """Run ids of this form are child runs' (``<parent>-c<position>``): only a spawn makes them,
 so no client can take a child's id before its parent starts it."""
+
+CHAIN_RUN_ID = re.compile(r".*-g([2-9]|[1-9][0-9]+)")
+"""Run ids of this form are the later runs of a continue-as-new chain (``<root>-g<n>``, n >=
+2): only ``ctx.continue_as_new`` makes them, so no client can take the next run's id before
+the conversation gets there."""
+
+
+def reserved_run_id(run_id: str) -> str | None:
+    """Why a trigger may not name ``run_id`` (a form only sojourn itself makes), else ``None``."""
+    if CHILD_RUN_ID.fullmatch(run_id):
+        return (
+            "has the form of a child run's id (<parent>-c<number>), which only a run starting "
+            "its child may use"
+        )
+    if CHAIN_RUN_ID.fullmatch(run_id):
+        return (
+            "has the form of a continued run's id (<run>-g<number>), which only "
+            "ctx.continue_as_new may use"
+        )
+    return None
+
 
 RESERVED_SIGNAL_PREFIX = "sojourn-"
 """Signal names sojourn records itself (resume, decisions, child notices) start with this.
@@ -184,6 +206,10 @@ class Names:
         """Control subject: lift a suspension (only the admin role may publish it)."""
         return f"{self.prefix}.as.{sender}.resume.{run_id}"
 
+    def budget(self, run_id: str, sender: str) -> str:
+        """Control subject: change a run's budget limits (admin role only)."""
+        return f"{self.prefix}.as.{sender}.budget.{run_id}"
+
     def decide(self, run_id: str, position: int, attempt: int, sender: str) -> str:
         """Control subject: an operator's decision on an in-doubt step (admin role only)."""
         return f"{self.prefix}.as.{sender}.decide.{run_id}.{position}.{attempt}"
@@ -213,6 +239,7 @@ class Names:
             f"{p}.as.*.cancel.*",
             f"{p}.as.*.spawn.*",
             f"{p}.as.*.resume.*",
+            f"{p}.as.*.budget.*",
             f"{p}.as.*.decide.*.*.*",
             f"{p}.as.*.child.*.*",
         ]
@@ -249,6 +276,8 @@ class Names:
                 return InboxSubject("spawn", validate_token(rest[0], "agent name"), "", sender)
             if kind == "resume" and len(rest) == 1:
                 return InboxSubject("resume", validate_token(rest[0], "run_id"), "", sender)
+            if kind == "budget" and len(rest) == 1:
+                return InboxSubject("budget", validate_token(rest[0], "run_id"), "", sender)
             if kind == "decide" and len(rest) == 3:
                 run_id = validate_token(rest[0], "run_id")
                 if not (_POSITION.fullmatch(rest[1]) and _POSITION.fullmatch(rest[2])):
@@ -280,6 +309,20 @@ class Names:
     def snapshots_stream(self) -> str:
         """The stream behind ``snapshots_bucket``."""
         return f"OBJ_{self.snapshots_bucket}"
+
+    # large values by reference (content-addressed pieces, ``sojourn.actors._values``)
+    @property
+    def values_stream(self) -> str:
+        """The stream of value pieces: one message per piece, on ``value(<sha256>)``."""
+        return self._stream("VALUES")
+
+    def value(self, digest: str) -> str:
+        """The subject of the value piece whose SHA-256 (hex) is ``digest``."""
+        return f"{self.prefix}.val.{digest}"
+
+    @property
+    def values_all(self) -> str:
+        return f"{self.prefix}.val.*"
 
     # the read side (docs/wire.md, "The read side")
     @property
@@ -329,6 +372,27 @@ class Names:
     @property
     def outputs_all(self) -> str:
         return f"{self.prefix}.out.*"
+
+    def interrupt(self, run_id: str) -> str:
+        """Core NATS, never stored: the intake's notice that a cancel of ``run_id`` is
+        recorded, so that the worker executing it interrupts its running step at once."""
+        return f"{self.prefix}.interrupt.{run_id}"
+
+    @property
+    def interrupts_all(self) -> str:
+        """What every worker subscribes to (no queue group: each looks for the run)."""
+        return f"{self.prefix}.interrupt.*"
+
+    def parse_interrupt(self, subject: str) -> str:
+        """The run id of an interrupt notice's subject, validated.
+
+        Raises:
+            InvalidName: not an interrupt subject of this deployment, or not a valid run id.
+        """
+        head = f"{self.prefix}.interrupt."
+        if not subject.startswith(head):
+            raise InvalidName(f"not an interrupt subject: {subject[:200]!r}")
+        return validate_token(subject[len(head) :], "run_id")
 
     @property
     def query_runs(self) -> str:

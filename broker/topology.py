@@ -165,6 +165,20 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "duplicate_window": dedup,
             "num_replicas": settings.replicas,
         },
+        {  # large values' pieces, content-addressed: one message per piece, written once
+            # (create-only on its subject), shared by every value and run that holds it. Kept
+            # forever like histories: retention does not know which pieces a run still shares.
+            "name": names.values_stream,
+            "subjects": [names.values_all],
+            "retention": "limits",
+            "storage": "file",
+            "discard": "new",
+            "max_msgs_per_subject": 1,
+            "max_age": 0,
+            "allow_direct": True,
+            "duplicate_window": dedup,
+            "num_replicas": settings.replicas,
+        },
         {  # agents any worker has ever served (what "unknown agent" means)
             "name": names.agents_stream,
             "subjects": [f"{names.prefix}.agent.*"],

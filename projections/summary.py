@@ -17,7 +17,9 @@ import msgspec
 
 from sojourn.schemas.codec import decode_spend
 from sojourn.schemas.events import (
+    BudgetChanged,
     CancelRequested,
+    CancelTaken,
     ChildStarted,
     RunCancelled,
     RunCompleted,
@@ -30,6 +32,7 @@ from sojourn.schemas.events import (
     StepCompleted,
     StepFailed,
     StepStarted,
+    Usage,
     ValueRecorded,
     WaitCompleted,
     WaitStarted,
@@ -140,8 +143,15 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 parent_run_id=event.parent_run_id,
                 started_at=event.at,
                 code_version=event.code_version,
-                budget_usd=event.budget_usd,
-                budget_tokens=event.budget_tokens,
+                budget_usd=event.budget.usd if event.budget else event.budget_usd,
+                budget_tokens=event.budget.tokens if event.budget else event.budget_tokens,
+            )
+        case BudgetChanged():
+            b = event.budget
+            return rep(
+                s,
+                budget_usd=s.budget_usd if b.usd is None else b.usd,
+                budget_tokens=s.budget_tokens if b.tokens is None else b.tokens,
             )
         case StepStarted():
             in_doubt = s.step is not None and s.step_position == event.position
@@ -168,6 +178,7 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 steps_done=s.steps_done + 1,
                 error=None,
             )
+            s = _charged(s, event.usage)
         case StepFailed():
             s = rep(
                 s,
@@ -177,6 +188,7 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 step_attempt=0,
                 error=_error(event.error.type, event.error.message),
             )
+            s = _charged(s, event.usage)
         case WaitStarted():
             s = rep(s, idle_polls=s.idle_polls + (WaitKey.parse(event.key).kind == "poll"))
         case WaitCompleted():
@@ -205,10 +217,12 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
             return rep(s, children=shown, children_count=s.children_count + 1)
         case CancelRequested():
             return rep(s, cancel_requested=True)
+        case CancelTaken():  # the compensation's steps that follow say what runs
+            return s
         case RunSuspended():
             s = rep(s, suspended_reason=event.reason, suspended_detail=event.detail)
         case RunResumed():
-            grants = s.budget_grants + (s.suspended_reason == "budget")
+            grants = s.budget_grants + (event.grant and s.suspended_reason == "budget")
             s = rep(s, suspended_reason=None, suspended_detail=None, budget_grants=grants)
         case RunFailed():
             failed = _ended(s, next_status(s.status, event), event.at)
@@ -218,6 +232,15 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
         case _:  # pragma: no cover
             return rep(s, anomalies=s.anomalies + 1)
     return _lifecycle(s, event)
+
+
+def _charged(s: RunSummary, usage: Usage | None) -> RunSummary:
+    """``s`` with what a step attempt charged added to its spending."""
+    if usage is None:
+        return s
+    return msgspec.structs.replace(
+        s, spent_usd=s.spent_usd + usage.usd, spent_tokens=s.spent_tokens + usage.tokens
+    )
 
 
 def _lifecycle(s: RunSummary, event: RunEvent) -> RunSummary:

@@ -32,10 +32,12 @@ from .errors import (
     ServerStartError,
     SojournError,
     StepError,
+    StepTimeout,
     UnknownAgent,
 )
 from .events import (
     CancelRequested,
+    CancelTaken,
     ChildStarted,
     ErrorInfo,
     Event,
@@ -106,6 +108,7 @@ __all__ = [
     "BrokerUnavailable",
     "BrokerVersionError",
     "CancelRequested",
+    "CancelTaken",
     "ChildOutcome",
     "ChildRunError",
     "ChildStarted",
@@ -141,6 +144,7 @@ __all__ = [
     "StepError",
     "StepFailed",
     "StepStarted",
+    "StepTimeout",
     "SuspendReason",
     "TerminalStatus",
     "TriggerInfo",

@@ -17,6 +17,7 @@ from .events import HistoryEntry, RunEvent, SpendValue
 from .health import WatchClaim, WedgeRecord, WorkerBeat
 from .views import RunsQuery, RunView
 from .wire import (
+    BudgetBody,
     CancelBody,
     ChildOutcome,
     DeadLetter,
@@ -29,6 +30,7 @@ from .wire import (
 )
 
 __all__ = [
+    "decode_budget",
     "decode_cancel",
     "decode_child_outcome",
     "decode_dead_letter",
@@ -62,6 +64,7 @@ _wedge_decoder = msgspec.json.Decoder(WedgeRecord)
 _claim_decoder = msgspec.json.Decoder(WatchClaim)
 _cancel_decoder = msgspec.json.Decoder(CancelBody)
 _resume_decoder = msgspec.json.Decoder(ResumeBody)
+_budget_decoder = msgspec.json.Decoder(BudgetBody)
 _decision_decoder = msgspec.json.Decoder(InDoubtDecision)
 _outcome_decoder = msgspec.json.Decoder(ChildOutcome)
 
@@ -127,6 +130,10 @@ def decode_cancel(data: bytes) -> CancelBody:
 
 def decode_resume(data: bytes) -> ResumeBody:
     return _resume_decoder.decode(data)
+
+
+def decode_budget(data: bytes) -> BudgetBody:
+    return _budget_decoder.decode(data)
 
 
 def decode_decision(data: bytes) -> InDoubtDecision:

@@ -97,6 +97,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             every timer fires from the broker at its deadline. Default 2 s. Keep it under
             ``overdue_after``: a run whose worker died is flagged overdue (and woken by the
             watchdog) if its backstop is later than that.
+        value_inline_max: bytes of JSON above which a value is stored by reference: a step's
+            result, a journaled value, a run's output, the input ``ctx.continue_as_new``
+            passes on. Such a value goes to the values stream (``<PREFIX>_VALUES``) in
+            content-addressed pieces, each stored once and shared with every value that holds
+            it (a conversation state that grows by a message per step stores the new message,
+            not the whole state again), and the history holds a small reference. From 1 KiB
+            to 64 MiB (at or above ``max_value``: every value inline). Default 16 KiB.
     """
 
     prefix: str = "sojourn"
@@ -120,6 +127,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     retain_ended: float | None = None
     archive: ArchivePolicy = "object_store"
     timer_backstop: float = 2.0
+    value_inline_max: int = 16 * 1024
 
     def __post_init__(self) -> None:
         if not 1024 <= self.max_value <= 64 * 1024 * 1024:
@@ -171,6 +179,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             )
         if not 0 <= self.timer_backstop <= 3600:
             raise ValueError(f"timer_backstop must be from 0 to 3600 s, not {self.timer_backstop}")
+        if not 1024 <= self.value_inline_max <= 64 * 1024 * 1024:
+            raise ValueError(
+                f"value_inline_max must be from 1 KiB to 64 MiB, not {self.value_inline_max}"
+            )
         if self.archive not in ARCHIVE_POLICIES:
             raise ValueError(f"archive must be one of {', '.join(ARCHIVE_POLICIES)}")
 

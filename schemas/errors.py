@@ -25,8 +25,10 @@ __all__ = [
     "SnapshotUnreadable",
     "SojournError",
     "StepError",
+    "StepTimeout",
     "TerminalError",
     "UnknownAgent",
+    "ValueUnreadable",
 ]
 
 
@@ -139,6 +141,17 @@ class TerminalError(Exception):
     """Raise from a step to fail it at once, whatever its retry policy says."""
 
 
+class StepTimeout(TimeoutError):
+    """A step attempt ran past its ``@step(timeout=...)``: the attempt fails with this error
+    (an async one is cancelled, a sync one, in a thread that cannot be stopped, abandoned) and
+    is retried as its retry policy says. A ``TimeoutError``, so ``RetryPolicy(retry_on=
+    (TimeoutError,))`` retries it."""
+
+    def __init__(self, message: str, *, timeout: float) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+
+
 class NondeterminismError(SojournError):
     """Replaying a run's history against the agent code diverged from what was recorded.
 
@@ -160,6 +173,12 @@ class Fenced(BaseException):
 
 class HistoryError(SojournError):
     """A run's history cannot be decoded (a poison message); the run needs a human."""
+
+
+class ValueUnreadable(HistoryError):
+    """A large value a history refers to cannot be read back as written: a reference that is
+    malformed or out of bounds, a piece that is missing, oversized or does not match its
+    digest. Like any unreadable history, the run needs a human (its worker wedges it)."""
 
 
 class ObjectUnreadable(SojournError):

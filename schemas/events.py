@@ -17,7 +17,11 @@ import msgspec
 from .vocabulary import WaitOutcome
 
 __all__ = [
+    "Budget",
+    "BudgetChanged",
     "CancelRequested",
+    "CancelTaken",
+    "Carried",
     "ChildStarted",
     "ErrorInfo",
     "Event",
@@ -35,7 +39,9 @@ __all__ = [
     "StepFailed",
     "StepStarted",
     "TriggerInfo",
+    "Usage",
     "ValueRecorded",
+    "ValueRef",
     "WaitCompleted",
     "WaitStarted",
 ]
@@ -57,6 +63,127 @@ class TriggerInfo(msgspec.Struct, frozen=True, kw_only=True):
     received_at: float = 0.0
 
 
+BUDGET_LIMIT_MAX = 1e15
+"""The largest value of any one budget limit: beyond any real budget, small enough that sums of
+spending stay exact integers in a float."""
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one run may use before it is suspended (reason ``budget``, the limit named).
+
+    Every limit is optional; a run without any is unbounded. Set per agent
+    (``@agent(budget=Budget(...))``), per run at start (``Client.start(..., budget=...)``, the
+    start body's ``budget``: each limit given replaces the agent's), and raised while the run
+    lives (``sojourn budget RUN --usd 5``: a ``BudgetChanged``). Checked before every step and
+    model call; what a step charged is counted when it ends.
+    """
+
+    usd: float | None = None
+    """Money: what model requests cost (``ctx.llm``, a price table) plus ``ctx.spend``."""
+    tokens: int | None = None
+    """Input plus output tokens of model requests, plus ``ctx.spend(tokens=...)``."""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    steps: int | None = None
+    """Step executions of any kind (attempts: a retried step counts each try)."""
+    tool_calls: int | None = None
+    """Step executions that are not model requests (kind ``step`` or ``tool``)."""
+    polls: int | None = None
+    """``ctx.poll`` checks (the agent's ``poll_cap`` when not given)."""
+    wall_seconds: float | None = None
+    """Seconds since the run started, parked time included."""
+
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not (0 < value <= BUDGET_LIMIT_MAX):  # also refuses NaN
+                raise ValueError(
+                    f"budget {name} must be > 0 and <= {BUDGET_LIMIT_MAX:g}, not {value!r}"
+                )
+
+    def over(self, other: Budget | None) -> Budget:
+        """This budget with every limit ``other`` sets replacing ours."""
+        if other is None:
+            return self
+        mine = msgspec.structs.asdict(self)
+        mine.update({k: v for k, v in msgspec.structs.asdict(other).items() if v is not None})
+        return Budget(**mine)
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, n) is None for n in self.__struct_fields__)
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one step attempt used, as it charged it (``current_step().charge``; ``ctx.llm``
+    charges each model request): recorded in its ``StepCompleted``/``StepFailed`` and counted
+    against the run's budget (a failed model request may cost money too)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd: float = 0.0
+    requests: int = 0
+    """Model requests made."""
+    model: str | None = None
+    """The model that answered (the last one, if several)."""
+
+    def __post_init__(self) -> None:
+        for name in ("input_tokens", "output_tokens", "usd", "requests"):
+            value = getattr(self, name)
+            if not (0 <= value <= BUDGET_LIMIT_MAX):
+                raise ValueError(f"usage {name} must be >= 0 and finite, not {value!r}")
+        if self.model is not None and len(self.model) > 200:
+            raise ValueError("usage model names are at most 200 characters")
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            usd=self.usd + other.usd,
+            requests=self.requests + other.requests,
+            model=other.model or self.model,
+        )
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class ValueRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A large value kept in the values bucket instead of inline (``Settings.value_inline_max``).
+
+    The value's JSON is the concatenation of the pieces named by ``parts`` (SHA-256 hex of
+    each piece), in order; with ``depth`` 1 that concatenation is itself a JSON array of the
+    leaf pieces' digests (a value of many pieces keeps its reference small). ``sha256`` and
+    ``size`` are the whole value's: a reader checks every piece and the whole against them.
+    Pieces are content-addressed and shared by every value (and run) that holds them: a value
+    that grows a little from step to step stores only its new pieces. See
+    ``sojourn.actors._values``.
+    """
+
+    sha256: str
+    size: int
+    parts: tuple[str, ...]
+    depth: int = 0
+
+
+class Carried(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the earlier runs of a continue-as-new chain used, handed to the next run in its
+    ``RunStarted``: a chain is held to one budget, not one per run."""
+
+    usd: float = 0.0
+    tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    steps: int = 0
+    model_calls: int = 0
+    polls: int = 0
+    started_at: float = 0.0
+    """When the chain's first run started (``wall_seconds`` counts from there)."""
+
+
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of every run event. ``at`` is the writer's wall clock (unix seconds)."""
 
@@ -74,10 +201,37 @@ class RunStarted(Event, tag="run.started.v1", frozen=True, kw_only=True):
     """The agent's budget when the run started (``Agent(budget_usd=...)``), for read models:
     the code in effect decides, this records what it said."""
     budget_tokens: int | None = None
+    budget: Budget | None = None
+    """The run's budget in effect at its start: the agent's, with the limits the start asked
+    for replacing its own. What the run machine enforces (``BudgetChanged`` replaces it)."""
+    carried: Carried | None = None
+    """For a run that continues a chain: what the chain's earlier runs used."""
+    previous_run_id: str | None = None
+    """Set on a run started by ``ctx.continue_as_new``: the run it continues."""
+    chain_root: str | None = None
+    """The first run of its continue-as-new chain (set with ``previous_run_id``): the id its
+    parent, its handles and its signals know the whole chain by."""
+    generation: int = 1
+    """1 for a run started by a trigger; n + 1 for the run generation n continued as."""
+    input_ref: ValueRef | None = None
+    """``input`` is ``null`` and the value is in the values bucket (a large value)."""
+
+
+class BudgetChanged(Event, tag="run.budget_changed.v1", frozen=True, kw_only=True):
+    """Written by the intake (``sojourn budget RUN --usd 5``): the limits given replace the
+    run's own. A run suspended for its budget is resumed in the same decision."""
+
+    budget: Budget
+    by: str | None = None
 
 
 class RunCompleted(Event, tag="run.completed.v1", frozen=True, kw_only=True):
     output: msgspec.Raw
+    continued_as: str | None = None
+    """The run ended by ``ctx.continue_as_new``: the id of the run that carries on (``output``
+    is ``null``). Its chain's outcome is the outcome of the chain's last run."""
+    output_ref: ValueRef | None = None
+    """``output`` is ``null`` and the value is in the values bucket (a large value)."""
 
 
 class RunFailed(Event, tag="run.failed.v1", frozen=True, kw_only=True):
@@ -89,10 +243,34 @@ class CancelRequested(Event, tag="run.cancel_requested.v1", frozen=True, kw_only
 
     reason: str = ""
     by: str | None = None
+    terminate: bool = False
+    """``sojourn terminate``: end the run without running its compensation (``on_cancel``)."""
+
+
+class CancelTaken(Event, tag="run.cancel_taken.v1", frozen=True, kw_only=True):
+    """Written by the run's owner when it stops the agent's code for a cancel (or the run's
+    lifetime) and runs the agent's compensation (``on_cancel``) before ``RunCancelled``.
+
+    Replay needs it: the agent's code is replayed up to where the cancel was taken, then the
+    compensation, whose operations follow in the same position sequence.
+    """
+
+    reason: str = ""
+    """What ``RunCancelled.reason`` will say (the cancel's reason, or the lifetime's)."""
+    stopped_at: int = 0
+    """The position at which the agent's code was stopped: replay raises the cancel into it
+    when it reaches this operation (a step the cancel interrupted is recorded failed there)."""
+    compensate_at: int = 0
+    """The position of the compensation's first operation (``stopped_at``, or one more when
+    the operation there is recorded)."""
 
 
 class RunCancelled(Event, tag="run.cancelled.v1", frozen=True, kw_only=True):
     reason: str = ""
+    terminated: bool = False
+    """Ended by ``terminate`` (no compensation ran)."""
+    compensation_error: ErrorInfo | None = None
+    """The compensation (``on_cancel``) raised: the run is cancelled all the same."""
 
 
 class RunSuspended(Event, tag="run.suspended.v1", frozen=True, kw_only=True):
@@ -104,6 +282,8 @@ class RunSuspended(Event, tag="run.suspended.v1", frozen=True, kw_only=True):
     string on purpose, not the Literal: a newer reason must never make an older reader fail
     (decision 0001 allows widening a set of strings, never narrowing one)."""
     detail: str
+    limit: str | None = None
+    """For ``budget``: the limit that was used up (a ``BudgetLimit``: ``usd``, ``steps``...)."""
 
 
 class RunResumed(Event, tag="run.resumed.v1", frozen=True, kw_only=True):
@@ -111,6 +291,9 @@ class RunResumed(Event, tag="run.resumed.v1", frozen=True, kw_only=True):
 
     by: str | None = None
     note: str = ""
+    grant: bool = True
+    """Whether lifting a ``cap`` or ``budget`` suspension grants the same allowance again
+    (``sojourn resume``); ``False`` when the limit itself was changed (``BudgetChanged``)."""
 
 
 class StepStarted(Event, tag="step.started.v1", frozen=True, kw_only=True):
@@ -119,6 +302,9 @@ class StepStarted(Event, tag="step.started.v1", frozen=True, kw_only=True):
     position: int
     name: str
     attempt: int = 1
+    kind: str = "step"
+    """A ``StepKind``: ``step``, ``llm`` (a model request) or ``tool``; a plain string like
+    ``RunSuspended.reason``."""
 
 
 class StepCompleted(Event, tag="step.completed.v1", frozen=True, kw_only=True):
@@ -127,6 +313,10 @@ class StepCompleted(Event, tag="step.completed.v1", frozen=True, kw_only=True):
     attempt: int = 1
     result: msgspec.Raw
     duration: float = 0.0
+    usage: Usage | None = None
+    """What the attempt charged (model tokens, money), if anything."""
+    result_ref: ValueRef | None = None
+    """``result`` is ``null`` and the value is in the values bucket (a large value)."""
 
 
 class StepFailed(Event, tag="step.failed.v1", frozen=True, kw_only=True):
@@ -139,6 +329,8 @@ class StepFailed(Event, tag="step.failed.v1", frozen=True, kw_only=True):
     error: ErrorInfo
     duration: float = 0.0
     retry_at: float | None = None
+    usage: Usage | None = None
+    """What the failed attempt charged before it failed (a model request may cost money)."""
 
 
 class SpendValue(msgspec.Struct, frozen=True):
@@ -156,6 +348,8 @@ class ValueRecorded(Event, tag="value.recorded.v1", frozen=True, kw_only=True):
     """A ``ValueKind`` (``now``, ``uuid``, ``random``, ``spend``); a plain string like
     ``RunSuspended.reason``, so a new kind never breaks an older reader."""
     value: msgspec.Raw
+    value_ref: ValueRef | None = None
+    """``value`` is ``null`` and the value is in the values bucket (a large value)."""
 
 
 class WaitStarted(Event, tag="wait.started.v1", frozen=True, kw_only=True):
@@ -213,6 +407,8 @@ RunEvent = (
     | RunCompleted
     | RunFailed
     | CancelRequested
+    | CancelTaken
+    | BudgetChanged
     | RunCancelled
     | RunSuspended
     | RunResumed

@@ -14,17 +14,21 @@ from typing import Literal, TypeGuard, get_args
 import msgspec
 
 __all__ = [
+    "BUDGET_LIMITS",
     "CHILD_STATUSES",
     "POLL_WAIT",
     "RUN_STATUSES",
+    "STEP_KINDS",
     "SUSPEND_REASONS",
     "TERMINAL",
     "VALUE_KINDS",
     "WAITING_KINDS",
     "WAIT_KINDS",
     "WAIT_OUTCOMES",
+    "BudgetLimit",
     "ChildStatus",
     "RunStatus",
+    "StepKind",
     "SuspendReason",
     "TerminalStatus",
     "ValueKind",
@@ -89,6 +93,20 @@ ValueKind = Literal["now", "uuid", "random", "spend", "patch"]
 ``ctx.spend()``, and a ``ctx.patched`` marker (``patch``, the value is the change id). The
 event field stays a plain string, like ``RunSuspended.reason``."""
 VALUE_KINDS: tuple[ValueKind, ...] = get_args(ValueKind)
+
+BudgetLimit = Literal[
+    "usd", "tokens", "input_tokens", "output_tokens", "steps", "tool_calls", "polls", "wall_seconds"
+]
+"""The limits of a run's budget (the fields of ``sojourn.schemas.events.Budget``), named by
+``RunSuspended.limit`` when one is used up and by ``sojourn_budget_breaches_total{limit}``."""
+BUDGET_LIMITS: tuple[BudgetLimit, ...] = get_args(BudgetLimit)
+
+StepKind = Literal["step", "llm", "tool"]
+"""What a step is (``StepStarted.kind``): ``llm``, a model request (``ctx.llm``, an LLM
+framework's model call); ``tool``, a tool a model asked for; ``step``, anything else. Budgets
+count model requests and tool calls by it (a ``tool_calls`` limit counts every step that is not
+a model request). A plain string in the event, like ``RunSuspended.reason``."""
+STEP_KINDS: tuple[StepKind, ...] = get_args(StepKind)
 
 WaitOutcome = Literal["signal", "timeout", "child"]
 """How a wait ended (``WaitCompleted.outcome``)."""

@@ -13,6 +13,7 @@ from typing import Literal
 
 import msgspec
 
+from .events import Budget
 from .vocabulary import ChildStatus
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "RESERVED_SIGNAL_PREFIX",
     "ArchivedDecision",
     "ArchivedRun",
+    "BudgetBody",
     "CancelBody",
     "ChildOutcome",
     "DeadLetter",
@@ -56,8 +58,14 @@ def child_signal(child_run_id: str) -> str:
     return f"{CHILD_SIGNAL}.{child_run_id}"
 
 
-InboxKind = Literal["start", "signal", "cancel", "spawn", "resume", "decide", "child"]
+InboxKind = Literal["start", "signal", "cancel", "spawn", "resume", "budget", "decide", "child"]
 """What an inbox message asks for, from its subject (docs/wire.md "Subjects")."""
+
+
+class BudgetBody(Budget, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A budget as a client sends it (in a start, or on ``<prefix>.as.<sender>.budget.<run>``
+    to change a live run's limits): a ``Budget`` whose unknown fields are refused, so that a
+    misspelt limit is an error and never silently no limit."""
 
 
 class StartTrigger(
@@ -72,6 +80,8 @@ class StartTrigger(
     input: msgspec.Raw
     run_id: str | None = None
     parent_run_id: str | None = None
+    budget: BudgetBody | None = None
+    """Limits for this run: each one given replaces the agent's (``Budget``)."""
 
 
 RejectCode = Literal[
@@ -186,6 +196,9 @@ class CancelBody(
 
     reason: str = ""
     by: str | None = None
+    terminate: bool = False
+    """End the run without its compensation (``sojourn terminate``); an in-flight step is
+    interrupted the same way."""
 
 
 class InDoubtDecision(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

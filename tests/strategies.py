@@ -21,7 +21,11 @@ import msgspec.inspect as mi
 from hypothesis import strategies as st
 
 from sojourn.schemas.events import (
+    Budget,
+    BudgetChanged,
     CancelRequested,
+    CancelTaken,
+    Carried,
     ChildStarted,
     ErrorInfo,
     RunCancelled,
@@ -35,12 +39,14 @@ from sojourn.schemas.events import (
     StepCompleted,
     StepFailed,
     StepStarted,
+    Usage,
     ValueRecorded,
     WaitCompleted,
     WaitStarted,
 )
 from sojourn.schemas.vocabulary import (
     CHILD_STATUSES,
+    STEP_KINDS,
     SUSPEND_REASONS,
     VALUE_KINDS,
     WAIT_OUTCOMES,
@@ -48,7 +54,7 @@ from sojourn.schemas.vocabulary import (
     WaitKey,
     WaitOutcome,
 )
-from sojourn.schemas.wire import CHILD_SIGNAL, child_signal
+from sojourn.schemas.wire import CHILD_SIGNAL, BudgetBody, child_signal
 
 if TYPE_CHECKING:
     from sojourn.actors._state import OpRecord, SignalRecord
@@ -225,7 +231,7 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
     def cancel() -> None:
         reason = draw(st.sampled_from(["", "user asked"]))
         emit(CancelRequested(reason=reason, by=None))
-        exp.cancel_requested = reason or "cancelled"
+        exp.cancel_requested = reason or exp.cancel_requested or "cancelled"
 
     def sendable(names: tuple[str, ...]) -> list[str]:
         """Of ``names``, the signals that may still arrive."""
@@ -489,6 +495,27 @@ wait_keys = st.sampled_from(
 )
 signal_ids = st.sampled_from(["s0", "s1", "s2"])
 child_ids = st.sampled_from(["c0", "c1"])
+counts = st.integers(0, 10**6)
+usages: st.SearchStrategy[Usage] = st.builds(
+    Usage,
+    input_tokens=counts,
+    output_tokens=counts,
+    usd=st.floats(0, 100, allow_nan=False),
+    requests=st.integers(0, 5),
+    model=st.none() | st.sampled_from(["m1", "m2"]),
+)
+limits_int = st.none() | st.integers(1, 10**9)
+budgets: st.SearchStrategy[Budget] = st.builds(
+    Budget,
+    usd=st.none() | st.floats(0.01, 1e6, allow_nan=False),
+    tokens=limits_int,
+    input_tokens=limits_int,
+    output_tokens=limits_int,
+    steps=limits_int,
+    tool_calls=limits_int,
+    polls=limits_int,
+    wall_seconds=st.none() | st.floats(1, 1e9, allow_nan=False),
+)
 ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
     RunStarted: st.builds(
         RunStarted,
@@ -499,14 +526,27 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
     ),
     RunCompleted: st.builds(RunCompleted, output=raws),
     RunFailed: st.builds(RunFailed, error=errors),
-    CancelRequested: st.builds(CancelRequested, reason=st.sampled_from(["", "x"])),
+    CancelRequested: st.builds(
+        CancelRequested, reason=st.sampled_from(["", "x"]), terminate=st.booleans()
+    ),
+    CancelTaken: st.builds(
+        CancelTaken,
+        reason=st.sampled_from(["", "x"]),
+        stopped_at=st.integers(0, 5),
+        compensate_at=st.integers(0, 6),
+    ),
+    BudgetChanged: st.builds(BudgetChanged, budget=budgets),
     RunCancelled: st.builds(RunCancelled, reason=st.sampled_from(["", "y"])),
     RunSuspended: st.builds(
         RunSuspended, reason=st.sampled_from(SUSPEND_REASONS), detail=st.just("d")
     ),
     RunResumed: st.builds(RunResumed),
     StepStarted: st.builds(
-        StepStarted, position=positions, name=st.sampled_from(NAMES), attempt=attempts
+        StepStarted,
+        position=positions,
+        name=st.sampled_from(NAMES),
+        attempt=attempts,
+        kind=st.sampled_from(STEP_KINDS),
     ),
     StepCompleted: st.builds(
         StepCompleted,
@@ -514,6 +554,7 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
         name=st.sampled_from(NAMES),
         attempt=attempts,
         result=raws,
+        usage=st.none() | usages,
     ),
     StepFailed: st.builds(
         StepFailed,
@@ -522,6 +563,7 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
         attempt=attempts,
         error=errors,
         retry_at=st.none() | st.sampled_from([0.0, 5.0]),
+        usage=st.none() | usages,
     ),
     ValueRecorded: st.builds(
         ValueRecorded, position=positions, kind=st.sampled_from(VALUE_KINDS), value=raws
@@ -731,11 +773,28 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
             return st.lists(strategy_for(t.item_type), max_size=3).map(tuple)
         case mi.DictType():
             return st.dictionaries(strategy_for(t.key_type), strategy_for(t.value_type), max_size=3)
+        case mi.StructType() if t.cls in VALIDATED:
+            return VALIDATED[t.cls]
         case mi.StructType():
             required = {f.name: strategy_for(f.type) for f in t.fields if f.required}
             optional = {f.name: strategy_for(f.type) for f in t.fields if not f.required}
             return st.fixed_dictionaries(required, optional=optional).map(lambda kw: t.cls(**kw))
     raise NotImplementedError(f"no strategy for {t!r}: add one to strategy_for")
+
+
+VALIDATED: dict[type, st.SearchStrategy[Any]] = {
+    Carried: st.builds(
+        Carried,
+        usd=st.floats(0, 100, allow_nan=False),
+        tokens=counts,
+        steps=counts,
+        started_at=st.floats(0, 1e9, allow_nan=False),
+    ),
+    Budget: budgets,
+    BudgetBody: budgets.map(lambda b: BudgetBody(**msgspec.structs.asdict(b))),
+    Usage: usages,
+}
+"""Structs whose fields are validated on construction: drawn valid."""
 
 
 def struct_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:

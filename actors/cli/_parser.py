@@ -11,6 +11,7 @@ from sojourn.broker.connection import ENV_CREDS, ENV_TLS_CA, ENV_TLS_CERT, ENV_T
 from sojourn.schemas.health import BEAT_RUNS_MAX
 
 from ._archive import cmd_archive
+from ._budget import add_budget_arguments, cmd_budget
 from ._common import DEFAULT_PREFIX, Handler
 from ._projector import cmd_projector
 from ._read import cmd_runs
@@ -24,6 +25,7 @@ from ._runs import (
     cmd_signal,
     cmd_start,
     cmd_status,
+    cmd_terminate,
 )
 from ._serve import cmd_demo, cmd_dev, cmd_watchdog, cmd_worker
 from ._stream import cmd_stream
@@ -476,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wait", action="store_true", help="wait for the run's result and print its output"
     )
+    add_budget_arguments(p, "each replaces the agent's own for this run")
     p.add_argument(
         "--timeout",
         metavar="SECONDS",
@@ -508,8 +511,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "cancel",
         cmd_cancel,
-        "Ask a run to stop; it ends before its next step.",
+        "Ask a run to stop: its running step is interrupted, its compensation runs.",
         "sojourn cancel 5f0c9e2d --reason 'wrong customer'",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    p.add_argument("--reason", metavar="TEXT", default="", help="recorded in the history")
+
+    p = command(
+        "terminate",
+        cmd_terminate,
+        "End a run at once, without its compensation (on_cancel).",
+        "sojourn terminate 5f0c9e2d --reason 'runaway loop'",
     )
     p.add_argument("run_id", metavar="RUN", help="run id")
     p.add_argument("--reason", metavar="TEXT", default="", help="recorded in the history")
@@ -543,6 +555,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_id", metavar="RUN", help="run id")
     p.add_argument("--note", metavar="TEXT", default="", help="recorded in the history")
+
+    p = command(
+        "budget",
+        cmd_budget,
+        "Change a run's budget limits; a run suspended for its budget resumes.",
+        "sojourn budget 5f0c9e2d --usd 5 --steps 500",
+        detail="Each limit given replaces the run's own (the others stay). A run suspended "
+        "because it used up a limit resumes at once and checks its new limits at its next "
+        "step: if one is still used up it is suspended again, naming it. Needs the admin role "
+        "where the deployment authenticates.",
+    )
+    p.add_argument("run_id", metavar="RUN", help="run id")
+    add_budget_arguments(p, "the run's new limits")
 
     p = command(
         "decide",

@@ -27,6 +27,7 @@ from sojourn.schemas.events import (
     ValueRecorded,
 )
 from sojourn.schemas.health import Liveness
+from sojourn.schemas.vocabulary import BUDGET_LIMITS
 
 from .._intake import PendingRun
 from .._state import RunState
@@ -86,6 +87,8 @@ def describe_event(e: RunEvent) -> tuple[str, str]:
         case RunStarted():
             version = f" version={e.code_version}" if e.code_version else ""
             detail = f"agent={e.agent}{version} input={short(e.input)}"
+            if e.previous_run_id:
+                detail += f" continues={e.previous_run_id} generation={e.generation}"
         case StepStarted():
             detail = f"{e.name} pos={e.position} attempt={e.attempt}"
         case StepCompleted():
@@ -102,12 +105,18 @@ def describe_event(e: RunEvent) -> tuple[str, str]:
             detail = f"ctx.{e.kind}() pos={e.position} = {short(e.value, 40)}"
         case RunCompleted():
             detail = f"output={short(e.output)}"
+            if e.continued_as:
+                detail = f"continued as {e.continued_as}"
         case RunFailed():
             detail = f"error={e.error.type}: {one_line(e.error.message)}"
         case CancelRequested():
             detail = f"reason={e.reason!r}" + (f" by={e.by}" if e.by else "")
+            detail += " terminate" if e.terminate else ""
         case RunCancelled():
-            detail = f"reason={e.reason!r}"
+            detail = f"reason={e.reason!r}" + (" terminated" if e.terminated else "")
+            if e.compensation_error is not None:
+                err = e.compensation_error
+                detail += f" compensation_error={err.type}: {one_line(err.message)}"
         case RunSuspended():
             detail = f"reason={e.reason}: {one_line(e.detail)}"
         case RunResumed():
@@ -163,6 +172,9 @@ def status_json(state: RunState, run_id: str) -> dict[str, Any]:
         "deadline": iso(state.deadline),
         "buffered_signals": [r.name for r in state.signals],
         "children": list(state.children),
+        "continued_as": state.continued_as,
+        "chain_root": state.chain_root,
+        "generation": state.generation,
         "parent_run_id": state.parent_run_id,
         "suspended_reason": state.suspended_reason,
         "suspended_detail": state.suspended_detail,
@@ -170,6 +182,13 @@ def status_json(state: RunState, run_id: str) -> dict[str, Any]:
         "spent_tokens": state.spent_tokens,
         "budget_usd": state.granted_usd,
         "budget_tokens": state.granted_tokens,
+        "spent_input_tokens": state.spent_input_tokens,
+        "spent_output_tokens": state.spent_output_tokens,
+        "model_calls": state.model_calls,
+        "tool_calls": state.tool_calls,
+        "budget": None
+        if state.budget is None
+        else {k: v for k, v in msgspec.structs.asdict(state.budget).items() if v is not None},
         "queued_at": None,
         "anomalies": list(state.anomalies),
     }
@@ -198,24 +217,41 @@ def pending_rows(pending: PendingRun) -> list[tuple[str, str]]:
     ]
 
 
+def spending(state: RunState) -> dict[str, float]:
+    """What a run used, per budget limit (as its run machine counts it)."""
+    return {
+        "usd": state.spent_usd,
+        "tokens": state.spent_tokens,
+        "input_tokens": state.spent_input_tokens,
+        "output_tokens": state.spent_output_tokens,
+        "steps": state.step_attempts,
+        "tool_calls": state.tool_calls,
+    }
+
+
 def spend_text(state: RunState) -> str | None:
-    """What the run spent (``ctx.spend``) against its budget in effect, ``None`` when it
-    spent nothing and has no budget: ``0.8 usd of 1, 300 tokens``."""
+    """What the run used against its budget in effect, ``None`` when it spent nothing and has
+    no budget: ``0.8 usd of 1, 300 tokens, 12 steps of 50``."""
+    used = spending(state)
+    budget = state.budget
     parts = []
-    if state.spent_usd or state.budget_usd is not None:
-        usd = f"{state.spent_usd:g} usd"
-        if state.granted_usd is not None:
-            usd += f" of {state.granted_usd:g}"
-        parts.append(usd)
-    if state.spent_tokens or state.budget_tokens is not None:
-        tokens = f"{state.spent_tokens} tokens"
-        if state.granted_tokens is not None:
-            tokens += f" of {state.granted_tokens}"
-        parts.append(tokens)
+    for unit in BUDGET_LIMITS:
+        limit = None if budget is None else getattr(budget, unit)
+        spent = used.get(unit)
+        if limit is None and not (unit in ("usd", "tokens") and spent):
+            continue
+        name = unit.replace("_", " ")
+        if spent is None:  # polls, wall time: counted by the run as it goes
+            assert limit is not None
+            parts.append(f"{name} limit {limit * state.grants:g}")
+        elif limit is None:
+            parts.append(f"{spent:g} {name}")
+        else:
+            parts.append(f"{spent:g} {name} of {limit * state.grants:g}")
     if not parts:
         return None
     text = ", ".join(parts)
-    if state.grants > 1 and (state.budget_usd is not None or state.budget_tokens is not None):
+    if state.grants > 1 and budget is not None:
         text += f" (budget granted {state.grants} times)"
     return text
 
@@ -254,6 +290,11 @@ def status_rows(state: RunState, liv: Liveness, run_id: str) -> list[tuple[str, 
         rows.append(("children", ", ".join(state.children)))
     if state.parent_run_id:
         rows.append(("parent", state.parent_run_id))
+    if state.continued_as:
+        rows.append(("continued as", f"{state.continued_as} (ended by ctx.continue_as_new)"))
+    if state.chain_root:
+        chain = f"generation {state.generation} of {state.chain_root}"
+        rows.append(("chain", chain + f", continuing {state.previous_run_id}"))
     rows.append(("started", stamp(state.started_at)))
     ended = stamp(state.ended_at)
     if state.ended_at and state.started_at:

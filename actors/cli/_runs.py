@@ -24,7 +24,9 @@ from .._app import load_app
 from .._client import Client, PendingRun, TriggerRejected
 from .._replay import Divergence, decode_history_file, replay_run
 from .._state import RunState
+from .._values import values_for
 from .._watchdog import Watchdog
+from ._budget import budget_from_args
 from ._common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -59,6 +61,7 @@ __all__ = [
     "cmd_signal",
     "cmd_start",
     "cmd_status",
+    "cmd_terminate",
 ]
 
 INTAKE_WAIT = 2.0
@@ -77,7 +80,14 @@ async def cmd_start(args: argparse.Namespace) -> int:
     run_id = args.run_id or uuid.uuid4().hex
     async with await connect_client(args) as client:
         trigger = asyncio.ensure_future(
-            client.trigger(args.agent, payload, run_id=run_id, wait=True, timeout=intake_timeout)
+            client.trigger(
+                args.agent,
+                payload,
+                run_id=run_id,
+                wait=True,
+                timeout=intake_timeout,
+                budget=budget_from_args(args),
+            )
         )
         out(f"run_id: {run_id}")
         if args.wait:
@@ -205,8 +215,25 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     out(
-        f"cancel requested for run {args.run_id}: it stops before its next step "
+        f"cancel requested for run {args.run_id}: its running step is interrupted, its "
+        "compensation (if any) runs and it ends cancelled "
         f"(see `sojourn status {args.run_id}`)"
+    )
+    return EXIT_OK
+
+
+async def cmd_terminate(args: argparse.Namespace) -> int:
+    validate_token(args.run_id, "run_id")
+    async with await connect_client(args) as client:
+        await require_deployment(client, args.run_id)
+        state = await _lookup(client, args.run_id)
+        if isinstance(state, RunState) and state.terminal:
+            out(f"run {args.run_id} already ended ({state.status}): nothing to terminate")
+            return EXIT_OK
+        await client.terminate(args.run_id, args.reason, by=cli_sender(client))
+    out(
+        f"terminate requested for run {args.run_id}: its running step is interrupted and it "
+        f"ends cancelled without compensation (see `sojourn status {args.run_id}`)"
     )
     return EXIT_OK
 
@@ -340,7 +367,9 @@ async def _read_runs(client: Client, run_ids: Sequence[str], *, named: bool) -> 
 
     async def read(run_id: str) -> list[RunEvent]:
         async with sem:
-            return [e for d in await client.history(run_id) for e in d.events]
+            events = [e for d in await client.history(run_id) for e in d.events]
+            # Large values are replayed as the run saw them, not as their references.
+            return await values_for(client.broker, client.names, client.settings).resolve(events)
 
     found = await asyncio.gather(*(read(r) for r in run_ids))
     for run_id, events in zip(run_ids, found, strict=True):

@@ -1,4 +1,5 @@
-"""Cancelling runs: durable requests that take effect at the next decision point."""
+"""Cancelling runs: durable requests that interrupt a running step (tests/actors/test_interrupt.py
+has the rest: timings, sync steps, compensation, terminate)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import pytest
 
 from sojourn.actors import Client, Context, RunCancelledError, Worker, agent
 from sojourn.broker import EmbeddedServer
-from sojourn.schemas import CancelRequested, RunCancelled, StepCompleted, StepStarted
+from sojourn.schemas import (
+    CancelRequested,
+    RunCancelled,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+)
 from sojourn.schemas.config import Settings
 from tests.conftest import wait_for
 
@@ -33,7 +40,7 @@ async def cancellable(ctx: Context, _: None) -> str:
     return await ctx.step(after)
 
 
-async def test_cancel_a_running_run_stops_before_the_next_step(
+async def test_cancel_a_running_run_interrupts_its_step_and_runs_nothing_after(
     nats_server: EmbeddedServer, settings: Settings, client: Client
 ) -> None:
     release.clear()
@@ -59,8 +66,10 @@ async def test_cancel_a_running_run_stops_before_the_next_step(
     events = [e for d in await client.history(run_id) for e in d.events]
     names = [type(e).__name__ for e in events]
     assert names[-1] == "RunCancelled"
-    # The running step's completion was still recorded: it happened.
-    assert [e.position for e in events if isinstance(e, StepCompleted)] == [0]
+    # The running step was interrupted (its task cancelled), recorded as such, not retried.
+    assert not [e for e in events if isinstance(e, StepCompleted)]
+    failed = [e for e in events if isinstance(e, StepFailed)]
+    assert [(e.position, e.error.type, e.retry_at) for e in failed] == [(0, "Cancelled", None)]
     assert [e.position for e in events if isinstance(e, StepStarted)] == [0]
     cancelled = events[-1]
     assert isinstance(cancelled, RunCancelled) and cancelled.reason == "changed my mind"

@@ -320,6 +320,7 @@ async def test_suspended_child_is_not_reported_as_ended(worker: Worker, client: 
     await until_state(client, child_id, is_waiting, what="the child's wait")
     await until_state(client, run_id, is_waiting, what="the parent's wait")
     changed_code.add(child_id)  # a deploy changed the child's code
+    worker.sticky.drop(child_id)  # a deploy is a new process: nothing of the old code is kept
     await client.signal(child_id, "go", 1)
     await until_state(client, child_id, lambda s: s.status == "suspended", what="suspension")
 

@@ -50,8 +50,14 @@ async def test_view_runs_watch_and_stream(
         assert view is not None and view.agent == "reader_demo" and view.steps_done == 1
         assert view.waiting_on == ("signal:ack",)
 
-        page = await client.runs(agent="reader_demo", status="waiting", since=timedelta(hours=1))
-        assert [v.run_id for v in page.runs] == [run_id]
+        # The listing is fed by the same projector as the view, written a moment later.
+        async def listed() -> bool:
+            page = await client.runs(
+                agent="reader_demo", status="waiting", since=timedelta(hours=1)
+            )
+            return [v.run_id for v in page.runs] == [run_id]
+
+        await wait_for(listed, timeout=60, what="the waiting run in the listing")
         assert (await client.runs(agent="reader_demo", status=["completed"])).runs == ()
 
         # The stream so far, then a resume from the middle: exactly the chunks after it.

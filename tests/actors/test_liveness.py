@@ -338,7 +338,8 @@ async def test_a_nondeterministic_replay_shows_wedged_with_the_reason(
     FLIP["step"] = "first_version"
     wd = await Watchdog(nats=nats_server.url, settings=settings).start()
     watchers.append(wd)
-    async with Worker([shifty], nats=nats_server.url, settings=settings):
+    # sticky_runs=0: the code is changed in this process, so no activation may be kept across it
+    async with Worker([shifty], nats=nats_server.url, settings=settings, sticky_runs=0):
         run_id = await client.start("shifty", None)
 
         await parked_on_timer(client, run_id)
@@ -404,7 +405,8 @@ async def test_a_run_whose_activations_keep_failing_is_wedged_until_its_history_
     )
     wd = await Watchdog(nats=nats_server.url, settings=tight).start()
     watchers.append(wd)
-    async with Worker([brittle], nats=nats_server.url, settings=tight):
+    # sticky_runs=0: a kept activation would go on without making the broken one
+    async with Worker([brittle], nats=nats_server.url, settings=tight, sticky_runs=0):
         run_id = await client.start("brittle", None)
 
         await parked_on_timer(client, run_id)

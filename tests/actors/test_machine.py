@@ -45,6 +45,7 @@ from sojourn.schemas.errors import (
     TerminalError,
 )
 from sojourn.schemas.events import (
+    Budget,
     CancelRequested,
     RunEvent,
     RunResumed,
@@ -467,11 +468,12 @@ def test_a_value_too_large_is_fatal_even_if_the_code_catches_it() -> None:
 
 
 def test_a_budget_suspends_once_reached_and_a_resume_grants_it_again() -> None:
-    sim = Sim(limits=Limits(budget_usd=1.0))
+    sim = Sim(limits=Limits(budget=Budget(usd=1.0)))
     assert sim.machine.spend(0.6, 10, sim.now) == (True, None)
     live, over = sim.machine.spend(0.5, 10, sim.now)
     assert live and isinstance(over, Suspend) and over.unit == "usd"
-    assert over.event.reason == "budget" and "budget of 1" in over.event.detail
+    assert over.event.reason == "budget" and over.event.limit == "usd"
+    assert "usd used up: 1.1 of 1" in over.event.detail
     sim.store(over.event)
     sim.history.append(RunResumed(by="ops", at=T0))
     m = sim.activate()
@@ -482,7 +484,7 @@ def test_a_budget_suspends_once_reached_and_a_resume_grants_it_again() -> None:
 
 
 def test_a_token_budget() -> None:
-    sim = Sim(limits=Limits(budget_tokens=100))
+    sim = Sim(limits=Limits(budget=Budget(tokens=100)))
     _, over = sim.machine.spend(0.0, 100, sim.now)
     assert isinstance(over, Suspend) and over.unit == "tokens"
 

@@ -66,7 +66,7 @@ async def test_steps_heartbeats_budgets_and_their_metrics(
         await wait_for(suspended, 30, what="the run to reach its budget")
         state = await client.state(run_id)
         assert state.status == "suspended" and state.suspended_reason == "budget"
-        assert "spent 1.2 usd of a budget of 1" in (state.suspended_detail or "")
+        assert "usd used up: 1.2 of 1" in (state.suspended_detail or "")
         liv = await client.liveness(run_id)
         assert liv.state == "suspended" and (liv.reason or "").startswith("budget")
 
@@ -118,5 +118,5 @@ def test_the_metrics_endpoint_serves_and_a_taken_port_is_a_clear_error() -> None
 
 
 def test_budgets_must_be_positive() -> None:
-    with pytest.raises(ValueError, match=r"Budget\.usd must be positive"):
+    with pytest.raises(ValueError, match=r"budget usd must be > 0"):
         Budget(usd=0)

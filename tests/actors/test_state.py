@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 from sojourn.actors._state import TERMINAL, OpRecord, RunState, SignalRecord, evolve, fold
 from sojourn.schemas.events import (
+    BudgetChanged,
     CancelRequested,
+    CancelTaken,
     ChildStarted,
     ErrorInfo,
     RunCancelled,
@@ -275,19 +277,24 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
 # --- arbitrary sequences, event by event ------------------------------------------------------
 
 BOOKKEEPING = {"events", "updated_at", "anomalies"}
+SPENDING = {"spent_usd", "spent_tokens", "spent_input_tokens", "spent_output_tokens"}
+"""What a step attempt's charged ``usage`` adds to."""
 MAY_CHANGE: dict[type, set[str]] = {
     RunStarted: {"run_id", "agent", "code_version", "input", "status", "started_at"}
-    | {"parent_run_id", "budget_usd", "budget_tokens"},
+    | {"parent_run_id", "budget_usd", "budget_tokens", "budget", "carried"},
+    BudgetChanged: {"budget"},
     RunCompleted: {"status", "output", "ended_at"},
     RunFailed: {"status", "error", "ended_at"},
-    CancelRequested: {"cancel_requested"},
+    CancelRequested: {"cancel_requested", "terminate_requested"},
+    CancelTaken: {"cancel_taken"},
     RunCancelled: {"status", "ended_at", "cancel_requested"},
     RunSuspended: {"status", "suspended_reason", "suspended_detail"},
     RunResumed: {"status", "suspended_reason", "suspended_detail", "cap_resumes"}
     | {"budget_resumes"},  # a resume after a cap or a budget suspension grants another allowance
-    StepStarted: {"ops", "status", "step_attempts", "waiting_on", "deadline"},  # a retry began
-    StepCompleted: {"ops", "status", "steps_completed"},
-    StepFailed: {"ops", "status", "waiting_on", "deadline"},  # ``retry_at``: backing off
+    StepStarted: {"ops", "status", "step_attempts", "waiting_on", "deadline"}  # a retry began
+    | {"model_calls"},
+    StepCompleted: {"ops", "status", "steps_completed"} | SPENDING,
+    StepFailed: {"ops", "status", "waiting_on", "deadline"} | SPENDING,  # ``retry_at``: backing off
     ValueRecorded: {"ops", "spent_usd", "spent_tokens"},  # a ``spend`` value adds to the spend
     WaitStarted: {"ops", "status", "waiting_on", "deadline"},
     WaitCompleted: {"ops", "status", "waiting_on", "deadline", "signals"},

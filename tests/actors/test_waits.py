@@ -748,8 +748,10 @@ async def test_a_long_run_woken_many_times_reads_only_new_history(
     nats_server: EmbeddedServer, settings: Settings, client: Client
 ) -> None:
     """Wakes of a long history come from the worker's history cache plus a tail read, and the
-    run still sees exactly what was recorded (including signals appended by the intake)."""
-    async with Worker([accumulator], nats=nats_server.url, settings=settings) as worker:
+    run still sees exactly what was recorded (including signals appended by the intake).
+    (Without kept activations: a kept one reads no history at all, tests/actors/test_sticky.py.)"""
+    url = nats_server.url
+    async with Worker([accumulator], nats=url, settings=settings, sticky_runs=0) as worker:
         run_id = await client.start("accumulator", 30)
         for i in range(1, 31):
 

@@ -8,6 +8,7 @@ from typing import Any, get_args
 
 from sojourn.schemas.events import RunEvent
 from sojourn.schemas.export import WIRE_SCHEMAS, export_schemas
+from sojourn.schemas.vocabulary import BUDGET_LIMITS
 
 GOLDEN = Path(__file__).with_name("golden_events.jsonl")
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -65,10 +66,14 @@ def test_the_start_trigger_schema_is_closed_and_requires_input(tmp_path: Path) -
     schema = load(path)
     trigger = resolve(schema, schema)
     assert trigger["type"] == "object"
-    assert set(trigger["properties"]) == {"input", "run_id", "parent_run_id"}
+    assert set(trigger["properties"]) == {"input", "run_id", "parent_run_id", "budget"}
     assert trigger["required"] == ["input"]
     assert trigger["additionalProperties"] is False
     assert trigger["properties"]["input"] == {}  # any JSON value
+    # a budget is closed too: a misspelt limit is refused, never silently no limit
+    budget = resolve(schema, trigger["properties"]["budget"]["anyOf"][0])
+    assert budget["additionalProperties"] is False
+    assert set(budget["properties"]) == set(BUDGET_LIMITS)
 
 
 def test_event_schemas_are_open_world_and_cover_every_tag(tmp_path: Path) -> None:
