@@ -46,7 +46,7 @@ async def record(url: str, scratch: Path) -> None:
     os.environ["SOJOURN_DEMO_OUTBOX"] = str(scratch / "welcome")
     os.environ["SOJOURN_DEMO_STEP_SECONDS"] = "0"
     os.environ["SOJOURN_ONBOARDING_OUTBOX"] = str(scratch / "onboarding")
-    from examples import greeter, onboarding, streaming, welcome
+    from examples import chat, greeter, onboarding, research_agent, streaming, welcome
 
     agents: list[Agent[Any, Any]] = [
         greeter.greeter,
@@ -54,6 +54,8 @@ async def record(url: str, scratch: Path) -> None:
         onboarding.onboarding,
         onboarding.it_provision,
         streaming.answerer,
+        research_agent.researcher,
+        chat.chat,
     ]
     settings = Settings(prefix="golden")
     worker = Worker(agents, nats=url, settings=settings)
@@ -92,6 +94,24 @@ async def record(url: str, scratch: Path) -> None:
         run = await client.start("answerer", question)
         await client.result(run, timeout=60)
         await save(client, "examples.streaming--completed", run)
+
+        research = {"topic": "durable execution", "to": "ada@example.com"}
+        run = await client.start("researcher", research)
+        await until_waiting_on(client, run, "approval.send_report")
+        await save(client, "examples.research_agent--parked", run)
+        await client.signal(run, "approval.send_report", {"approve": True, "by": "ada"})
+        await client.result(run, timeout=60)
+        await save(client, "examples.research_agent--approved", run)
+        run = await client.start("researcher", research)
+        await until_waiting_on(client, run, "approval.send_report")
+        denial = {"approve": False, "by": "ada", "note": "not yet"}
+        await client.signal(run, "approval.send_report", denial)
+        await client.result(run, timeout=60)
+        await save(client, "examples.research_agent--denied", run)
+
+        run = await client.start("chat", {"question": "What is the weather in Lisbon?"})
+        await client.result(run, timeout=60)
+        await save(client, "examples.chat--completed", run)
     finally:
         await client.close()
         await worker.stop()
