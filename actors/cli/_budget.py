@@ -72,16 +72,14 @@ async def cmd_budget(args: argparse.Namespace) -> int:
         raise UsageError("name at least one limit, e.g. `sojourn budget RUN --usd 5`")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        try:
-            state = await client.state(args.run_id)
-        except Exception:
-            pending = await client.pending(args.run_id)
-            if isinstance(pending, PendingRun):
-                raise UsageError(
-                    f"run {args.run_id} is pending (not started yet): give its budget with "
-                    "`sojourn start ... --usd N`"
-                ) from None
-            raise
+        from ._runs import lookup_current  # _runs imports this module's flags
+
+        args.run_id, state = await lookup_current(client, args.run_id)
+        if isinstance(state, PendingRun):
+            raise UsageError(
+                f"run {args.run_id} is pending (not started yet): give its budget with "
+                "`sojourn start ... --usd N`"
+            )
         if state.terminal:
             raise UsageError(f"run {args.run_id} has ended ({public_status(state)})")
         await client.set_budget(args.run_id, budget, by=cli_sender(client))

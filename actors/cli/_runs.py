@@ -62,6 +62,7 @@ __all__ = [
     "cmd_start",
     "cmd_status",
     "cmd_terminate",
+    "lookup_current",
 ]
 
 INTAKE_WAIT = 2.0
@@ -141,6 +142,18 @@ async def _lookup(client: Client, run_id: str) -> RunState | PendingRun:
     raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
 
 
+async def lookup_current(client: Client, run_id: str) -> tuple[str, RunState | PendingRun]:
+    """Like ``_lookup``, for commands sent to a run: a run that continued as new is followed to
+    its chain's current run (where the intake would forward the message too), said on stdout."""
+    state = await _lookup(client, run_id)
+    if isinstance(state, RunState) and state.continued_as:
+        current = await client.current_run(run_id)
+        if current != run_id:
+            out(f"run {run_id} continued as new: its chain's current run is {current}")
+            return current, await _lookup(client, current)
+    return run_id, state
+
+
 def _queued(pending: PendingRun) -> str:
     return f"pending: its start has been queued since {stamp(pending.queued_at)}"
 
@@ -202,7 +215,7 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     validate_token(args.run_id, "run_id")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await _lookup(client, args.run_id)
+        args.run_id, state = await lookup_current(client, args.run_id)
         if isinstance(state, RunState) and state.terminal:
             out(f"run {args.run_id} already ended ({state.status}): nothing to cancel")
             return EXIT_OK
@@ -226,7 +239,7 @@ async def cmd_terminate(args: argparse.Namespace) -> int:
     validate_token(args.run_id, "run_id")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await _lookup(client, args.run_id)
+        args.run_id, state = await lookup_current(client, args.run_id)
         if isinstance(state, RunState) and state.terminal:
             out(f"run {args.run_id} already ended ({state.status}): nothing to terminate")
             return EXIT_OK
@@ -243,7 +256,8 @@ async def cmd_signal(args: argparse.Namespace) -> int:
     payload = parse_input(args.payload, "--payload")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await _lookup(client, args.run_id)  # a typo'd run id is an error, not a DLQ
+        # a typo'd run id is an error, not a dead letter
+        args.run_id, state = await lookup_current(client, args.run_id)
         if isinstance(state, RunState) and state.terminal:
             raise UsageError(f"run {args.run_id} has ended ({state.status}): signal not sent")
         sid = await client.signal(
@@ -267,7 +281,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     validate_token(args.run_id, "run_id")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await _lookup(client, args.run_id)
+        args.run_id, state = await lookup_current(client, args.run_id)
         if isinstance(state, PendingRun):
             raise UsageError(f"run {args.run_id} is {_queued(state)}; not suspended")
         if state.status != "suspended":
@@ -283,7 +297,7 @@ async def cmd_decide(args: argparse.Namespace) -> int:
     result = parse_input(args.result, "--result")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await _lookup(client, args.run_id)
+        args.run_id, state = await lookup_current(client, args.run_id)
         if isinstance(state, PendingRun):
             raise UsageError(f"run {args.run_id} is {_queued(state)}; it has no step yet")
         if state.status != "suspended" or state.suspended_reason not in ("in_doubt", "crash_loop"):

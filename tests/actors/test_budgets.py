@@ -302,7 +302,7 @@ async def relay(ctx: Context, turn: int) -> int:
     """A conversation that starts over in a fresh run after every turn."""
     await ctx.step(think, 3000 + turn)
     if turn < 100:
-        await ctx.continue_as_new(turn + 1)
+        ctx.continue_as_new(turn + 1)
     return turn
 
 

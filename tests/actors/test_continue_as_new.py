@@ -4,6 +4,8 @@ the old run's end."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +24,7 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import InvalidName
 from tests.actors.test_waits import events_of, until_state
 from tests.apps import chains
-from tests.conftest import wait_for
+from tests.conftest import PYTHON, ROOT, subprocess_env, wait_for
 from tests.procs import WorkerProc
 
 AGENTS: list[Agent[Any, Any]] = [
@@ -224,3 +226,31 @@ async def test_a_long_chain_is_crossed_by_probing_not_run_by_run(client: Client)
         client.broker.direct_get_last = real  # type: ignore[method-assign]
     assert found == ids[-1] and last is not None
     assert reads <= 20, reads  # one by one it would be 40
+
+
+async def test_cli_commands_sent_to_the_first_id_follow_the_chain(
+    worker: Worker, client: Client, nats_server: EmbeddedServer, settings: Settings
+) -> None:
+    root = await client.start("chat", chains.Talk(until=3), run_id="cli-1", wait=True)
+    await until_state(client, root, lambda s: s.status == "waiting", what="waiting")
+    await client.signal(root, "say", "a")
+    await until_state(client, "cli-1-g2", lambda s: s.status == "waiting")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        opts = ["--nats", nats_server.url, "--prefix", settings.prefix]
+        return subprocess.run(
+            [PYTHON, "-m", "sojourn.actors.cli", *args, *opts],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            cwd=ROOT,
+        )
+
+    said = await asyncio.to_thread(cli, "signal", root, "say", "--payload", '"b"')
+    assert said.returncode == 0, said.stderr
+    assert "its chain's current run is cli-1-g2" in said.stdout
+    await until_state(client, "cli-1-g3", lambda s: s.status == "waiting")
+    stopped = await asyncio.to_thread(cli, "cancel", root, "--reason", "enough")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "cli-1-g3" in stopped.stdout and "nothing to cancel" not in stopped.stdout
+    await until_state(client, "cli-1-g3", lambda s: s.status == "cancelled")
