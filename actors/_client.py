@@ -548,14 +548,37 @@ class Client:
     def watch(self, run_id: str, *, timeout: float | None = None) -> AsyncGenerator[RunView, None]:
         """Every view of the run, in order, until it ends (the terminal view is the last): the
         views already stored first, then each new one as the projector writes it. Needs a
-        running projector. Use ``contextlib.aclosing`` to stop early.
+        running projector. Use ``contextlib.aclosing`` to stop early. A run that continued as
+        new is followed: after its end come the views of its chain's next run (``run_id`` of
+        each view says which), until the chain's last run ends.
 
         Raises (while iterating):
             RunNotFound: nothing is known of the run, or its start was refused.
             TimeoutError: it did not end within ``timeout`` seconds.
         """
         validate_token(run_id, "run_id")
-        return watch_run(self.broker, self.names, run_id, timeout=timeout)
+        return self._watch_chain(run_id, timeout)
+
+    async def _watch_chain(
+        self, run_id: str, timeout: float | None
+    ) -> AsyncGenerator[RunView, None]:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = None if deadline is None else max(deadline - loop.time(), 0.001)
+            last: RunView | None = None
+            async with contextlib.aclosing(
+                watch_run(self.broker, self.names, run_id, timeout=left)
+            ) as views:
+                async for view in views:
+                    last = view
+                    yield view
+            if last is None or last.status != "completed":
+                return
+            nxt, _ = await current_run(self.broker, self.names, run_id)
+            if nxt == run_id:
+                return
+            run_id = nxt
 
     def stream(
         self, run_id: str, *, after: int = 0, follow: bool = True, timeout: float | None = None

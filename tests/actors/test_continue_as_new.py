@@ -5,8 +5,10 @@ the old run's end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -16,7 +18,9 @@ import pytest_asyncio
 from sojourn.actors import Agent, Client, RunCancelledError, Worker
 from sojourn.actors._chain import chain_run_id, current_run
 from sojourn.actors._watching import follow_history
+from sojourn.actors.cli._projector import running_projector
 from sojourn.broker import EmbeddedServer
+from sojourn.broker.connection import ConnectOptions
 from sojourn.broker.names import CHAIN_RUN_ID, reserved_run_id
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas import RunCompleted, RunStarted, SignalReceived, WaitCompleted
@@ -254,3 +258,21 @@ async def test_cli_commands_sent_to_the_first_id_follow_the_chain(
     assert stopped.returncode == 0, stopped.stderr
     assert "cli-1-g3" in stopped.stdout and "nothing to cancel" not in stopped.stdout
     await until_state(client, "cli-1-g3", lambda s: s.status == "cancelled")
+
+
+async def test_client_watch_follows_the_chain_to_its_last_run(
+    nats_server: EmbeddedServer, settings: Settings, client: Client, tmp_path: Path
+) -> None:
+    opts = ConnectOptions(url=nats_server.url)
+    async with (
+        running_projector(opts, settings, sqlite=tmp_path / "runs.sqlite3"),
+        Worker(AGENTS, nats=nats_server.url, settings=settings),
+    ):
+        root = await client.start("looper", 0, run_id="watched-1", wait=True)
+        seen: list[tuple[str, str]] = []
+        async with contextlib.aclosing(client.watch(root, timeout=60)) as views:
+            async for view in views:
+                seen.append((view.run_id, view.status))
+    assert seen[-1][1] == "completed" and seen[-1][0] != root  # the chain's last run
+    assert (root, "completed") in seen  # the first run's end, then on
+    assert await client.result(root, timeout=30) == 30
