@@ -232,6 +232,18 @@ async def test_a_sigkilled_projector_restarted_writes_each_change_once_and_every
             return len(decision_changes(await changes(broker, names))) >= len(want_ids)
 
         await wait_for(all_changes, DEADLINE, what="every change message")
+        # The change messages may come from any projector; the restarted process's own model
+        # must have caught up too before it is stopped (WAL: reading it here never blocks it).
+        last = await client_last_seq(nats_server, names)
+
+        async def restarted_caught_up() -> bool:
+            m = await SqliteModel.open(killed, events_stream=names.events_stream)
+            try:
+                return m.position >= last
+            finally:
+                await m.close()
+
+        await wait_for(restarted_caught_up, DEADLINE, what="the restarted projector's model")
     finally:
         proc.stop()
     await assert_changes_and_views(broker, names, client, run_ids, want_ids)
