@@ -26,6 +26,8 @@ from prometheus_client.registry import Collector
 
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import Usage
+from sojourn.schemas.schedules import FireOutcome
+from sojourn.schemas.vocabulary import TerminalStatus
 
 from ._health import PROCESS_HEALTH, Health, ProbeApp, ProbeRequestHandler, ProbeServer
 
@@ -43,6 +45,9 @@ __all__ = [
     "MISROUTED_WAKES",
     "REDELIVERIES",
     "RESUME_LATENCY",
+    "SCHEDULE_FIRES",
+    "SCHEDULE_LATENESS",
+    "SCHEDULE_RUNS",
     "SPEND",
     "STEPS",
     "STEPS_IN_DOUBT",
@@ -57,6 +62,9 @@ __all__ = [
     "agent_label",
     "count_spend",
     "count_usage",
+    "schedule_fired",
+    "schedule_label",
+    "schedule_run_ended",
     "serve_metrics",
     "step_label",
     "step_metrics",
@@ -67,6 +75,7 @@ __all__ = [
 ]
 
 _DURATIONS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+_LATENESS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 _FAST = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
@@ -91,6 +100,11 @@ class BoundedLabel:
 
 agent_label = BoundedLabel(500)
 _step_labels: dict[str, BoundedLabel] = {}
+
+
+schedule_label = BoundedLabel(1000)
+"""Schedule names come from data, not code (whoever adds a schedule names it), so they are
+capped too: 1,000 distinct names per process, the rest ``other``."""
 
 
 def step_label(agent: str, step: str) -> str:
@@ -329,6 +343,46 @@ BUDGET_BREACHES = Counter(
     "input_tokens, output_tokens, steps, tool_calls, polls, wall_seconds).",
     ["agent", "limit"],
 )
+
+# --- schedules (counted by the workers that handle fires and end scheduled runs) ------------
+
+SCHEDULE_FIRES = Counter(
+    "sojourn_schedule_fires",
+    "Fire times of schedules handled, by outcome: started (a run), skipped (overlap policy), "
+    "missed (dropped by the catch-up policy), failed (no run could be started).",
+    ["schedule", "outcome"],
+)
+SCHEDULE_LATENESS = Histogram(
+    "sojourn_schedule_lateness_seconds",
+    "From a fire's nominal time plus its jitter to when its run was created.",
+    ["agent"],
+    buckets=_LATENESS,
+)
+SCHEDULE_RUNS = Counter(
+    "sojourn_schedule_runs",
+    "Runs started by a schedule that ended, by status (completed, failed, cancelled).",
+    ["schedule", "status"],
+)
+
+
+def schedule_fired(schedule: str, agent: str, outcome: FireOutcome, lateness: float | None) -> None:
+    """Count one fire time of ``schedule`` (an agent of ``agent``) and what became of it.
+
+    ``lateness`` (seconds from the nominal fire time plus its jitter to the run's creation) is
+    observed only for a ``started`` fire: the other outcomes start no run, so they have no
+    start to be late. A negative one (clocks of two hosts a little apart) counts as 0, so the
+    histogram's sum stays a sum of delays.
+    """
+    SCHEDULE_FIRES.labels(schedule_label(schedule), outcome).inc()
+    if outcome == "started" and lateness is not None:
+        SCHEDULE_LATENESS.labels(agent_label(agent)).observe(max(0.0, lateness))
+
+
+def schedule_run_ended(schedule: str, status: TerminalStatus) -> None:
+    """Count the end of a run that ``schedule`` started (``SojournScheduleFailing`` compares
+    the failed ones with the completed ones)."""
+    SCHEDULE_RUNS.labels(schedule_label(schedule), status).inc()
+
 
 # --- watchdogs -------------------------------------------------------------------------------
 
