@@ -34,6 +34,7 @@ from sojourn.schemas.errors import (
     UnknownAgent,
 )
 from sojourn.schemas.events import Budget, Usage
+from sojourn.schemas.schedules import ScheduleAnswer, ScheduleRecord
 
 from ._agent import Agent, agent
 from ._app import load_app
@@ -55,6 +56,7 @@ from ._context import (
     heartbeat,
     idempotency_headers,
 )
+from ._cron import ScheduleError
 from ._metrics import serve_metrics, stop_metrics
 from ._output import OutputChunk, OutputReader, read_output
 from ._patterns import ApprovalDecision, ApprovalTimeout, PollTimeout
@@ -89,6 +91,9 @@ __all__ = [
     "RunFailedError",
     "RunNotFound",
     "RunState",
+    "ScheduleAnswer",
+    "ScheduleError",
+    "ScheduleRecord",
     "Selected",
     "Settings",
     "SojournError",

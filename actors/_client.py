@@ -28,16 +28,19 @@ from sojourn.broker.names import (
     RESERVED_SIGNAL_PREFIX,
     Names,
     reserved_run_id,
+    validate_schedule_name,
     validate_signal_name,
     validate_token,
 )
 from sojourn.broker.progress import ProgressStore
+from sojourn.broker.schedules import ScheduleStore
 from sojourn.broker.topology import ensure_topology
 from sojourn.projections.liveness import Thresholds, claim, classify, holders
 from sojourn.projections.summary import summarize_all
 from sojourn.schemas.codec import (
     decode_events,
     decode_intake_reply,
+    decode_schedule_answer,
     decode_wedge_record,
     decode_worker_beat,
     encode,
@@ -63,6 +66,14 @@ from sojourn.schemas.events import (
     RunStarted,
 )
 from sojourn.schemas.health import Liveness
+from sojourn.schemas.schedules import (
+    CatchUp,
+    Overlap,
+    ScheduleAnswer,
+    ScheduleRecord,
+    ScheduleRequest,
+    ScheduleSpec,
+)
 from sojourn.schemas.views import RunsPage, RunView
 from sojourn.schemas.wire import (
     BudgetBody,
@@ -76,9 +87,11 @@ from sojourn.schemas.wire import (
 
 from ._archive import read_archived
 from ._chain import current_run
+from ._cron import ScheduleError, parse_duration
 from ._intake import REPLY_HEADER, PendingRun, find_pending
 from ._listing import list_runs
 from ._output import OutputReader, read_output
+from ._schedules import check_spec
 from ._state import RunState, fold
 from ._values import values_for
 from ._watching import read_view, watch_run
@@ -396,6 +409,137 @@ class Client:
             {h.MSG_ID: f"decide:{run_id}:{uuid.uuid4().hex}"},
         )
 
+    # --- schedules ---------------------------------------------------------------------------
+
+    async def add_schedule(
+        self,
+        name: str,
+        *,
+        agent: str,
+        every: str | int | timedelta | None = None,
+        cron: str | None = None,
+        input: Any = None,
+        timezone: str = "UTC",
+        overlap: Overlap = "skip",
+        catch_up: CatchUp = "latest",
+        jitter: float = 0.0,
+        budget: Budget | None = None,
+        replace: bool = False,
+        timeout: float = 10.0,
+        by: str | None = None,
+    ) -> ScheduleRecord:
+        """Create schedule ``name``: a run of ``agent`` with ``input`` at every fire time,
+        kept by the broker (no process needs to be up for a fire to happen on time; one is
+        needed to run it). Exactly one of ``every`` (``"10s"``, ``"1h30m"``, seconds, a
+        ``timedelta``: whole seconds, epoch-anchored) and ``cron`` (5 or 6 fields, the wall
+        clock of ``timezone``). Adding the same spec again changes nothing; another spec under
+        an existing name is refused unless ``replace``. Returns the stored record (its
+        ``next_fire_at``).
+
+        Raises:
+            ScheduleError: the expression, interval, zone or jitter cannot be used.
+            TriggerRejected: the intake refused it (``schedule_exists``, ``invalid_input``,
+                ``unknown_agent``, ...).
+            TimeoutError: no worker answered within ``timeout`` (the request stays queued).
+        """
+        validate_schedule_name(name)
+        validate_token(agent, "agent name")
+        if isinstance(every, timedelta):
+            seconds = every.total_seconds()
+            if seconds != int(seconds):
+                raise ScheduleError("every must be whole seconds")
+            every = int(seconds)
+        interval = parse_duration(every) if isinstance(every, str) else every
+        limits = None if budget is None or budget.empty else BudgetBody(**_limits(budget))
+        spec = ScheduleSpec(
+            agent=agent,
+            cron=cron,
+            every=interval,
+            input=to_raw(input),
+            timezone=timezone,
+            overlap=overlap,
+            catch_up=catch_up,
+            jitter=float(jitter),
+            budget=limits,
+        )
+        check_spec(spec, time.time())
+        answer = await self._schedule_request(
+            name, ScheduleRequest(action="add", spec=spec, replace=replace), timeout, by
+        )
+        assert answer.record is not None
+        return answer.record
+
+    async def schedules(self) -> list[ScheduleRecord]:
+        """Every schedule of the deployment, by name (read from the broker: no worker needed)."""
+        await self._ensure()
+        return await ScheduleStore(self.broker, self.names).all()
+
+    async def schedule(self, name: str) -> ScheduleRecord | None:
+        """Schedule ``name``'s record, or ``None``."""
+        validate_schedule_name(name)
+        await self._ensure()
+        got = await ScheduleStore(self.broker, self.names).get(name)
+        return None if got is None else got[0]
+
+    async def pause_schedule(
+        self, name: str, *, timeout: float = 10.0, by: str | None = None
+    ) -> ScheduleRecord:
+        """Stop ``name``'s fires (its pending fire is removed); the schedule is kept."""
+        answer = await self._schedule_request(name, ScheduleRequest(action="pause"), timeout, by)
+        assert answer.record is not None
+        return answer.record
+
+    async def resume_schedule(
+        self, name: str, *, timeout: float = 10.0, by: str | None = None
+    ) -> ScheduleRecord:
+        """Fire ``name`` again, from its next fire time after now (the fire times that passed
+        while it was paused are not caught up)."""
+        answer = await self._schedule_request(name, ScheduleRequest(action="resume"), timeout, by)
+        assert answer.record is not None
+        return answer.record
+
+    async def trigger_schedule(
+        self, name: str, *, timeout: float = 10.0, by: str | None = None
+    ) -> ScheduleAnswer:
+        """Fire ``name`` now, paused or not, under its overlap policy: the answer's
+        ``outcome`` is ``started`` (with ``run_id``) or ``skipped``."""
+        return await self._schedule_request(name, ScheduleRequest(action="trigger"), timeout, by)
+
+    async def delete_schedule(
+        self, name: str, *, timeout: float = 10.0, by: str | None = None
+    ) -> bool:
+        """Remove ``name`` and everything the broker keeps of it; ``False`` if there was no
+        such schedule. Runs it started are not touched."""
+        answer = await self._schedule_request(name, ScheduleRequest(action="delete"), timeout, by)
+        return answer.changed
+
+    async def _schedule_request(
+        self, name: str, req: ScheduleRequest, timeout: float, by: str | None
+    ) -> ScheduleAnswer:
+        validate_schedule_name(name)
+        body = encode(req)
+        if len(body) > self.settings.max_payload:
+            raise PayloadTooLarge(
+                f"schedule request is {len(body)} bytes; the limit is "
+                f"{self.settings.max_payload} (Settings.max_payload)"
+            )
+        await self._ensure()
+        inbox = self.broker.new_inbox()
+        sub = await self.broker.subscribe(inbox, max_msgs=1)
+        try:
+            headers = {REPLY_HEADER: inbox, h.MSG_ID: f"schedule:{name}:{uuid.uuid4().hex}"}
+            await self._publish(self.names.schedule(name, self._operator(by)), body, headers)
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no worker answered the {req.action} of schedule {name!r} within "
+                    f"{timeout:g} s (it stays queued: is a worker serving its agent up?)"
+                ) from None
+        finally:
+            await sub.unsubscribe()
+        return _schedule_answer(msg.data, name)
+
     async def cancel(
         self, run_id: str, reason: str = "", *, by: str | None = None, terminate: bool = False
     ) -> None:
@@ -516,6 +660,7 @@ class Client:
         liveness: str | Iterable[str] = (),
         since: float | timedelta | None = None,
         parent_run_id: str | None = None,
+        schedule: str | None = None,
         limit: int = 100,
         after: str | None = None,
         timeout: float = 5.0,
@@ -540,6 +685,7 @@ class Client:
             liveness=_values(liveness),  # type: ignore[arg-type]
             since=since,
             parent_run_id=parent_run_id,
+            schedule=schedule,
             limit=limit,
             after=after,
             timeout=timeout,
@@ -711,6 +857,16 @@ class Client:
 
 
 _TERMINAL = (RunCompleted, RunFailed, RunCancelled)
+
+
+def _schedule_answer(data: bytes, name: str) -> ScheduleAnswer:
+    """The intake's answer to a schedule request, or the error it answered with, raised."""
+    answer = decode_schedule_answer(data)
+    if isinstance(answer, IntakeError):
+        if answer.error.code == "unknown_agent":
+            raise UnknownAgent(answer.error.message)
+        raise TriggerRejected(answer.error.code, answer.error.message)
+    return answer
 
 
 def _values(value: str | Iterable[str]) -> tuple[str, ...]:

@@ -218,6 +218,19 @@ class Context:
         return self._m.replaying
 
     @property
+    def schedule(self) -> str | None:
+        """The name of the schedule that started this run, or ``None``."""
+        return self._m.state.schedule
+
+    @property
+    def scheduled_at(self) -> datetime | None:
+        """For a run a schedule started: the fire time that started it (UTC; nominal, so
+        the same however late the fire was handled, and without its jitter). ``None``
+        otherwise. Recorded in the run's history: replays see the same value."""
+        at = self._m.state.scheduled_at
+        return None if at is None else datetime.fromtimestamp(at, UTC)
+
+    @property
     def offline(self) -> bool:
         """True under ``sojourn replay`` (and the golden-history tests): the code is checked
         against a stored history with no broker, and stops at the first operation the history

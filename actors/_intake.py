@@ -22,7 +22,8 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -129,6 +130,21 @@ OnCreated = Callable[[str, list[Decision], Delivery], Awaitable[bool]]
 the inbox message), False to have the intake wake it through the wake stream."""
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduledFire:
+    """The fire a scheduled run comes from: the schedule's name and the nominal fire time."""
+
+    name: str
+    at: float
+
+
+class ScheduleRequests(Protocol):
+    """What handles ``<prefix>.as.<sender>.schedule.<name>`` messages (``actors/_scheduler.py``):
+    it answers and settles each, or raises ``Rejected``."""
+
+    async def handle_request(self, msg: Delivery, inbox: InboxSubject) -> None: ...
+
+
 class Rejected(Exception):
     def __init__(self, code: RejectCode, message: str) -> None:
         super().__init__(message)
@@ -172,6 +188,8 @@ class Intake:
         self.agents = agents
         self.writer = writer
         self.on_created = on_created
+        self.schedules: ScheduleRequests | None = None
+        """Set by the worker: the handler of schedule requests."""
 
     async def _agent_of(self, run_id: str) -> str | None:
         """The agent of an existing run, from its first stored message (for routing a wake)."""
@@ -244,6 +262,11 @@ class Intake:
                         self.broker, self.names, answer.run_id, "start", agent=inbox.target
                     )
                 await msg.ack()
+                return
+            if inbox.kind == "schedule":
+                if self.schedules is None:
+                    raise Rejected("internal", "this process does not handle schedules")
+                await self.schedules.handle_request(msg, inbox)
                 return
             if inbox.kind == "cancel":
                 handled = await self._cancel(msg, inbox)
@@ -327,8 +350,23 @@ class Intake:
         """This worker's sender token for the control messages it sends itself."""
         return self.broker.sender("worker")
 
+    async def create_scheduled(
+        self, msg: Delivery, agent_name: str, trigger: StartTrigger, fire: ScheduledFire
+    ) -> tuple[IntakeOk, list[Decision] | None, bool] | None:
+        """Create the run a schedule's fire starts (``trigger.run_id`` derived from the fire),
+        as a start would; ``msg`` is the fire, or the inbox message of a ``trigger``.
+
+        Raises:
+            Rejected: the input no longer fits the agent (or the agent is unknown).
+        """
+        return await self._create(msg, agent_name, trigger, fire)
+
     async def _create(
-        self, msg: Delivery, agent_name: str, trigger: StartTrigger
+        self,
+        msg: Delivery,
+        agent_name: str,
+        trigger: StartTrigger,
+        fire: ScheduledFire | None = None,
     ) -> tuple[IntakeOk, list[Decision] | None, bool] | None:
         if trigger.parent_run_id:
             await self._check_parent(trigger.parent_run_id)
@@ -341,7 +379,7 @@ class Intake:
                 await msg.nak(delay=handback_delay(n))
                 return None
             raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
-        inbox_seq = msg.stream_seq
+        inbox_seq = msg.stream_seq if fire is None else 0
         run_id = trigger.run_id or _derived_run_id(agent_name, inbox_seq, msg.timestamp.isoformat())
         try:
             validate_token(run_id, "run_id")
@@ -370,6 +408,8 @@ class Intake:
             budget_usd=None if budget is None else budget.usd,
             budget_tokens=None if budget is None else budget.tokens,
             budget=None if budget is None else Budget(**msgspec.structs.asdict(budget)),
+            schedule=None if fire is None else fire.name,
+            scheduled_at=None if fire is None else fire.at,
             at=time.time(),
         )
         # A cancel sent while the run was pending waits in the inbox behind its start: looked
@@ -377,7 +417,7 @@ class Intake:
         # anything (every start pays this look, usually for nothing: in parallel it costs no
         # time).
         look = asyncio.ensure_future(self._queued_cancel(run_id))
-        msg_id = f"{run_id}:start:{inbox_seq}"
+        msg_id = f"{run_id}:start:{inbox_seq}" if fire is None else f"{run_id}:fire"
         try:
             seq, earlier = await self.store.append_once(
                 run_id, [started], expected_seq=0, writer=self.writer, msg_id=msg_id
@@ -385,11 +425,11 @@ class Intake:
         except ConcurrencyConflict:
             await _dismiss(look)
             first = await self.store.first(run_id)
-            ours = bool(
-                first
-                and first.events
-                and isinstance(first.events[0], RunStarted)
-                and first.events[0].trigger.inbox_seq == inbox_seq
+            made = first.events[0] if first and first.events else None
+            ours = isinstance(made, RunStarted) and (
+                made.trigger.inbox_seq == inbox_seq
+                if fire is None
+                else (made.schedule, made.scheduled_at) == (fire.name, fire.at)
             )
             # ours: a redelivery of the trigger that created this run. The worker that took it
             # may have died before the run rested, so wake it (a wake is only a hint).
@@ -738,6 +778,10 @@ class Intake:
         raise Rejected("unknown_run", f"no run with id '{run_id}'")
 
     # --- replies and rejections --------------------------------------------------------------
+
+    async def reply(self, msg: Delivery, body: bytes) -> None:
+        """Answer ``msg`` on its ``Sojourn-Reply-To``, if it has a valid one (best effort)."""
+        await self._reply(msg, body)
 
     async def _reply(self, msg: Delivery, body: bytes) -> None:
         reply_to = msg.header(REPLY_HEADER)

@@ -38,6 +38,7 @@ async def list_runs(
     limit: int = 100,
     after: str | None = None,
     parent_run_id: str | None = None,
+    schedule: str | None = None,
     timeout: float = 5.0,
 ) -> RunsPage:
     """One page of runs matching every filter given, most recently updated first.
@@ -60,6 +61,7 @@ async def list_runs(
             status=tuple(status),
             liveness=tuple(liveness),
             parent_run_id=parent_run_id,
+            schedule=schedule,
             since=since,
             after=after,
             limit=limit,

@@ -140,6 +140,10 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     generation: int = 1
     continued_as: str | None = None
     """Set when the run ended by continuing as new: the run that carries on."""
+    schedule: str | None = None
+    """The schedule that started the run (``RunStarted.schedule``), if any."""
+    scheduled_at: float | None = None
+    """Its fire time (``RunStarted.scheduled_at``), Unix seconds."""
 
     @property
     def terminal(self) -> bool:
@@ -205,6 +209,8 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 previous_run_id=event.previous_run_id,
                 chain_root=event.chain_root,
                 generation=event.generation,
+                schedule=event.schedule,
+                scheduled_at=event.scheduled_at,
             )
         case BudgetChanged():
             base = s.budget or Budget()

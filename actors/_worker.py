@@ -34,7 +34,12 @@ from sojourn.broker.follow import read_all
 from sojourn.broker.names import Names
 from sojourn.broker.progress import ProgressStore
 from sojourn.broker.registry import AgentRecord, AgentRegistry
-from sojourn.broker.topology import agent_wake_consumer_config, check, ensure_topology
+from sojourn.broker.topology import (
+    agent_wake_consumer_config,
+    check,
+    ensure_topology,
+    fire_consumer_config,
+)
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import decode_worker_beat, encode, peek_run_id
 from sojourn.schemas.config import Settings
@@ -49,6 +54,7 @@ from ._faults import fault
 from ._intake import HANDBACK_MAX_DELAY, Intake, dead_letter
 from ._interrupt import Interrupts
 from ._membership import Membership
+from ._scheduler import Scheduler
 from ._snapshots import SNAPSHOT_EVENTS, as_snapshot
 from ._snapshots import keep as keep_snapshot
 from ._sticky import STICKY_RUNS, StickyRuns
@@ -221,6 +227,16 @@ class Worker:
             writer=f"intake:{self.worker_id}",
             on_created=self._run_new,
         )
+        self.scheduler = Scheduler(
+            broker=b,
+            names=self.names,
+            settings=self.settings,
+            intake=self.intake,
+            registry=self.registry,
+            agents=self.agents,
+            run_new=self._run_new,
+        )
+        self.intake.schedules = self.scheduler
         intake_sub = await b.pull(self.names.inbox_stream, self.names.intake_consumer)
         wake_subs = {
             self.names.wake_consumer: await b.pull(self.names.wake_stream, self.names.wake_consumer)
@@ -230,6 +246,11 @@ class Worker:
             check(self.names, [await b.ensure_consumer(self.names.wake_stream, config)])
             consumer = config["durable_name"]
             wake_subs[consumer] = await b.pull(self.names.wake_stream, consumer)
+        fire_subs: dict[str, PullConsumer] = {}
+        for name in sorted(self.agents):
+            config = fire_consumer_config(self.names, self.settings, name)
+            check(self.names, [await b.ensure_consumer(self.names.schedules_stream, config)])
+            fire_subs[name] = await b.pull(self.names.schedules_stream, config["durable_name"])
         await self.interrupts.subscribe(b)
         await self._beat()
         await self._look_at_workers()
@@ -238,6 +259,13 @@ class Worker:
             *(
                 asyncio.create_task(self._wake_loop(sub, consumer), name=f"sojourn-{consumer}")
                 for consumer, sub in wake_subs.items()
+            ),
+            *(
+                asyncio.create_task(
+                    self.scheduler.fire_loop(sub, agent, self._stopping),
+                    name=f"sojourn-fires-{agent}",
+                )
+                for agent, sub in fire_subs.items()
             ),
             asyncio.create_task(self._heartbeat_loop(), name="sojourn-heartbeat"),
             asyncio.create_task(self._timer_loop(), name="sojourn-timers"),
@@ -716,6 +744,8 @@ class Worker:
             metrics.ACTIVATIONS.labels(agent_name, outcome).inc()
             if outcome in ("completed", "failed", "cancelled"):
                 self.store.forget(run_id)
+                if act.state.schedule is not None:
+                    metrics.schedule_run_ended(act.state.schedule, outcome)
             if outcome == "fenced" or act.fenced:
                 # Another worker owns the run now, through a redelivery of this very message.
                 # JetStream takes an ack from any delivery, so acking ours would settle the

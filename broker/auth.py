@@ -101,6 +101,7 @@ def _streams(names: Names) -> list[str]:
         names.agents_stream,
         names.health_stream,
         names.values_stream,
+        names.schedules_stream,
         *_read_side(names),
     ]
 
@@ -140,6 +141,7 @@ def _reading(names: Names) -> list[str]:
         names.health_stream,
         names.agents_stream,
         names.values_stream,  # large values by reference: a run's input, output, results
+        names.schedules_stream,  # schedules' records (`sojourn schedule list`)
         *_read_side(names),
     ):
         out += _direct_get(stream)
@@ -219,6 +221,7 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             names.start("*", user, "*"),
             names.signal("*", ">", user),
             names.cancel("*", user),
+            names.schedule("*", user),  # add, pause, resume, trigger, delete schedules
             *_reading(names),
         ]
         # Clients watch a run with a core subscription on its event subject, its views on
@@ -243,6 +246,9 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             names.dlq_all,
             names.agent("*"),
             names.values_all,  # large values' pieces (written once, by digest)
+            # schedules' records and next fires (never a fire: only the broker stores those)
+            names.schedule_record("*"),
+            names.schedule_timer("*"),
             # child runs, the cancel cascade and child runs' end notices, in its own name
             names.start("*", user),
             names.start("*", user, "*"),
@@ -264,8 +270,10 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             # A fresh deployment: the first worker creates the streams. No worker updates
             # one: what exists is an operator's (`sojourn topology --apply` is an admin's).
             *(f"$JS.API.STREAM.CREATE.{s}" for s in streams),
-            # Timers are purged by subject filter; no other stream is ever purged.
+            # Timers (a run's, a schedule's next fire) are purged by subject filter, and so are
+            # deleted schedules; no other stream is ever purged.
             f"$JS.API.STREAM.PURGE.{names.wake_stream}",
+            f"$JS.API.STREAM.PURGE.{names.schedules_stream}",
             *(d for s in streams for d in _direct_get(s)),
             *_snapshot_writing(names),
         ]
@@ -274,6 +282,7 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
         for stream, consumer in (
             (names.inbox_stream, names.intake_consumer),
             (names.wake_stream, "*"),
+            (names.schedules_stream, "*"),  # fire-<agent>
         ):
             publish += [
                 # info first: an existing consumer is compared, never rewritten on start

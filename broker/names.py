@@ -18,10 +18,13 @@ __all__ = [
     "CHAIN_RUN_ID",
     "CHILD_RUN_ID",
     "RESERVED_SIGNAL_PREFIX",
+    "SCHEDULED_RUN_ID",
+    "SCHEDULE_NAME_PATTERN",
     "TOKEN_PATTERN",
     "InboxSubject",
     "Names",
     "valid_reply_subject",
+    "validate_schedule_name",
     "validate_signal_name",
     "validate_token",
 ]
@@ -39,6 +42,27 @@ CHAIN_RUN_ID = re.compile(r".*-g([2-9]|[1-9][0-9]+)")
 the conversation gets there."""
 
 
+SCHEDULED_RUN_ID = re.compile(r".*-at[0-9]{8}T[0-9]{6}Z(-t[1-9][0-9]*)?")
+"""Run ids of this form are started by schedules: ``<schedule>-at<YYYYMMDDTHHMMSS>Z`` (the fire
+time in UTC), and ``...Z-t<inbox sequence>`` for a ``trigger``. Only a fire makes them, so no
+client can take a fire's run id before it."""
+
+SCHEDULE_NAME_PATTERN = r"[A-Za-z0-9_-]{1,100}"
+"""A schedule name: a subject token short enough that its runs' ids (the name and 19 more
+characters) are tokens too."""
+_SCHEDULE_NAME = re.compile(SCHEDULE_NAME_PATTERN)
+
+
+def validate_schedule_name(value: object) -> str:
+    """Return ``value`` if it may name a schedule, else raise ``InvalidName`` saying why."""
+    if not isinstance(value, str) or not _SCHEDULE_NAME.fullmatch(value):
+        raise InvalidName(
+            f"invalid schedule name {value!r}: use 1-100 characters from A-Z a-z 0-9 _ - "
+            "(its runs are named <schedule>-at<time>)"
+        )
+    return value
+
+
 def reserved_run_id(run_id: str) -> str | None:
     """Why a trigger may not name ``run_id`` (a form only sojourn itself makes), else ``None``."""
     if CHILD_RUN_ID.fullmatch(run_id):
@@ -50,6 +74,11 @@ def reserved_run_id(run_id: str) -> str | None:
         return (
             "has the form of a continued run's id (<run>-g<number>), which only "
             "ctx.continue_as_new may use"
+        )
+    if SCHEDULED_RUN_ID.fullmatch(run_id):
+        return (
+            "has the form of a scheduled run's id (<schedule>-at<YYYYMMDDTHHMMSS>Z), which only "
+            "a schedule's fire may use"
         )
     return None
 
@@ -242,6 +271,7 @@ class Names:
             f"{p}.as.*.budget.*",
             f"{p}.as.*.decide.*.*.*",
             f"{p}.as.*.child.*.*",
+            f"{p}.as.*.schedule.*",
         ]
 
     def parse_inbox(self, subject: str) -> InboxSubject:
@@ -286,6 +316,8 @@ class Names:
             if kind == "child" and len(rest) == 2:
                 parent = validate_token(rest[0], "run_id")
                 return InboxSubject("child", parent, validate_token(rest[1], "run_id"), sender)
+            if kind == "schedule" and len(rest) == 1:
+                return InboxSubject("schedule", validate_schedule_name(rest[0]), "", sender)
         raise InvalidName(f"subject {subject!r} is not a sojourn inbox subject")
 
     # the archive (retention: ended runs' histories once they leave the events stream)
@@ -323,6 +355,44 @@ class Names:
     @property
     def values_all(self) -> str:
         return f"{self.prefix}.val.*"
+
+    # schedules (docs/wire.md, "Schedules")
+    @property
+    def schedules_stream(self) -> str:
+        """The stream of schedules: each one's record, its pending fire, its fired message."""
+        return self._stream("SCHEDULES")
+
+    @property
+    def schedules_all(self) -> str:
+        return f"{self.prefix}.schedule.>"
+
+    def schedule_record(self, name: str) -> str:
+        """The one message holding schedule ``name``'s spec and state."""
+        return f"{self.prefix}.schedule.rec.{name}"
+
+    @property
+    def schedule_records_all(self) -> str:
+        return f"{self.prefix}.schedule.rec.*"
+
+    def schedule_timer(self, name: str) -> str:
+        """Schedule ``name``'s next fire: a one-shot message schedule (``@at``)."""
+        return f"{self.prefix}.schedule.timer.{name}"
+
+    def schedule_fire(self, agent: str, name: str) -> str:
+        """Where the broker stores schedule ``name``'s fire when it is due."""
+        return f"{self.prefix}.schedule.fire.{agent}.{name}"
+
+    def schedule_fires(self, agent: str) -> str:
+        """The filter of ``agent``'s fire consumer."""
+        return f"{self.prefix}.schedule.fire.{agent}.*"
+
+    def fire_consumer(self, agent: str) -> str:
+        """The consumer of ``agent``'s schedules' fires, shared by the workers serving it."""
+        return f"fire-{agent}"
+
+    def schedule(self, name: str, sender: str) -> str:
+        """Control subject: add, pause, resume, trigger or delete schedule ``name``."""
+        return f"{self.prefix}.as.{sender}.schedule.{name}"
 
     # the read side (docs/wire.md, "The read side")
     @property

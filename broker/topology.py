@@ -32,6 +32,7 @@ __all__ = [
     "check",
     "consumer_configs",
     "ensure_topology",
+    "fire_consumer_config",
     "fix_command",
     "inspect_topology",
     "mismatch",
@@ -179,6 +180,22 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "duplicate_window": dedup,
             "num_replicas": settings.replicas,
         },
+        {  # schedules: each one's record (rewritten by CAS), its next fire (a one-shot message
+            # schedule, which needs limits retention: a work queue could remove it), and its
+            # fired message, which the agent's fire consumer takes
+            "name": names.schedules_stream,
+            "subjects": [names.schedules_all],
+            "retention": "limits",
+            "storage": "file",
+            "discard": "old",
+            "max_msgs_per_subject": 1,
+            "max_age": 0,
+            "allow_msg_schedules": True,
+            "allow_rollup_hdrs": True,
+            "allow_direct": True,
+            "duplicate_window": dedup,
+            "num_replicas": settings.replicas,
+        },
         {  # agents any worker has ever served (what "unknown agent" means)
             "name": names.agents_stream,
             "subjects": [f"{names.prefix}.agent.*"],
@@ -217,6 +234,14 @@ def agent_wake_consumer_config(names: Names, settings: Settings, agent: str) -> 
     runs it can execute, so no wake is taken by a worker that must hand it back."""
     ack_wait = int(max(settings.lease_ttl, 1.0) * _NS)
     return _wake_consumer(names.agent_wake_consumer(agent), names.agent_wakes(agent), ack_wait)
+
+
+def fire_consumer_config(names: Names, settings: Settings, agent: str) -> dict[str, Any]:
+    """The durable consumer of the fires of ``agent``'s schedules, created by the first worker
+    that serves the agent and shared by all that do. A fire whose run executes at once is kept
+    unacknowledged (alive) until the run rests, like a trigger."""
+    ack_wait = int(max(settings.lease_ttl, 1.0) * _NS)
+    return _wake_consumer(names.fire_consumer(agent), names.schedule_fires(agent), ack_wait)
 
 
 def _wake_consumer(durable: str, filter_subject: str, ack_wait: int) -> dict[str, Any]:

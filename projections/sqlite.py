@@ -41,7 +41,7 @@ from typing import Any, Final, Literal, NamedTuple, get_args
 import aiosqlite
 import msgspec
 
-from sojourn.broker.names import TOKEN_PATTERN, validate_token
+from sojourn.broker.names import TOKEN_PATTERN, validate_schedule_name, validate_token
 from sojourn.schemas.codec import decode_run_view, encode
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import RunEvent, StepCompleted, StepFailed, StepStarted
@@ -177,6 +177,8 @@ def validate_query(q: RunsQuery) -> RunsQuery:
         validate_token(q.agent, "agent name")
     if q.parent_run_id is not None:
         validate_token(q.parent_run_id, "parent run id")
+    if q.schedule is not None:
+        validate_schedule_name(q.schedule)
     if not isinstance(q.limit, int) or isinstance(q.limit, bool):
         raise InvalidQuery(f"invalid limit {q.limit!r}: a whole number, 1 to {QUERY_LIMIT_MAX}")
     if not 1 <= q.limit <= QUERY_LIMIT_MAX:
@@ -377,6 +379,11 @@ def _query_sql(q: RunsQuery) -> tuple[str, list[Any]]:
     if q.parent_run_id is not None:
         where.append("parent_run_id = ?")
         params.append(q.parent_run_id)
+    if q.schedule is not None:
+        # Scheduled runs' ids start with their schedule's name: the primary key narrows the
+        # scan, the view's own field decides.
+        where.append("run_id >= ? AND run_id < ? AND json_extract(view, '$.schedule') = ?")
+        params.extend([f"{q.schedule}-at", f"{q.schedule}-au", q.schedule])
     if q.since is not None:
         where.append("updated_at >= ?")
         params.append(float(q.since))

@@ -63,6 +63,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str = ""
     agent: str = ""
     parent_run_id: str | None = None
+    schedule: str | None = None
+    scheduled_at: float | None = None
     status: RunStatus = "new"
     """``new``, ``pending``, ``running``, ``waiting``, ``suspended`` or a terminal status."""
     started_at: float = 0.0
@@ -141,6 +143,8 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 run_id=s.run_id or event.run_id,
                 agent=sys.intern(event.agent),  # one copy per agent name, not per run
                 parent_run_id=event.parent_run_id,
+                schedule=event.schedule,
+                scheduled_at=event.scheduled_at,
                 started_at=event.at,
                 code_version=event.code_version,
                 budget_usd=event.budget.usd if event.budget else event.budget_usd,

@@ -26,6 +26,8 @@ def view_of(s: RunSummary, liveness: LivenessState | None) -> RunView:
         status=s.status,
         liveness="ended" if s.terminal else liveness,
         parent_run_id=s.parent_run_id,
+        schedule=s.schedule,
+        scheduled_at=s.scheduled_at,
         children=s.children,
         children_count=s.children_count,
         waiting_on=s.waiting_on,

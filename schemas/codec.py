@@ -15,6 +15,7 @@ import msgspec
 
 from .events import HistoryEntry, RunEvent, SpendValue
 from .health import WatchClaim, WedgeRecord, WorkerBeat
+from .schedules import ScheduleAnswer, ScheduleRecord, ScheduleRequest
 from .views import RunsQuery, RunView
 from .wire import (
     BudgetBody,
@@ -40,6 +41,9 @@ __all__ = [
     "decode_json",
     "decode_lease_holder",
     "decode_resume",
+    "decode_schedule_answer",
+    "decode_schedule_record",
+    "decode_schedule_request",
     "decode_spend",
     "decode_start",
     "decode_watch_claim",
@@ -67,6 +71,9 @@ _resume_decoder = msgspec.json.Decoder(ResumeBody)
 _budget_decoder = msgspec.json.Decoder(BudgetBody)
 _decision_decoder = msgspec.json.Decoder(InDoubtDecision)
 _outcome_decoder = msgspec.json.Decoder(ChildOutcome)
+_schedule_request_decoder = msgspec.json.Decoder(ScheduleRequest)
+_schedule_record_decoder = msgspec.json.Decoder(ScheduleRecord)
+_schedule_answer_decoder = msgspec.json.Decoder(ScheduleAnswer)
 
 
 def encode(obj: Any) -> bytes:
@@ -122,6 +129,25 @@ def decode_intake_reply(data: bytes) -> IntakeOk | IntakeError:
     if isinstance(raw, dict) and "error" in raw:
         return msgspec.convert(raw, IntakeError)
     return msgspec.convert(raw, IntakeOk)
+
+
+def decode_schedule_request(data: bytes) -> ScheduleRequest:
+    """Decode a schedule request (closed). Raises ``msgspec.DecodeError`` or
+    ``msgspec.ValidationError``."""
+    return _schedule_request_decoder.decode(data)
+
+
+def decode_schedule_record(data: bytes) -> ScheduleRecord:
+    """Decode a schedule's record as the broker keeps it."""
+    return _schedule_record_decoder.decode(data)
+
+
+def decode_schedule_answer(data: bytes) -> ScheduleAnswer | IntakeError:
+    """Decode the intake's answer to a schedule request (told apart by the ``error`` key)."""
+    raw = msgspec.json.decode(data)
+    if isinstance(raw, dict) and "error" in raw:
+        return msgspec.convert(raw, IntakeError)
+    return _schedule_answer_decoder.decode(data)
 
 
 def decode_cancel(data: bytes) -> CancelBody:

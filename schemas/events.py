@@ -215,6 +215,11 @@ class RunStarted(Event, tag="run.started.v1", frozen=True, kw_only=True):
     """1 for a run started by a trigger; n + 1 for the run generation n continued as."""
     input_ref: ValueRef | None = None
     """``input`` is ``null`` and the value is in the values bucket (a large value)."""
+    schedule: str | None = None
+    """Set on a run a schedule started: the schedule's name (``ctx.schedule``)."""
+    scheduled_at: float | None = None
+    """With ``schedule``: the fire time that started the run, nominal (Unix seconds; the run
+    id derives from it), ``ctx.scheduled_at``. For ``trigger``, when it was asked for."""
 
 
 class BudgetChanged(Event, tag="run.budget_changed.v1", frozen=True, kw_only=True):

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from .events import RunEvent
+from .schedules import ScheduleAnswer, ScheduleRecord, ScheduleRequest
 from .views import Chunk, RunsPage, RunsQuery, RunView
 from .wire import (
     CancelBody,
@@ -35,6 +36,9 @@ WIRE_SCHEMAS: dict[str, Any] = {
     "runs-query": RunsQuery,
     "runs-page": RunsPage,
     "output-chunk": Chunk,
+    "schedule-request": ScheduleRequest,
+    "schedule-answer": ScheduleAnswer,
+    "schedule-record": ScheduleRecord,
 }
 """Schema file stem -> type. ``run-event-message`` is the body of one run-event message."""
 

@@ -109,6 +109,9 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     last_seq: int = 0
     events: int = 0
     archived: bool = False
+    schedule: str | None = None
+    scheduled_at: float | None = None
+    """For a run a schedule started: the schedule and the fire time (``RunStarted``)."""
 
 
 class RunsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -125,6 +128,8 @@ class RunsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     status: tuple[RunStatus, ...] = ()
     liveness: tuple[LivenessState, ...] = ()
     parent_run_id: str | None = None
+    schedule: str | None = None
+    """Only the runs this schedule started."""
     since: float | None = None
     after: str | None = None
     limit: int = 100

@@ -58,7 +58,9 @@ def child_signal(child_run_id: str) -> str:
     return f"{CHILD_SIGNAL}.{child_run_id}"
 
 
-InboxKind = Literal["start", "signal", "cancel", "spawn", "resume", "budget", "decide", "child"]
+InboxKind = Literal[
+    "start", "signal", "cancel", "spawn", "resume", "budget", "decide", "child", "schedule"
+]
 """What an inbox message asks for, from its subject (docs/wire.md "Subjects")."""
 
 
@@ -99,6 +101,9 @@ RejectCode = Literal[
     "max_deliveries",
     "internal",
     "invalid_query",
+    "invalid_schedule",
+    "unknown_schedule",
+    "schedule_exists",
 ]
 REJECT_CODES: tuple[RejectCode, ...] = typing.get_args(RejectCode)
 """Every code the intake answers with (and keeps in a dead-letter record), and

@@ -27,6 +27,7 @@ from ._runs import (
     cmd_status,
     cmd_terminate,
 )
+from ._schedule import add_schedule_commands, cmd_schedule
 from ._serve import cmd_demo, cmd_dev, cmd_watchdog, cmd_worker
 from ._stream import cmd_stream
 from ._topology import cmd_topology
@@ -244,10 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
         example: str,
         parents: Sequence[argparse.ArgumentParser] = (),
         detail: str = "",
+        connects: bool = True,
     ) -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
-            parents=[*parents, common],
+            parents=[*parents, common] if connects else list(parents),
             help=summary,
             description=summary + (f"\n\n{detail}" if detail else ""),
             epilog=f"example:\n  {example}",
@@ -394,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
         "dev`). Prints one line per run: RUN_ID  AGENT  STATUS  LIVENESS  UPDATED  STEP.",
     )
     p.add_argument("--agent", metavar="AGENT", default=None, help="only runs of this agent")
+    p.add_argument(
+        "--schedule", metavar="NAME", default=None, help="only runs this schedule started"
+    )
     p.add_argument(
         "--status",
         metavar="STATUS",
@@ -568,6 +573,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_id", metavar="RUN", help="run id")
     add_budget_arguments(p, "the run's new limits")
+
+    p = command(
+        "schedule",
+        cmd_schedule,
+        "Recurring runs kept by the broker: add, list, pause, resume, trigger, delete.",
+        "sojourn schedule add hourly-report --agent report --cron '0 * * * *'",
+        detail="A schedule starts a run of its agent at every fire time, exactly once per fire "
+        "(the run id derives from the fire time), with no process needed for the fire itself. "
+        "`sojourn schedule ACTION --help` for each action.",
+        connects=False,  # each action takes the connection options
+    )
+    add_schedule_commands(p, common)
 
     p = command(
         "decide",

@@ -108,12 +108,14 @@ async def cmd_runs(args: argparse.Namespace) -> int:
             liveness=liveness,
             since=since,
             limit=args.limit,
+            schedule=args.schedule,
         )
     if args.json:
         out(encode(list(page.runs)).decode())
         return EXIT_OK
     if not page.runs:
-        out("no runs match" if (args.agent or status or liveness or since) else "no runs yet")
+        filtered = args.agent or status or liveness or since or args.schedule
+        out("no runs match" if filtered else "no runs yet")
         return EXIT_OK
     for line in run_lines(page.runs, time.time()):
         out(line)

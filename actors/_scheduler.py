@@ -1,0 +1,592 @@
+"""Schedules in a worker: their requests (add, pause, resume, trigger, delete) and their fires.
+
+A schedule's record is the broker's, rewritten by compare-and-set; its next fire is a one-shot
+message schedule the broker fires into the fire consumer of the schedule's agent, so a fire is
+stored with no process alive and taken by a worker that can start its run. Handling a fire
+records the decision first (what starts, what is skipped or missed, the run to cancel, the next
+fire), then creates the runs, each create-only under an id derived from its fire time, then arms
+the next fire: a fire handled twice (redelivered, or by two workers) finds its decision recorded
+and does only what may still be missing. Whatever crashes in between, the next delivery of the
+same fire finishes the job (until the next fire is armed nothing can replace it: the stream
+keeps one fire per schedule), and nothing starts twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar as _calendar
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from sojourn.broker import headers as h
+from sojourn.broker.connection import Broker
+from sojourn.broker.delivery import Delivery
+from sojourn.broker.eventstore import Decision
+from sojourn.broker.names import (
+    SCHEDULED_RUN_ID,
+    InboxSubject,
+    Names,
+    validate_schedule_name,
+    validate_token,
+)
+from sojourn.broker.registry import AgentRegistry
+from sojourn.broker.schedules import ScheduleStore, fire_headers
+from sojourn.broker.wake import publish_wake
+from sojourn.schemas.codec import decode_events, decode_schedule_request, encode
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import ConcurrencyConflict, InvalidName, SojournError
+from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed
+from sojourn.schemas.schedules import (
+    FireOutcome,
+    ScheduleAction,
+    ScheduleAnswer,
+    ScheduleCounts,
+    ScheduleRecord,
+    ScheduleRequest,
+    ScheduleSpec,
+)
+from sojourn.schemas.wire import CancelBody, StartTrigger
+
+from . import _metrics as metrics
+from ._agent import Agent
+from ._chain import current_run
+from ._cron import ScheduleError
+from ._intake import Intake, Rejected, ScheduledFire, dead_letter, handback_delay
+from ._schedules import calendar_of, check_spec, jitter_of, plan_fire, run_id_for
+
+__all__ = ["Scheduler", "fire_time_of"]
+
+log = logging.getLogger("sojourn.schedules")
+
+CAS_TRIES = 20
+"""Compare-and-set attempts on one record before a fire is handed back (1 s) to try later."""
+
+FIRES_IN_FLIGHT = 64
+"""Fires one worker handles at once, per agent."""
+
+RunNew = Callable[[str, list[Decision], Delivery], Awaitable[bool]]
+"""The worker's ``_run_new``: execute a run just created, holding ``msg`` until it rests."""
+
+
+def fire_time_of(run_id: str) -> float | None:
+    """The fire time in a scheduled run's id (``<schedule>-at<YYYYMMDDTHHMMSS>Z``)."""
+    if not SCHEDULED_RUN_ID.fullmatch(run_id):
+        return None
+    at = run_id.rindex("-at")
+    stamp = run_id[at + 3 : at + 18]
+    try:
+        return float(_calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%S")))
+    except ValueError:
+        return None
+
+
+class Scheduler:
+    """One worker's part in keeping schedules: the requests its intake receives, and the
+    fires of the agents it serves."""
+
+    def __init__(
+        self,
+        *,
+        broker: Broker,
+        names: Names,
+        settings: Settings,
+        intake: Intake,
+        registry: AgentRegistry,
+        agents: Mapping[str, Agent[Any, Any]],
+        run_new: RunNew,
+    ) -> None:
+        self.broker = broker
+        self.names = names
+        self.settings = settings
+        self.intake = intake
+        self.registry = registry
+        self.agents = agents
+        self.run_new = run_new
+        self.store = ScheduleStore(broker, names)
+
+    # --- requests ----------------------------------------------------------------------------
+
+    async def handle_request(self, msg: Delivery, inbox: InboxSubject) -> None:
+        """Carry out one ``ScheduleRequest``, answer it and settle ``msg``.
+
+        Raises:
+            Rejected: the request cannot be carried out (the intake dead-letters, answers, acks).
+        """
+        try:
+            req = decode_schedule_request(msg.data)
+        except msgspec.ValidationError as e:
+            raise Rejected("invalid_trigger", f"not a schedule request: {e}") from e
+        except msgspec.DecodeError as e:
+            raise Rejected("invalid_json", f"request is not valid JSON: {e}") from e
+        name = inbox.target
+        if req.action == "add":
+            answer = await self._add(msg, name, req, inbox.sender)
+        elif req.action in ("pause", "resume"):
+            answer = await self._toggle(name, pause=req.action == "pause")
+        elif req.action == "delete":
+            answer = await self._delete(name)
+        else:
+            await self._trigger(msg, name)
+            return
+        if answer is None:
+            return  # handed back for a worker that serves the agent
+        await self.intake.reply(msg, encode(answer))
+        await msg.ack()
+
+    async def _served(self, msg: Delivery, agent_name: str) -> Agent[Any, Any] | None:
+        """The agent, if served here; ``None`` after handing ``msg`` back for a worker that
+        serves it (as a start is).
+
+        Raises:
+            Rejected: no worker serves an agent of that name.
+        """
+        agent = self.agents.get(agent_name)
+        if agent is not None:
+            return agent
+        if await self.registry.is_known(agent_name):
+            await msg.nak(delay=handback_delay(msg.num_delivered))
+            return None
+        raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
+
+    async def _add(
+        self, msg: Delivery, name: str, req: ScheduleRequest, sender: str | None
+    ) -> ScheduleAnswer | None:
+        spec = req.spec
+        if spec is None:
+            raise Rejected("invalid_schedule", "an add names what to schedule (spec)")
+        try:
+            validate_token(spec.agent, "agent name")
+        except InvalidName as e:
+            raise Rejected("invalid_schedule", e.message) from e
+        now = time.time()
+        try:
+            cal = check_spec(spec, now)
+        except ScheduleError as e:
+            raise Rejected("invalid_schedule", str(e)) from e
+        agent = await self._served(msg, spec.agent)
+        if agent is None:
+            return None
+        _check_input(agent, spec)
+        for _ in range(CAS_TRIES):
+            got = await self.store.get(name)
+            old, seq = got if got is not None else (None, 0)
+            if old is not None and old.spec == spec:
+                await self._arm_pending(old)  # a redelivery may find it written, not armed
+                return ScheduleAnswer(name=name, action="add", record=old, changed=False)
+            if old is not None and not req.replace:
+                raise Rejected(
+                    "schedule_exists",
+                    f"schedule {name!r} exists with another spec: replace it (--replace) or "
+                    "delete it first",
+                )
+            record = ScheduleRecord(
+                name=name,
+                spec=spec,
+                revision=old.revision + 1 if old is not None else 1,
+                paused=old.paused if old is not None else False,
+                created_at=old.created_at if old is not None else now,
+                updated_at=now,
+                created_by=sender,
+                next_fire_at=None if old is not None and old.paused else cal.next_after(now),
+                last_fire_at=old.last_fire_at if old is not None else None,
+                last_run_id=old.last_run_id if old is not None else None,
+                last_outcome=old.last_outcome if old is not None else None,
+                counts=old.counts if old is not None else ScheduleCounts(),
+            )
+            try:
+                await self.store.put(record, seq)
+            except ConcurrencyConflict:
+                continue
+            if old is not None and old.spec.agent != spec.agent:
+                await self.store.remove_fire(old.spec.agent, name)
+            await self._arm_pending(record)
+            return ScheduleAnswer(name=name, action="add", record=record)
+        raise SojournError(f"schedule {name!r} kept changing; try again")
+
+    async def _toggle(self, name: str, *, pause: bool) -> ScheduleAnswer:
+        action: ScheduleAction = "pause" if pause else "resume"
+        for _ in range(CAS_TRIES):
+            got = await self.store.get(name)
+            if got is None:
+                raise Rejected("unknown_schedule", f"there is no schedule named {name!r}")
+            old, seq = got
+            if old.paused == pause:
+                await self._arm_pending(old)
+                return ScheduleAnswer(name=name, action=action, record=old, changed=False)
+            now = time.time()
+            try:
+                nxt = None if pause else calendar_of(old.spec).next_after(now)
+            except ScheduleError as e:
+                raise Rejected("invalid_schedule", str(e)) from e
+            record = msgspec.structs.replace(
+                old, paused=pause, revision=old.revision + 1, next_fire_at=nxt, updated_at=now
+            )
+            try:
+                await self.store.put(record, seq)
+            except ConcurrencyConflict:
+                continue
+            await self._arm_pending(record)
+            return ScheduleAnswer(name=name, action=action, record=record)
+        raise SojournError(f"schedule {name!r} kept changing; try again")
+
+    async def _delete(self, name: str) -> ScheduleAnswer:
+        got = await self.store.get(name)
+        if got is None:
+            return ScheduleAnswer(name=name, action="delete", changed=False)
+        await self.store.remove(name, [got[0].spec.agent])
+        return ScheduleAnswer(name=name, action="delete")
+
+    async def _arm_pending(self, record: ScheduleRecord) -> None:
+        """Make the broker's pending fire what ``record`` says (armed, or none)."""
+        if record.paused or record.next_fire_at is None:
+            await self.store.disarm(record.name)
+            return
+        at = record.next_fire_at
+        await self.store.arm(record, at, at + jitter_of(record.name, at, record.spec.jitter))
+
+    async def _trigger(self, msg: Delivery, name: str) -> None:
+        """Fire ``name`` now: at the time the inbox stored the request (the same on every
+        delivery of it), under the overlap policy, whether paused or not."""
+        got = await self.store.get(name)
+        if got is None:
+            raise Rejected("unknown_schedule", f"there is no schedule named {name!r}")
+        agent = await self._served(msg, got[0].spec.agent)
+        if agent is None:
+            return
+        fire_at = float(int(msg.timestamp.timestamp()))
+        run_id = f"{run_id_for(name, fire_at)}-t{msg.stream_seq}"
+        now = time.time()
+        for _ in range(CAS_TRIES):
+            if got is None:
+                raise Rejected("unknown_schedule", f"there is no schedule named {name!r}")
+            rec, seq = got
+            _check_input(agent, rec.spec)
+            cancel: str | None = None
+            outcome: FireOutcome
+            if rec.last_run_id == run_id:  # decided by an earlier delivery of this request
+                record, outcome = rec, "started"
+                break
+            starts, skipped, cancel = await self._overlap(rec, [fire_at])
+            outcome = "started" if starts else "skipped"
+            record = _after(
+                rec,
+                now,
+                started=[run_id] if starts else [],
+                skipped=len(skipped),
+                outcome=outcome,
+                chain=False,
+            )
+            try:
+                await self.store.put(record, seq)
+                break
+            except ConcurrencyConflict:
+                got = await self.store.get(name)
+        else:
+            raise SojournError(f"schedule {name!r} kept changing; try again")
+        if cancel is not None:
+            await self._cancel(cancel, name)
+        metrics.schedule_fired(name, rec.spec.agent, outcome, None)
+        answer = ScheduleAnswer(
+            name=name,
+            action="trigger",
+            record=record,
+            run_id=run_id if outcome == "started" else None,
+            outcome=outcome,
+        )
+        await self.intake.reply(msg, encode(answer))
+        if outcome != "started":
+            await msg.ack()
+            return
+        await self._start_runs(record, agent, [(run_id, fire_at)], msg, arm=False)
+
+    # --- fires -------------------------------------------------------------------------------
+
+    async def fire_loop(self, sub: Any, agent: str, stopping: asyncio.Event) -> None:
+        """Take the fires of ``agent``'s schedules from its consumer and handle them."""
+        inflight = asyncio.Semaphore(FIRES_IN_FLIGHT)
+        tasks: set[asyncio.Task[None]] = set()
+        while not stopping.is_set():
+            try:
+                msgs: list[Delivery] = await sub.fetch(batch=FIRES_IN_FLIGHT, timeout=1.0)
+                for m in msgs:
+                    await inflight.acquire()
+                    task = asyncio.create_task(self._fire_one(m, agent, inflight))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            except asyncio.CancelledError:
+                for t in list(tasks):
+                    t.cancel()
+                raise
+            except Exception:
+                log.exception("fire loop of %s: error; continuing", agent)
+                await asyncio.sleep(0.5)
+
+    async def _fire_one(self, msg: Delivery, agent: str, inflight: asyncio.Semaphore) -> None:
+        try:
+            await self.on_fire(msg, agent)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            raise
+        except Exception as e:
+            # Broker trouble, or a bug: the fire comes back (bounded like any delivery).
+            log.warning("fire %r: %s: %s; will retry", msg.subject[:200], type(e).__name__, e)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+        finally:
+            inflight.release()
+
+    async def _refuse(self, msg: Delivery, code: str, why: str) -> None:
+        """Keep a record of a message on a fire subject that is not a fire we made; ack it."""
+        record = dead_letter(msg, "other", code, why, limit=self.broker.max_payload or 1 << 20)
+        await self.broker.publish(self.names.dlq("other"), encode(record))
+        metrics.DEAD_LETTERS.labels(code).inc()
+        await msg.ack()
+
+    async def on_fire(self, msg: Delivery, agent_name: str) -> None:
+        """Handle one fire: decide, record, arm the next, start; settle ``msg``."""
+        head = f"{self.names.prefix}.schedule.fire.{agent_name}."
+        try:
+            if not msg.subject.startswith(head):
+                raise InvalidName(f"{msg.subject!r} is not a fire of agent {agent_name!r}")
+            name = validate_schedule_name(msg.subject[len(head) :])
+        except InvalidName as e:
+            await self._refuse(msg, "invalid_trigger", e.message)
+            return
+        fire = fire_headers(msg.headers)
+        if fire is None or not msg.header(h.SCHEDULER):
+            await self._refuse(msg, "invalid_trigger", "not a fire armed by sojourn")
+            return
+        if msg.num_delivered >= self.settings.max_deliveries:
+            await self._refuse(msg, "max_deliveries", f"fire delivered {msg.num_delivered} times")
+            return
+        agent = self.agents.get(agent_name)
+        if agent is None:  # this worker stopped serving it: another one will
+            await msg.nak(delay=1.0)
+            return
+        for _ in range(CAS_TRIES):
+            got = await self.store.get(name)
+            if got is None:
+                await msg.ack()  # deleted
+                return
+            rec, seq = got
+            if rec.spec.agent != agent_name or rec.revision != fire.revision or rec.paused:
+                # Armed before a change, which armed its own. Should this stale one have
+                # replaced it (arms racing), arm what the record says again.
+                await self._arm_pending(rec)
+                await msg.ack()
+                return
+            if rec.last_fire_at is not None and fire.fire_at <= rec.last_fire_at:
+                if fire.fire_at == rec.last_fire_at:
+                    await self._redo(rec, agent, msg)  # handled, maybe not finished
+                else:
+                    await msg.ack()
+                return
+            if rec.next_fire_at != fire.fire_at:
+                await self._arm_pending(rec)
+                await msg.ack()
+                return
+            now = time.time()
+            try:
+                cal = calendar_of(rec.spec)
+            except ScheduleError as e:  # stored by a version that accepted it: cannot fire
+                log.error("schedule %s: %s; not fired", name, e)
+                await msg.ack()
+                return
+            delay_of = functools.partial(jitter_of, name, jitter=rec.spec.jitter)
+            plan = plan_fire(cal, rec.spec.catch_up, fire.fire_at, now, delay_of)
+            starts, skipped, cancel = await self._overlap(rec, list(plan.start))
+            failed: list[float] = []
+            if starts and not _fits(agent, rec.spec):
+                failed, starts = starts, []
+            ids = [run_id_for(name, t) for t in starts]
+            outcome: FireOutcome = (
+                "started" if ids else "skipped" if skipped else "failed" if failed else "missed"
+            )
+            record = _after(
+                rec,
+                now,
+                started=ids,
+                skipped=len(skipped),
+                missed=plan.missed,
+                failed=len(failed),
+                outcome=outcome,
+                chain=True,
+                newest=plan.newest,
+                next_at=plan.next_at,
+                cancelled=cancel,
+            )
+            try:
+                await self.store.put(record, seq)
+                break
+            except ConcurrencyConflict:
+                continue
+        else:
+            await msg.nak(delay=1.0)
+            return
+        for t in starts:
+            lateness = now - (t + jitter_of(name, t, rec.spec.jitter))
+            metrics.schedule_fired(name, agent_name, "started", max(0.0, lateness))
+        dropped: tuple[tuple[FireOutcome, int], ...] = (
+            ("skipped", len(skipped)),
+            ("missed", plan.missed),
+        )
+        for counted, n in dropped:
+            for _ in range(min(n, 1000)):
+                metrics.schedule_fired(name, agent_name, counted, None)
+        if failed:
+            for _ in failed:
+                metrics.schedule_fired(name, agent_name, "failed", None)
+            why = _input_error(agent, rec.spec) or "input does not fit the agent"
+            letter = dead_letter(
+                msg, "start", "invalid_input", f"schedule {name!r}: {why}", limit=1 << 20
+            )
+            await self.broker.publish(self.names.dlq("start"), encode(letter))
+            metrics.DEAD_LETTERS.labels("invalid_input").inc()
+        if cancel is not None:
+            await self._cancel(cancel, name)
+        await self._start_runs(record, agent, [(run_id_for(name, t), t) for t in starts], msg)
+
+    async def _redo(self, rec: ScheduleRecord, agent: Agent[Any, Any], msg: Delivery) -> None:
+        """A fire handled before (its decision is recorded): arm the next fire and create the
+        runs it decided, in case the handler stopped before doing so. Both are idempotent."""
+        if rec.last_cancelled is not None:
+            await self._cancel(rec.last_cancelled, rec.name)
+        runs = [(r, t) for r in rec.last_runs if (t := fire_time_of(r)) is not None]
+        await self._start_runs(rec, agent, runs, msg)
+
+    async def _overlap(
+        self, rec: ScheduleRecord, starts: list[float]
+    ) -> tuple[list[float], list[float], str | None]:
+        """Apply the overlap policy to the fire times ``starts``: what starts, what is
+        skipped, and the live run to cancel first (``cancel-previous``)."""
+        if not starts or rec.spec.overlap == "allow":
+            return starts, [], None
+        # One live run at a time: of several due fire times, only the newest may start.
+        extra, starts = starts[:-1], starts[-1:]
+        live = await self._live(rec.last_run_id)
+        if live is None:
+            return starts, extra, None
+        if rec.spec.overlap == "skip":
+            return [], extra + starts, None
+        return starts, extra, live
+
+    async def _live(self, run_id: str | None) -> str | None:
+        """The current run of ``run_id``'s chain if it has not ended, else ``None``."""
+        if run_id is None:
+            return None
+        rid, last = await current_run(self.broker, self.names, run_id)
+        if last is None:
+            return None
+        try:
+            events = decode_events(last.data)
+        except msgspec.DecodeError:
+            return None  # a poison history is not a live run
+        if events and isinstance(events[-1], RunCompleted | RunFailed | RunCancelled):
+            return None
+        return rid
+
+    async def _cancel(self, run_id: str, name: str) -> None:
+        body = CancelBody(reason=f"schedule {name}: replaced by its next run (cancel-previous)")
+        await self.broker.publish(
+            self.names.cancel(run_id, self.broker.sender("worker")),
+            encode(body),
+            {h.MSG_ID: f"schedule-cancel:{name}:{run_id}"},
+        )
+
+    async def _start_runs(
+        self,
+        rec: ScheduleRecord,
+        agent: Agent[Any, Any],
+        runs: list[tuple[str, float]],
+        msg: Delivery,
+        *,
+        arm: bool = True,
+    ) -> None:
+        """Create the runs ``(run_id, fire time)`` (create-only), then (``arm``) arm the
+        schedule's next fire, then settle ``msg``: held by the last run if this worker
+        executes it at once, else acked.
+
+        Created before armed: until the next fire is armed, nothing can replace ``msg`` (the
+        stream keeps one fire per schedule), so if this stops halfway the same fire comes back
+        and finishes the job."""
+        made: list[tuple[str, list[Decision] | None, bool]] = []
+        for run_id, at in runs:
+            trigger = StartTrigger(input=rec.spec.input, run_id=run_id, budget=rec.spec.budget)
+            fire = ScheduledFire(name=rec.name, at=at)
+            try:
+                got = await self.intake.create_scheduled(msg, agent.name, trigger, fire)
+            except Rejected as r:
+                log.warning("schedule %s: run %s not started: %s", rec.name, run_id, r.message)
+                continue
+            if got is not None:
+                made.append((run_id, got[1], got[2]))
+        if arm:
+            await self._arm_pending(rec)
+        for i, (run_id, history, wake) in enumerate(made):
+            if history is not None and i == len(made) - 1:
+                if await self.run_new(run_id, history, msg):
+                    return  # the run executes here; msg is settled when it rests
+            if wake:
+                await publish_wake(self.broker, self.names, run_id, "start", agent=agent.name)
+        await msg.ack()
+
+
+def _fits(agent: Agent[Any, Any], spec: ScheduleSpec) -> bool:
+    return _input_error(agent, spec) is None
+
+
+def _input_error(agent: Agent[Any, Any], spec: ScheduleSpec) -> str | None:
+    try:
+        agent.decode_input(bytes(spec.input))
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        return f"input does not match agent '{agent.name}': {e}"
+    return None
+
+
+def _check_input(agent: Agent[Any, Any], spec: ScheduleSpec) -> None:
+    why = _input_error(agent, spec)
+    if why is not None:
+        raise Rejected("invalid_input", why)
+
+
+def _after(
+    rec: ScheduleRecord,
+    now: float,
+    *,
+    started: list[str],
+    skipped: int = 0,
+    missed: int = 0,
+    failed: int = 0,
+    outcome: FireOutcome,
+    chain: bool,
+    newest: float | None = None,
+    next_at: float | None = None,
+    cancelled: str | None = None,
+) -> ScheduleRecord:
+    """``rec`` after a fire (``chain``: by its timer, which moves the schedule on) or a
+    trigger."""
+    c = rec.counts
+    counts = ScheduleCounts(
+        started=c.started + len(started),
+        skipped=c.skipped + skipped,
+        missed=c.missed + missed,
+        failed=c.failed + failed,
+    )
+    return msgspec.structs.replace(
+        rec,
+        updated_at=now,
+        last_fire_at=newest if chain else rec.last_fire_at,
+        next_fire_at=next_at if chain else rec.next_fire_at,
+        last_runs=tuple(started) if chain else rec.last_runs,
+        last_cancelled=cancelled if chain else rec.last_cancelled,
+        last_run_id=started[-1] if started else rec.last_run_id,
+        last_outcome=outcome,
+        counts=counts,
+    )
