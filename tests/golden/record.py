@@ -46,7 +46,15 @@ async def record(url: str, scratch: Path) -> None:
     os.environ["SOJOURN_DEMO_OUTBOX"] = str(scratch / "welcome")
     os.environ["SOJOURN_DEMO_STEP_SECONDS"] = "0"
     os.environ["SOJOURN_ONBOARDING_OUTBOX"] = str(scratch / "onboarding")
-    from examples import chat, greeter, onboarding, research_agent, streaming, welcome
+    from examples import (
+        chat,
+        greeter,
+        hourly_report,
+        onboarding,
+        research_agent,
+        streaming,
+        welcome,
+    )
 
     agents: list[Agent[Any, Any]] = [
         greeter.greeter,
@@ -56,6 +64,7 @@ async def record(url: str, scratch: Path) -> None:
         streaming.answerer,
         research_agent.researcher,
         chat.chat,
+        hourly_report.report,
     ]
     settings = Settings(prefix="golden")
     worker = Worker(agents, nats=url, settings=settings)
@@ -112,6 +121,22 @@ async def record(url: str, scratch: Path) -> None:
         run = await client.start("chat", {"question": "What is the weather in Lisbon?"})
         await client.result(run, timeout=60)
         await save(client, "examples.chat--completed", run)
+
+        # A run started by a schedule's fire (not a trigger): its RunStarted names the
+        # schedule and the nominal fire time.
+        await client.add_schedule("hourly-report", agent="report", every=1, input={"team": "sales"})
+        fired: str | None = None
+        for _ in range(600):
+            record = await client.schedule("hourly-report")
+            fired = record.last_run_id if record is not None else None
+            if fired is not None:
+                break
+            await asyncio.sleep(0.05)
+        if fired is None:
+            raise RuntimeError("schedule hourly-report never fired")
+        await client.delete_schedule("hourly-report")
+        await client.result(fired, timeout=60)
+        await save(client, "examples.hourly_report--scheduled", fired)
     finally:
         await client.close()
         await worker.stop()
