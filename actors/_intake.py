@@ -416,7 +416,9 @@ class Intake:
         # for while the start is appended, and recorded right after it, before the run runs
         # anything (every start pays this look, usually for nothing: in parallel it costs no
         # time).
-        look = asyncio.ensure_future(self._queued_cancel(run_id))
+        look = asyncio.ensure_future(
+            self._queued_cancel(run_id) if fire is None else _nothing_queued()
+        )
         msg_id = f"{run_id}:start:{inbox_seq}" if fire is None else f"{run_id}:fire"
         try:
             seq, earlier = await self.store.append_once(
@@ -923,6 +925,12 @@ def dead_letter(msg: Delivery, kind: DlqKind, code: str, message: str, *, limit:
         sha256=hashlib.sha256(data).hexdigest(),
         truncated=len(data) > room,
     )
+
+
+async def _nothing_queued() -> tuple[int, CancelRequested] | None:
+    """A scheduled run's start never waits behind a cancel in the inbox: a cancel for it
+    before it exists is refused ``unknown_run`` (no client can start a run of that id)."""
+    return None
 
 
 async def _dismiss(task: asyncio.Future[tuple[int, CancelRequested] | None]) -> None:

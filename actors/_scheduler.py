@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -56,7 +57,7 @@ from sojourn.schemas.wire import CancelBody, StartTrigger
 from . import _metrics as metrics
 from ._agent import Agent
 from ._chain import current_run
-from ._cron import ScheduleError
+from ._cron import Calendar, ScheduleError
 from ._intake import Intake, Rejected, ScheduledFire, dead_letter, handback_delay
 from ._schedules import calendar_of, check_spec, jitter_of, plan_fire, run_id_for
 
@@ -69,6 +70,9 @@ CAS_TRIES = 20
 
 FIRES_IN_FLIGHT = 64
 """Fires one worker handles at once, per agent."""
+
+KEPT_MAX = 10_000
+"""Records, ended runs and calendars one worker keeps in memory (each bounded)."""
 
 RunNew = Callable[[str, list[Decision], Delivery], Awaitable[bool]]
 """The worker's ``_run_new``: execute a run just created, holding ``msg`` until it rests."""
@@ -109,6 +113,37 @@ class Scheduler:
         self.agents = agents
         self.run_new = run_new
         self.store = ScheduleStore(broker, names)
+        self._records: OrderedDict[str, tuple[ScheduleRecord, int]] = OrderedDict()
+        """The records this worker wrote last, with their sequences: a fire starts from its
+        schedule's copy here (its compare-and-set refuses it if the record changed since),
+        saving a read. Any check a copy fails is made again on a fresh read."""
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        """Scheduled runs that ended here: the overlap check needs no read for them."""
+        self._calendars: dict[tuple[str | None, int | None, str], Calendar] = {}
+
+    def run_ended(self, run_id: str) -> None:
+        """A run a schedule started ended in this worker (called by the worker)."""
+        self._ended[run_id] = None
+        if len(self._ended) > KEPT_MAX:
+            self._ended.popitem(last=False)
+
+    def _kept(self, name: str, got: tuple[ScheduleRecord, int] | None) -> None:
+        if got is None:
+            self._records.pop(name, None)
+            return
+        self._records[name] = got
+        self._records.move_to_end(name)
+        if len(self._records) > KEPT_MAX:
+            self._records.popitem(last=False)
+
+    def _calendar(self, spec: ScheduleSpec) -> Calendar:
+        key = (spec.cron, spec.every, spec.timezone)
+        cal = self._calendars.get(key)
+        if cal is None:
+            if len(self._calendars) >= KEPT_MAX:
+                self._calendars.clear()
+            cal = self._calendars[key] = calendar_of(spec)
+        return cal
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -370,12 +405,17 @@ class Scheduler:
         if agent is None:  # this worker stopped serving it: another one will
             await msg.nak(delay=1.0)
             return
+        cached = self._records.get(name)
         for _ in range(CAS_TRIES):
-            got = await self.store.get(name)
+            got = cached if cached is not None else await self.store.get(name)
+            fresh = cached is None
+            cached = None
             if got is None:
                 await msg.ack()  # deleted
                 return
             rec, seq = got
+            if not fresh and not _expected(rec, fire.revision, fire.fire_at, agent_name):
+                continue  # the copy kept here is not the record now: read it
             if rec.spec.agent != agent_name or rec.revision != fire.revision or rec.paused:
                 # Armed before a change, which armed its own. Should this stale one have
                 # replaced it (arms racing), arm what the record says again.
@@ -394,7 +434,7 @@ class Scheduler:
                 return
             now = time.time()
             try:
-                cal = calendar_of(rec.spec)
+                cal = self._calendar(rec.spec)
             except ScheduleError as e:  # stored by a version that accepted it: cannot fire
                 log.error("schedule %s: %s; not fired", name, e)
                 await msg.ack()
@@ -423,9 +463,10 @@ class Scheduler:
                 cancelled=cancel,
             )
             try:
-                await self.store.put(record, seq)
+                self._kept(name, (record, await self.store.put(record, seq)))
                 break
             except ConcurrencyConflict:
+                self._kept(name, None)
                 continue
         else:
             await msg.nak(delay=1.0)
@@ -479,7 +520,7 @@ class Scheduler:
 
     async def _live(self, run_id: str | None) -> str | None:
         """The current run of ``run_id``'s chain if it has not ended, else ``None``."""
-        if run_id is None:
+        if run_id is None or run_id in self._ended:
             return None
         rid, last = await current_run(self.broker, self.names, run_id)
         if last is None:
@@ -536,6 +577,17 @@ class Scheduler:
             if wake:
                 await publish_wake(self.broker, self.names, run_id, "start", agent=agent.name)
         await msg.ack()
+
+
+def _expected(rec: ScheduleRecord, revision: int, fire_at: float, agent: str) -> bool:
+    """Whether ``rec`` is what a record must be for this fire to be handled normally."""
+    return (
+        rec.spec.agent == agent
+        and rec.revision == revision
+        and not rec.paused
+        and rec.next_fire_at == fire_at
+        and (rec.last_fire_at is None or rec.last_fire_at < fire_at)
+    )
 
 
 def _fits(agent: Agent[Any, Any], spec: ScheduleSpec) -> bool:

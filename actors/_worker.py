@@ -744,8 +744,9 @@ class Worker:
             metrics.ACTIVATIONS.labels(agent_name, outcome).inc()
             if outcome in ("completed", "failed", "cancelled"):
                 self.store.forget(run_id)
-                if act.state.schedule is not None:
+                if act.state.schedule is not None and act.state.continued_as is None:
                     metrics.schedule_run_ended(act.state.schedule, outcome)
+                    self.scheduler.run_ended(run_id)
             if outcome == "fenced" or act.fenced:
                 # Another worker owns the run now, through a redelivery of this very message.
                 # JetStream takes an ack from any delivery, so acking ours would settle the
