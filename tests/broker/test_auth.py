@@ -405,6 +405,51 @@ async def test_a_worker_with_other_settings_leaves_the_streams_alone(
         assert info["config"]["duplicate_window"] == 120 * 10**9  # untouched
 
 
+async def test_schedules_run_end_to_end_with_least_privilege(
+    auth_server: EmbeddedServer, worker: Broker, client: Broker, admin: Broker
+) -> None:
+    """A client adds, triggers, pauses and deletes a schedule; a worker with the worker role
+    keeps it and fires it (the broker stores the fires: no role publishes on a fire subject)."""
+    from sojourn.actors import Client, Context, Worker, agent
+
+    @agent("authz_tick")
+    async def authz_tick(ctx: Context, n: int) -> int:
+        return n
+
+    w = Worker([authz_tick], broker=worker, settings=SETTINGS)
+    await w.start()
+    c = Client(client, SETTINGS)
+    try:
+        record = await c.add_schedule("authz-every", agent="authz_tick", every="1s", input=4)
+        assert record.created_by == "client"
+
+        async def fired() -> bool:
+            r = await c.schedule("authz-every")
+            return r is not None and r.counts.started >= 1
+
+        for _ in range(600):
+            if await fired():
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the schedule never fired under least privilege")
+        answer = await c.trigger_schedule("authz-every")
+        assert answer.run_id is not None and await c.result(answer.run_id, timeout=30) == 4
+        assert (await c.pause_schedule("authz-every")).paused
+        for role_broker in (client, worker):
+            await refused(
+                role_broker.publish(NAMES.schedule_fire("authz_tick", "authz-every"), b""),
+                NAMES.schedule_fire("authz_tick", "authz-every"),
+            )
+        await refused(
+            client.publish(NAMES.schedule_record("authz-every"), b"{}"),
+            NAMES.schedule_record("authz-every"),
+        )
+        assert await c.delete_schedule("authz-every")
+    finally:
+        await w.stop()
+
+
 # --- watchdog ------------------------------------------------------------------------------------
 
 
