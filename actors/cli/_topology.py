@@ -20,6 +20,7 @@ from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.topology import (
     agent_wake_consumer_config,
     apply_topology,
+    fire_consumer_config,
     fix_command,
     inspect_topology,
 )
@@ -66,11 +67,11 @@ async def cmd_topology(args: argparse.Namespace) -> int:
     opts = options_from(args)
     broker = await bounded(Broker.connect(opts, name="sojourn-cli topology", reconnect=False), opts)
     try:
-        if not agents:  # every agent a worker registered: their wake consumers too
+        if not agents:  # every agent a worker registered: their wake and fire consumers too
             agents = await AgentRegistry(broker, names).known()
         extra = [
             (names.wake_stream, agent_wake_consumer_config(names, settings, a)) for a in agents
-        ]
+        ] + [(names.schedules_stream, fire_consumer_config(names, settings, a)) for a in agents]
         if args.apply:
             before = await apply_topology(
                 broker, names, settings, replicas=args.replicas, consumers=extra

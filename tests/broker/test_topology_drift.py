@@ -27,6 +27,7 @@ from sojourn.broker.topology import (
     agent_wake_consumer_config,
     consumer_configs,
     ensure_topology,
+    fire_consumer_config,
     inspect_topology,
     stream_configs,
 )
@@ -286,13 +287,17 @@ async def test_the_report_covers_every_registered_agents_wake_consumer(
         await AgentRegistry(broker, names).register(AgentRecord(name=agent))
     alpha = agent_wake_consumer_config(names, settings, "alpha")
     await broker.ensure_consumer(names.wake_stream, alpha)  # beta's worker never started
+    await broker.ensure_consumer(
+        names.schedules_stream, fire_consumer_config(names, settings, "alpha")
+    )
     base = ["topology", "--nats", nats_server.url, "--prefix", settings.prefix, "--json"]
     res = await sojourn(*base)
     report = json.loads(res.out)
     states = {f["consumer"]: f["state"] for f in report["findings"] if f["consumer"]}
     # (drift: the test's settings have another lease_ttl, so another ack_wait, than the CLI's)
     assert states["wake-alpha"] in ("ok", "drift") and states["wake-beta"] == "missing", states
+    assert states["fire-alpha"] in ("ok", "drift") and states["fire-beta"] == "missing", states
     assert res.rc == 1
     res = await sojourn(*base, "--agent", "alpha")  # only the named ones
     states = {f["consumer"]: f["state"] for f in json.loads(res.out)["findings"] if f["consumer"]}
-    assert "wake-beta" not in states and res.rc == 0, res
+    assert "wake-beta" not in states and "fire-beta" not in states and res.rc == 0, res
