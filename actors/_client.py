@@ -442,27 +442,18 @@ class Client:
                 ``unknown_agent``, ...).
             TimeoutError: no worker answered within ``timeout`` (the request stays queued).
         """
-        validate_schedule_name(name)
-        validate_token(agent, "agent name")
-        if isinstance(every, timedelta):
-            seconds = every.total_seconds()
-            if seconds != int(seconds):
-                raise ScheduleError("every must be whole seconds")
-            every = int(seconds)
-        interval = parse_duration(every) if isinstance(every, str) else every
-        limits = None if budget is None or budget.empty else BudgetBody(**_limits(budget))
-        spec = ScheduleSpec(
+        spec = schedule_spec(
+            name,
             agent=agent,
+            every=every,
             cron=cron,
-            every=interval,
-            input=to_raw(input),
+            input=input,
             timezone=timezone,
             overlap=overlap,
             catch_up=catch_up,
-            jitter=float(jitter),
-            budget=limits,
+            jitter=jitter,
+            budget=budget,
         )
-        check_spec(spec, time.time())
         answer = await self._schedule_request(
             name, ScheduleRequest(action="add", spec=spec, replace=replace), timeout, by
         )
@@ -857,6 +848,49 @@ class Client:
 
 
 _TERMINAL = (RunCompleted, RunFailed, RunCancelled)
+
+
+def schedule_spec(
+    name: str,
+    *,
+    agent: str,
+    every: str | int | timedelta | None = None,
+    cron: str | None = None,
+    input: Any = None,
+    timezone: str = "UTC",
+    overlap: Overlap = "skip",
+    catch_up: CatchUp = "latest",
+    jitter: float = 0.0,
+    budget: Budget | None = None,
+) -> ScheduleSpec:
+    """The spec ``Client.add_schedule`` sends, checked here first (no connection needed).
+
+    Raises:
+        InvalidName: the schedule or agent name is not one.
+        ScheduleError: the expression, interval, zone or jitter cannot be used.
+    """
+    validate_schedule_name(name)
+    validate_token(agent, "agent name")
+    if isinstance(every, timedelta):
+        seconds = every.total_seconds()
+        if seconds != int(seconds):
+            raise ScheduleError("every must be whole seconds")
+        every = int(seconds)
+    interval = parse_duration(every) if isinstance(every, str) else every
+    limits = None if budget is None or budget.empty else BudgetBody(**_limits(budget))
+    spec = ScheduleSpec(
+        agent=agent,
+        cron=cron,
+        every=interval,
+        input=to_raw(input),
+        timezone=timezone,
+        overlap=overlap,
+        catch_up=catch_up,
+        jitter=float(jitter),
+        budget=limits,
+    )
+    check_spec(spec, time.time())
+    return spec
 
 
 def _schedule_answer(data: bytes, name: str) -> ScheduleAnswer:

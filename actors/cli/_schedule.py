@@ -13,7 +13,7 @@ import msgspec
 from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.schedules import CATCH_UPS, OVERLAPS, ScheduleRecord
 
-from .._client import Client
+from .._client import Client, schedule_spec
 from ._budget import add_budget_arguments, budget_from_args
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, cli_sender, connect_client, parse_input
 from ._render import out, stamp
@@ -131,26 +131,32 @@ def _as_json(record: ScheduleRecord, last_status: str | None) -> dict[str, Any]:
     return body
 
 
+def _add_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``add``'s options as ``Client.add_schedule`` takes them."""
+    return {
+        "agent": args.agent,
+        "cron": args.cron,
+        "every": args.every,
+        "input": parse_input(args.input),
+        "timezone": args.timezone,
+        "overlap": args.overlap,
+        "catch_up": args.catch_up,
+        "jitter": args.jitter,
+        "budget": budget_from_args(args),
+    }
+
+
 async def cmd_schedule(args: argparse.Namespace) -> int:
     action = args.schedule_command
+    if action == "add":
+        schedule_spec(args.name, **_add_options(args))  # say what is wrong before connecting
     async with await connect_client(args) as client:
         by = cli_sender(client)
         if action == "list":
             return await _list(client, args)
         if action == "add":
             record = await client.add_schedule(
-                args.name,
-                agent=args.agent,
-                cron=args.cron,
-                every=args.every,
-                input=parse_input(args.input),
-                timezone=args.timezone,
-                overlap=args.overlap,
-                catch_up=args.catch_up,
-                jitter=args.jitter,
-                budget=budget_from_args(args),
-                replace=args.replace,
-                by=by,
+                args.name, **_add_options(args), replace=args.replace, by=by
             )
             if args.json:
                 out(json.dumps(_as_json(record, None)))

@@ -647,6 +647,14 @@ async def test_sojourn_schedule_from_the_command_line(
     async with Worker([tick], nats=nats_server.url, settings=settings):
         bad = await run("add", "nightly", "--agent", "tick", "--cron", "0 0 31 2 *")
         assert bad.returncode == 2 and "never fires" in bad.stderr, bad
+        offline = await asyncio.to_thread(
+            subprocess.run,
+            [PYTHON, "-m", "sojourn.actors.cli", "schedule", "add", "n", "--agent", "tick",
+             "--every", "0s", "--nats", "nats://127.0.0.1:1"],
+            capture_output=True, text=True, env=subprocess_env(), cwd=ROOT,
+        )  # fmt: skip
+        # A bad spec is refused before connecting: no server is needed to say what is wrong.
+        assert offline.returncode == 2 and "between 1s and 366d" in offline.stderr, offline
         none = await run("add", "nightly", "--agent", "tick")  # neither --cron nor --every
         assert none.returncode == 2
         added = await run(
