@@ -14,7 +14,6 @@ keeps one fire per schedule), and nothing starts twice.
 from __future__ import annotations
 
 import asyncio
-import calendar as _calendar
 import contextlib
 import functools
 import logging
@@ -30,7 +29,6 @@ from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.names import (
-    SCHEDULED_RUN_ID,
     InboxSubject,
     Names,
     validate_schedule_name,
@@ -59,9 +57,9 @@ from ._agent import Agent
 from ._chain import current_run
 from ._cron import Calendar, ScheduleError
 from ._intake import Intake, Rejected, ScheduledFire, dead_letter, handback_delay
-from ._schedules import calendar_of, check_spec, jitter_of, plan_fire, run_id_for
+from ._schedules import calendar_of, check_spec, fire_time_of, jitter_of, plan_fire, run_id_for
 
-__all__ = ["Scheduler", "fire_time_of"]
+__all__ = ["Scheduler"]
 
 log = logging.getLogger("sojourn.schedules")
 
@@ -76,18 +74,6 @@ KEPT_MAX = 10_000
 
 RunNew = Callable[[str, list[Decision], Delivery], Awaitable[bool]]
 """The worker's ``_run_new``: execute a run just created, holding ``msg`` until it rests."""
-
-
-def fire_time_of(run_id: str) -> float | None:
-    """The fire time in a scheduled run's id (``<schedule>-at<YYYYMMDDTHHMMSS>Z``)."""
-    if not SCHEDULED_RUN_ID.fullmatch(run_id):
-        return None
-    at = run_id.rindex("-at")
-    stamp = run_id[at + 3 : at + 18]
-    try:
-        return float(_calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%S")))
-    except ValueError:
-        return None
 
 
 class Scheduler:

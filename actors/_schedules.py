@@ -10,11 +10,13 @@ often, it is one run.
 
 from __future__ import annotations
 
+import calendar as _calendar
 import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sojourn.broker.names import SCHEDULED_RUN_ID
 from sojourn.schemas.schedules import CATCH_UP_MAX, JITTER_MAX, CatchUp, ScheduleSpec
 
 from ._cron import Calendar, ScheduleError, calendar
@@ -25,6 +27,7 @@ __all__ = [
     "FirePlan",
     "calendar_of",
     "check_spec",
+    "fire_time_of",
     "jitter_of",
     "plan_fire",
     "run_id_for",
@@ -43,6 +46,18 @@ def run_id_for(name: str, fire_at: float) -> str:
     """The id of the run that fire time ``fire_at`` of schedule ``name`` starts:
     ``<name>-at<YYYYMMDDTHHMMSS>Z`` (UTC, whole seconds)."""
     return f"{name}-at{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(int(fire_at)))}"
+
+
+def fire_time_of(run_id: str) -> float | None:
+    """The fire time in a scheduled run's id (``<schedule>-at<YYYYMMDDTHHMMSS>Z``)."""
+    if not SCHEDULED_RUN_ID.fullmatch(run_id):
+        return None
+    at = run_id.rindex("-at")
+    stamp = run_id[at + 3 : at + 18]
+    try:
+        return float(_calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%S")))
+    except ValueError:
+        return None
 
 
 def jitter_of(name: str, fire_at: float, jitter: float) -> float:
