@@ -55,8 +55,8 @@ def retry_after(headers: Mapping[str, str], now: float) -> float | None:
     """Seconds the provider asks us to wait: ``retry-after-ms`` (OpenAI's), else
     ``Retry-After`` as delta-seconds or an HTTP-date; ``None`` when absent or unreadable.
     Bounded to 0..``RETRY_AFTER_MAX``."""
-    ms = headers.get("retry-after-ms")
-    if ms is not None and _SECONDS.fullmatch(ms.strip()):
+    ms = headers.get("retry-after-ms", "").strip()  # str.strip: \x1c-\x1f too; float() not
+    if _SECONDS.fullmatch(ms):
         return _bounded(float(ms) / 1000)
     value = headers.get("retry-after")
     if value is None:
