@@ -21,13 +21,13 @@ import socket
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
 from sojourn.broker import headers as h
-from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError, PullConsumer
+from sojourn.broker.connection import Broker, ConnectOptions, PullConsumer
 from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
 from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
 from sojourn.broker.follow import read_all
@@ -39,11 +39,12 @@ from sojourn.broker.topology import (
     check,
     ensure_topology,
     fire_consumer_config,
+    retry_unsettled,
 )
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import decode_worker_beat, encode, peek_run_id
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import BrokerUnavailable, HistoryError, InvalidName, SojournError
+from sojourn.schemas.errors import HistoryError, InvalidName, SojournError
 from sojourn.schemas.health import BEAT_RUNS_MAX, ActiveRun, WedgeRecord, WorkerBeat, vouches
 from sojourn.schemas.wire import DeadLetter
 
@@ -202,7 +203,7 @@ class Worker:
         if self._broker is None:
             self._broker = await Broker.connect(self._url, name=f"sojourn-worker {self.worker_id}")
         b = self._broker
-        await _through_elections(lambda: ensure_topology(b, self.names, self.settings))
+        await ensure_topology(b, self.names, self.settings)
         self.store = EventStore(
             b,
             self.names,
@@ -216,7 +217,7 @@ class Worker:
         self.registry = AgentRegistry(b, self.names)
         for a in self.agents.values():
             record = AgentRecord(name=a.name, input_schema=a.input_schema(), code_version=a.version)
-            await _through_elections(functools.partial(self.registry.register, record))
+            await retry_unsettled(functools.partial(self.registry.register, record))
         self.intake = Intake(
             broker=b,
             store=self.store,
@@ -911,28 +912,6 @@ class Worker:
         first = history[0].events[0] if history and history[0].events else None
         name = getattr(first, "agent", None)
         return self.agents.get(name) if isinstance(name, str) else None
-
-
-START_RETRY_FOR = 30.0
-"""Seconds a worker's start-up keeps retrying what the broker does not answer: on a cluster a
-stream whose leader died answers nothing until the survivors elect one (4-9 s)."""
-
-
-async def _through_elections(call: Callable[[], Awaitable[object]]) -> None:
-    """``call()`` (idempotent), retried for ``START_RETRY_FOR`` seconds while the broker does
-    not answer, instead of a start-up that crash-loops through a leader election."""
-    deadline = time.monotonic() + START_RETRY_FOR
-    while True:
-        try:
-            await call()
-            return
-        except (BrokerUnavailable, JetStreamError) as e:
-            if time.monotonic() > deadline or (
-                isinstance(e, JetStreamError) and e.code != 503  # 503: no stream answers
-            ):
-                raise
-            log.warning("start-up: %s; retrying (a stream leader election?)", e)
-            await asyncio.sleep(1.0)
 
 
 async def _settle(tasks: Iterable[asyncio.Task[Any]], grace: float) -> None:

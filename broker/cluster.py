@@ -250,7 +250,8 @@ class LocalCluster:
 
     async def healthy(self) -> bool:
         """Every running node answers ``/healthz?js-enabled-only=true`` with 200, sees all its
-        routes, and all agree on one JetStream meta leader."""
+        routes, all agree on one JetStream meta leader, and the leader sees every other running
+        node as a current, online peer."""
         leaders = set()
         for node in self.nodes:
             if not node.running:
@@ -264,7 +265,18 @@ class LocalCluster:
                 return False
             leaders.add(leader)
         running = {n.name for n in self.nodes if n.running}
-        return len(leaders) == 1 and leaders <= running
+        if len(leaders) != 1 or not leaders <= running:
+            return False
+        # The meta leader places streams on the peers it believes online and current: until
+        # it has heard from every node, creating an R3 stream fails ("peer offline").
+        _, jsz = await self.monitor(self.node_named(leaders.pop()).index, "/jsz")
+        meta = jsz.get("meta_cluster") or {}
+        current = {
+            str(r.get("name"))
+            for r in meta.get("replicas") or []
+            if r.get("current") and not r.get("offline")
+        }
+        return running - {meta.get("leader")} <= current
 
     async def wait_healthy(self, timeout: float = 60.0) -> None:
         loop = asyncio.get_running_loop()

@@ -14,18 +14,22 @@ against streams an admin or the first worker created. ``sojourn topology`` repor
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import PermissionDenied, SojournError
+from sojourn.schemas.errors import BrokerUnavailable, PermissionDenied, SojournError
 
-from .connection import Broker
+from .connection import Broker, JetStreamError
 from .drift import Finding, KeyDiff, consumer_finding, reconciled, stream_finding
 from .names import Names
 
 __all__ = [
+    "SETTLE_FOR",
     "TopologyMismatch",
     "agent_wake_consumer_config",
     "apply_topology",
@@ -36,10 +40,22 @@ __all__ = [
     "fix_command",
     "inspect_topology",
     "mismatch",
+    "retry_unsettled",
     "stream_configs",
 ]
 
 log = logging.getLogger("sojourn.broker")
+
+SETTLE_FOR = 30.0
+"""Seconds ``ensure_topology`` keeps retrying what a cluster cannot answer yet: a stream whose
+leader died answers nothing until the survivors elect one (4-9 s), and a cluster that is still
+forming (every node up, but the meta leader not yet sure of every peer) refuses to place a
+replicated stream ("no suitable peers for placement, peer offline")."""
+
+_NO_PEERS = 10005
+"""JetStream's ``JSClusterNoPeersErr``: not enough peers it believes online to place a stream."""
+
+_T = TypeVar("_T")
 
 _NS = 1_000_000_000
 _DAY = 86_400
@@ -318,6 +334,7 @@ async def ensure_topology(
     settings: Settings,
     *,
     consumers: bool = True,
+    settle_for: float = SETTLE_FOR,
 ) -> list[Finding]:
     """Create the streams that are missing (and, with ``consumers``, the workers' durable
     consumers); never change one that exists. One that differs from sojourn's config only in
@@ -327,10 +344,16 @@ async def ensure_topology(
     Bringing existing streams to this config is ``sojourn topology --apply``'s job, done on
     purpose by an admin (it used to happen on every start, undoing operators' tuning).
 
+    A cluster between states (a leader election, nodes still meeting each other) is waited
+    for, at most ``settle_for`` seconds (``SETTLE_FOR``).
+
     Returns:
         What was found for every stream and consumer.
 
     Raises:
+        BrokerUnavailable: JetStream did not answer for ``settle_for`` seconds.
+        JetStreamError: JetStream refused a stream or consumer (for ``settle_for`` seconds, if
+            it was for want of peers).
         TopologyMismatch: a stream or consumer differs in a key sojourn relies on; the
             message names them, the keys, both values and the command that fixes them.
         PermissionDenied: a stream is missing and this user may not create it, or may not even
@@ -341,7 +364,9 @@ async def ensure_topology(
     for cfg in stream_configs(names, settings):
         name = cfg["name"]
         try:
-            found.append(await broker.ensure_stream(cfg))
+            found.append(
+                await retry_unsettled(functools.partial(broker.ensure_stream, cfg), settle_for)
+            )
         except PermissionDenied as e:
             if ".STREAM.INFO." in e.subject:
                 raise PermissionDenied(
@@ -357,9 +382,35 @@ async def ensure_topology(
             ) from None
     if consumers:
         for stream, ccfg in consumer_configs(names, settings):
-            found.append(await broker.ensure_consumer(stream, ccfg))
+            found.append(
+                await retry_unsettled(
+                    functools.partial(broker.ensure_consumer, stream, ccfg), settle_for
+                )
+            )
     check(names, found)
     return found
+
+
+def _unsettled(e: BaseException) -> bool:
+    """Whether ``e`` says the cluster is between states (electing, forming), not no."""
+    if isinstance(e, BrokerUnavailable):
+        return True
+    return isinstance(e, JetStreamError) and (e.code == 503 or e.err_code == _NO_PEERS)
+
+
+async def retry_unsettled(call: Callable[[], Awaitable[_T]], settle_for: float = SETTLE_FOR) -> _T:
+    """``call()`` (idempotent), retried for ``settle_for`` seconds while the cluster is between
+    states, instead of a start-up that crash-loops through a leader election or a cluster that
+    is still forming; any other error at once."""
+    deadline = time.monotonic() + settle_for
+    while True:
+        try:
+            return await call()
+        except (BrokerUnavailable, JetStreamError) as e:
+            if not _unsettled(e) or time.monotonic() > deadline:
+                raise
+            log.warning("topology: %s; retrying (a cluster electing or forming?)", e)
+            await asyncio.sleep(0.5)
 
 
 def check(names: Names, found: Sequence[Finding]) -> None:
