@@ -20,6 +20,9 @@ Example:
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import (
     BrokerUnavailable,
+    CallbackKeysMissing,
+    CallbackTokenExpired,
+    CallbackTokenInvalid,
     ChildRunError,
     InvalidName,
     NondeterminismError,
@@ -38,6 +41,7 @@ from sojourn.schemas.schedules import ScheduleAnswer, ScheduleRecord
 
 from ._agent import Agent, agent
 from ._app import load_app
+from ._callbacks import CallbackClaims, CallbackKeys
 from ._client import (
     Client,
     PendingRun,
@@ -72,6 +76,11 @@ __all__ = [
     "ApprovalTimeout",
     "BrokerUnavailable",
     "Budget",
+    "CallbackClaims",
+    "CallbackKeys",
+    "CallbackKeysMissing",
+    "CallbackTokenExpired",
+    "CallbackTokenInvalid",
     "ChildHandle",
     "ChildRunError",
     "Client",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, Iterable
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 
@@ -92,6 +93,7 @@ from ._intake import REPLY_HEADER, PendingRun, find_pending
 from ._listing import list_runs
 from ._output import OutputReader, read_output
 from ._schedules import check_spec
+from ._snapshots import current as current_snapshot
 from ._state import RunState, fold
 from ._values import values_for
 from ._watching import read_view, watch_run
@@ -260,30 +262,40 @@ class Client:
         if not wait:
             await self._publish(subject, body, headers)
             return StartReceipt(run_id=run_id, created=None, queued=True)
-        inbox = self.broker.new_inbox()
-        sub = await self.broker.subscribe(inbox, max_msgs=1)
-        try:
-            headers[REPLY_HEADER] = inbox
-            if await self._publish(subject, body, headers):
-                # The inbox already holds this exact trigger (a retry inside the dedup window):
-                # the intake answers only once, so answer from the run's history instead.
-                exists = await self.store.last_seq(run_id) > 0
-                return StartReceipt(
-                    run_id=run_id, created=False if exists else None, queued=not exists
-                )
-            try:
-                msg = await sub.next_msg(timeout=timeout)
-            except TimeoutError:
-                return StartReceipt(run_id=run_id, created=None, queued=True)
-        finally:
-            await sub.unsubscribe()
-        reply = decode_intake_reply(msg.data)
+        reply = await self._publish_answered(subject, body, headers, timeout)
+        if reply == "duplicate":
+            # The inbox already holds this exact trigger (a retry inside the dedup window):
+            # the intake answers only once, so answer from the run's history instead.
+            exists = await self.store.last_seq(run_id) > 0
+            return StartReceipt(run_id=run_id, created=False if exists else None, queued=not exists)
+        if reply is None:
+            return StartReceipt(run_id=run_id, created=None, queued=True)
         if isinstance(reply, IntakeError):
             if reply.error.code == "unknown_agent":
                 raise UnknownAgent(reply.error.message)
             raise TriggerRejected(reply.error.code, reply.error.message, run_id=run_id)
-        assert isinstance(reply, IntakeOk)
         return StartReceipt(run_id=reply.run_id, created=reply.created, queued=False)
+
+    async def _publish_answered(
+        self, subject: str, body: bytes, headers: dict[str, str], timeout: float
+    ) -> IntakeOk | IntakeError | Literal["duplicate"] | None:
+        """Publish to the inbox asking the intake to answer: its answer, ``"duplicate"`` when
+        the broker already holds this very message (the intake answers only once), ``None``
+        when no answer came within ``timeout`` (stored; no worker has taken it yet)."""
+        inbox = self.broker.new_inbox()
+        sub = await self.broker.subscribe(inbox, max_msgs=1)
+        try:
+            if await self._publish(subject, body, {**headers, REPLY_HEADER: inbox}):
+                return "duplicate"
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except TimeoutError:
+                return None
+        finally:
+            await sub.unsubscribe()
+        reply = decode_intake_reply(msg.data)
+        assert isinstance(reply, IntakeOk | IntakeError)
+        return reply
 
     @property
     def identity(self) -> str | None:
@@ -322,22 +334,31 @@ class Client:
         *,
         signal_id: str | None = None,
         sender: str | None = None,
+        wait: bool = False,
+        timeout: float = 5.0,
     ) -> str:
         """Send the signal ``name`` to a run (durable: buffered until the run waits for it).
 
         ``signal_id`` makes a retried send count once, forever (default: a fresh id per call,
         returned). The JetStream ack is the receipt, even while no worker is up. ``sender``
         (a name token) is recorded as who sent it; on an authenticated connection the sender
-        is always the connection's user.
+        is always the connection's user. With ``wait=True`` this waits up to ``timeout`` for
+        the intake to record it, and raises ``TriggerRejected`` if it refused it (``run_ended``,
+        ``unknown_run``...); a signal id recorded before counts as recorded.
 
         Raises:
             InvalidName: bad run id, signal name or sender, or a reserved (``sojourn-``) name.
             PayloadTooLarge: the encoded payload exceeds ``settings.max_payload``.
+            TriggerRejected: (``wait=True``) the intake refused it.
         """
         validate_token(run_id, "run_id")
         validate_signal_name(name)
         if name.startswith(RESERVED_SIGNAL_PREFIX):
             raise InvalidName(f"signal names starting with {RESERVED_SIGNAL_PREFIX!r} are reserved")
+        if signal_id is not None and not _SIGNAL_ID.fullmatch(signal_id):
+            raise InvalidName(
+                f"signal id {signal_id[:64]!r}: 1 to 200 characters of A-Z a-z 0-9 . _ : -"
+            )
         who = self._sender(sender)
         body = encode(payload)
         if len(body) > self.settings.max_payload:
@@ -350,7 +371,22 @@ class Client:
         # The broker's Msg-Id dedup spans the whole inbox: scope it to the run, so the same
         # signal id used for two runs is two signals. The intake dedups by Sojourn-Signal-Id.
         headers = {h.MSG_ID: f"signal:{run_id}:{sid}", h.SIGNAL_ID: sid}
-        await self._publish(self.names.signal(run_id, name, who), body, headers)
+        subject = self.names.signal(run_id, name, who)
+        if not wait:
+            await self._publish(subject, body, headers)
+            return sid
+        reply = await self._publish_answered(subject, body, headers, timeout)
+        if reply == "duplicate":
+            # Sent before within the dedup window, and answered then: what happened to it is in
+            # the run's history (recorded under its id, or refused because the run ended).
+            snap = await current_snapshot(self.store, run_id)
+            if snap is None or sid in snap.signal_ids or not snap.state.terminal:
+                return sid
+            raise TriggerRejected(
+                "run_ended", f"run '{run_id}' has ended ({snap.state.status})", run_id=run_id
+            )
+        if isinstance(reply, IntakeError):
+            raise TriggerRejected(reply.error.code, reply.error.message, run_id=run_id)
         return sid
 
     def _operator(self, by: str | None) -> str:
@@ -532,7 +568,14 @@ class Client:
         return _schedule_answer(msg.data, name)
 
     async def cancel(
-        self, run_id: str, reason: str = "", *, by: str | None = None, terminate: bool = False
+        self,
+        run_id: str,
+        reason: str = "",
+        *,
+        by: str | None = None,
+        terminate: bool = False,
+        wait: bool = False,
+        timeout: float = 5.0,
     ) -> None:
         """Ask for a run to be cancelled (durable: takes effect even if no worker is up).
         ``by`` (a name token, default the connection's user) is recorded as who asked.
@@ -540,16 +583,20 @@ class Client:
         A running step is interrupted within about a second (an async one cancelled, a sync
         one abandoned in its thread); the agent's compensation (``on_cancel``) runs, then the
         run ends ``cancelled`` and its live children are cancelled. ``terminate=True`` is
-        ``terminate``."""
+        ``terminate``. With ``wait=True`` this waits up to ``timeout`` for the intake to
+        record it, and raises ``TriggerRejected`` if it refused it (``unknown_run``...)."""
         validate_token(run_id, "run_id")
         who = self._sender(by)
         await self._ensure()
         body = encode(CancelBody(reason=reason, terminate=terminate))
-        await self._publish(
-            self.names.cancel(run_id, who),
-            body,
-            {h.MSG_ID: f"cancel:{run_id}:{uuid.uuid4().hex}"},
-        )
+        subject = self.names.cancel(run_id, who)
+        headers = {h.MSG_ID: f"cancel:{run_id}:{uuid.uuid4().hex}"}
+        if not wait:
+            await self._publish(subject, body, headers)
+            return
+        reply = await self._publish_answered(subject, body, headers, timeout)
+        if isinstance(reply, IntakeError):
+            raise TriggerRejected(reply.error.code, reply.error.message, run_id=run_id)
 
     async def terminate(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
         """End a run at once without its compensation: a running step is interrupted as by
@@ -914,6 +961,10 @@ def _outcome(run_id: str, event: RunEvent, tp: Any) -> Any:
         raise RunFailedError(run_id, event.error)
     assert isinstance(event, RunCancelled)
     raise RunCancelledError(f"run {run_id} was cancelled: {event.reason}", run_id=run_id)
+
+
+_SIGNAL_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+"""A caller's signal id: it travels in a header and is recorded in the history."""
 
 
 def _new_run_id() -> str:

@@ -33,12 +33,13 @@ import msgspec
 from sojourn.broker.names import validate_signal_name
 from sojourn.schemas import wire as _wire
 from sojourn.schemas.codec import encode, from_raw, to_raw
-from sojourn.schemas.errors import ChildRunError, PayloadTooLarge
+from sojourn.schemas.errors import CallbackKeysMissing, ChildRunError, PayloadTooLarge
 from sojourn.schemas.events import RunEvent, RunSuspended, Usage
 from sojourn.schemas.vocabulary import WaitKey
 from sojourn.schemas.wire import ChildOutcome, child_signal
 
 from . import _gather, _metrics, _patterns
+from ._callbacks import CALLBACK_KEYS_ENV, CallbackKeys, check_callback_signal, check_ttl
 from ._chain import ContinueAsNew
 from ._faults import fault
 from ._gather import ChildCall, ChildResult, GatherError
@@ -196,6 +197,7 @@ class Context:
         *,
         output: OpenOutput | None = None,
         guard: StepGuard | None = None,
+        callback_keys: CallbackKeys | None = None,
     ) -> None:
         self._m = machine
         self._driver = driver
@@ -203,6 +205,8 @@ class Context:
         self._open_output = output
         self._guard = guard
         """Interrupts the activation's running steps for a cancel (``_interrupt.py``)."""
+        self._callback_keys = callback_keys
+        """The worker's keyring, which signs ``ctx.callback`` tokens (none: it refuses)."""
 
     @property
     def run_id(self) -> str:
@@ -857,6 +861,40 @@ class Context:
         """A float in [0, 1), journaled."""
         value: float = self._value("random", _random.random, float)
         return value
+
+    def callback(self, signal: str, *, ttl: Duration) -> str:
+        """A token to hand an external system (an e-signature service, a payment provider)
+        that will call back over HTTP: the gateway delivers its POST body as the signal
+        ``signal`` to this run, once however often it is repeated, until ``ttl`` has passed.
+        Wait for it with ``ctx.wait_for(signal)`` as for any signal.
+
+        Journaled: a replay returns the same token (so it is in the run's history; treat the
+        history as holding a capability until the token expires). Each call is a new token
+        with its own signal id: hand out one per callback you expect.
+
+        Raises:
+            InvalidName: ``signal`` is not a signal name, or a reserved (``sojourn-``) one.
+            ValueError: ``ttl`` is not more than 0 and at most 366 days.
+            CallbackKeysMissing: the worker has no callback keys (``SOJOURN_CALLBACK_KEYS``
+                or ``Worker(callback_keys=...)``); a replay of a recorded token needs none.
+        """
+        check_callback_signal(signal)
+        seconds = check_ttl(_seconds(ttl))
+        keys = self._callback_keys
+        if keys is None and not self._m.replaying and not self.offline:
+            # Refused before the call takes a position: nothing is recorded.
+            raise CallbackKeysMissing(
+                f"ctx.callback needs callback keys: set {CALLBACK_KEYS_ENV} to a key file "
+                "(one `KID SECRET` per line) or pass Worker(callback_keys=CallbackKeys(...))",
+                run_id=self.run_id,
+            )
+
+        def issue() -> str:
+            assert keys is not None  # a recorded token is returned without issuing one
+            return keys.issue(self.run_id, signal, seconds, time.time())
+
+        token: str = self._value("callback", issue, str)
+        return token
 
 
 class ChildHandle:

@@ -68,6 +68,7 @@ from sojourn.schemas.vocabulary import TerminalStatus
 from sojourn.schemas.wire import CancelBody, ChildOutcome, ErrorBody
 
 from ._agent import Agent
+from ._callbacks import CallbackKeys
 from ._chain import ChainTaken, ContinueAsNew, current_run, pass_on, start_next
 from ._context import Context
 from ._faults import fault
@@ -170,6 +171,7 @@ class Activation:
         backstops: frozenset[int] = frozenset(),
         keep_run: Callable[[], bool] | None = None,
         snapshot: Snapshot | None = None,
+        callback_keys: CallbackKeys | None = None,
     ) -> None:
         """``keep_timer``: the worker's in-process timers (``InProcessTimers.keep`` for this
         run), which take the timers of the waits this activation parks on; the broker's copy
@@ -178,8 +180,10 @@ class Activation:
         those waits have ended. ``keep_run``: whether the worker may keep this activation
         when it parks on a wait (its code then rests there instead of unwinding: ``rest``,
         ``_sticky.py``). ``snapshot``: a fold of a prefix of ``history`` (``_snapshots.py``),
-        so that only what came after it is folded."""
+        so that only what came after it is folded. ``callback_keys``: the worker's keyring,
+        which signs the run's ``ctx.callback`` tokens."""
         self.agent = agent
+        self.callback_keys = callback_keys
         self.keep_timer = keep_timer
         self.backstops = backstops
         self.progress = progress if progress is not None else Progress()
@@ -697,6 +701,7 @@ class Activation:
                 self.store.settings.max_payload,
                 output=self.step_output,
                 guard=self.guard,
+                callback_keys=self.callback_keys,
             )
             arg = self.agent.decode_input(bytes(s.input or b"null"))
             output = await self._main(ctx, arg)

@@ -40,6 +40,8 @@ __all__ = [
     "DEAD_LETTERS",
     "EVENTS_APPENDED",
     "FOLD_SECONDS",
+    "GATEWAY_DEAD_LETTERS_DROPPED",
+    "GATEWAY_REQUESTS",
     "HISTORY_LOAD_SECONDS",
     "IDLE_POLLS",
     "MISROUTED_WAKES",
@@ -260,6 +262,16 @@ DEAD_LETTERS = Counter(
     "Records written to the dead-letter stream, by code (rejected input, poison history, "
     "max_deliveries).",
     ["code"],
+)
+GATEWAY_REQUESTS = Counter(
+    "sojourn_gateway_requests",
+    "HTTP requests the gateway answered, by route (its path template) and status code.",
+    ["route", "status"],
+)
+GATEWAY_DEAD_LETTERS_DROPPED = Counter(
+    "sojourn_gateway_dead_letters_dropped",
+    "Rejected callback and webhook requests not kept in the dead-letter stream: over the "
+    "gateway's rate of records (a flood of bad requests must not push real records out).",
 )
 SPEND = Counter(
     "sojourn_spend",

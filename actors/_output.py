@@ -232,6 +232,15 @@ class OutputChunk:
     def kind(self) -> ChunkKind:
         return self.chunk.kind
 
+    def as_json(self) -> dict[str, Any]:
+        """The chunk as ``sojourn stream --json`` prints it and the gateway sends it: its
+        offset, the chunk's fields, and ``restarted``."""
+        return {
+            "offset": self.offset,
+            **msgspec.structs.asdict(self.chunk),
+            "restarted": self.restarted,
+        }
+
     @property
     def text(self) -> str:
         return self.chunk.text

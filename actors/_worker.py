@@ -50,6 +50,7 @@ from sojourn.schemas.wire import DeadLetter
 
 from . import _metrics as metrics
 from ._agent import Agent
+from ._callbacks import CallbackKeys
 from ._executor import Activation
 from ._faults import fault
 from ._intake import HANDBACK_MAX_DELAY, Intake, dead_letter
@@ -108,6 +109,10 @@ class Worker:
             without loading, folding or replaying their history (docs/decisions/
             0021-sticky-activations-and-fold-snapshots.md). The least recently parked are
             discarded first; a kept run holds no slot and is not listed as held.
+        callback_keys: the keyring that signs ``ctx.callback`` tokens (default: the key file
+            ``$SOJOURN_CALLBACK_KEYS`` names, read here, so a bad file fails the worker at
+            construction; none when it is unset: ``ctx.callback`` then raises
+            ``CallbackKeysMissing``). The HTTP gateway verifies with the same keys.
 
     Example:
         >>> async def main():                                   # doctest: +SKIP
@@ -128,6 +133,7 @@ class Worker:
         history_cache: int = 10_000,
         history_cache_bytes: int = DEFAULT_CACHE_BYTES,
         sticky_runs: int = STICKY_RUNS,
+        callback_keys: CallbackKeys | None = None,
     ) -> None:
         self.agents: dict[str, Agent[Any, Any]] = {}
         for a in agents:
@@ -196,6 +202,8 @@ class Worker:
         self._background: set[asyncio.Task[None]] = set()
         self.interrupts = Interrupts(self.names)
         """The runs executing here, for the intake's interrupt notices (a cancel)."""
+        self.callback_keys = callback_keys if callback_keys is not None else CallbackKeys.from_env()
+        """Signs the ``ctx.callback`` tokens of the runs executing here."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -839,6 +847,7 @@ class Worker:
             backstops=backstops,
             keep_run=self._may_keep if self.sticky.limit > 0 else None,
             snapshot=snapshot,
+            callback_keys=self.callback_keys,
         )
         self.folds += 1
         keep_snapshot(self.store, run_id, act.snapshot)

@@ -222,6 +222,8 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             names.signal("*", ">", user),
             names.cancel("*", user),
             names.schedule("*", user),  # add, pause, resume, trigger, delete schedules
+            # the HTTP gateway (a client) keeps the callback and webhook requests it refused
+            names.dlq("http"),
             *_reading(names),
         ]
         # Clients watch a run with a core subscription on its event subject, its views on

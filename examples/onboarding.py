@@ -19,6 +19,12 @@ Try it:
     sojourn status RUN                        # waiting on signal:docs.signed, timer
     sojourn signal RUN docs.signed --payload '{"by": "ada@example.com"}'
     sojourn signal RUN hardware.delivered --payload '{"serial": "SN-1"}'
+
+With ``"esign": true`` in the input the welcome packet carries a signing link instead: a
+callback URL (``ctx.callback``) on the HTTP gateway (``$SOJOURN_GATEWAY_URL``, default
+``http://127.0.0.1:8080``) that the e-signature service POSTs to when the hire has signed; it
+delivers ``docs.signed`` to this run, once, and nothing else (docs/gateway.md). The worker
+needs the callback keys (``sojourn dev`` makes them; elsewhere ``$SOJOURN_CALLBACK_KEYS``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import msgspec
 from sojourn.actors import Context, agent, current_step
 
 OUTBOX_ENV = "SOJOURN_ONBOARDING_OUTBOX"
+GATEWAY_ENV = "SOJOURN_GATEWAY_URL"
 DAY = 86_400.0
 
 
@@ -42,6 +49,8 @@ class Hire(msgspec.Struct, frozen=True, kw_only=True):
     docs_deadline: float = 3 * DAY
     """Seconds the hire has to sign before HR is paged."""
     hardware_deadline: float = 14 * DAY
+    esign: bool = False
+    """Send a signing link (a callback URL on the HTTP gateway) with the welcome packet."""
 
 
 class Laptop(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,8 +87,15 @@ def effect(kind: str, text: str) -> str:
     return key
 
 
-def send_welcome_packet(hire: Hire) -> str:
-    return effect("welcome", f"To: {hire.email}\nWelcome, {hire.name}! Please sign your docs.\n")
+def send_welcome_packet(hire: Hire, signing_link: str | None = None) -> str:
+    sign = f"Sign here: {signing_link}\n" if signing_link else "Please sign your docs.\n"
+    return effect("welcome", f"To: {hire.email}\nWelcome, {hire.name}! {sign}")
+
+
+def signing_link(token: str) -> str:
+    """Where the e-signature service calls back: the gateway's callback URL for ``token``."""
+    base = os.environ.get(GATEWAY_ENV) or "http://127.0.0.1:8080"
+    return f"{base.rstrip('/')}/v1/callbacks/{token}"
 
 
 def page_hr(hire: Hire) -> str:
@@ -104,7 +120,12 @@ async def it_provision(ctx: Context, email: str) -> Laptop:
 
 @agent("onboarding")
 async def onboarding(ctx: Context, hire: Hire) -> Onboarded:
-    await ctx.step(send_welcome_packet, hire)
+    if hire.esign:
+        # Valid a day past the deadline: HR may still chase the hire after it.
+        token = ctx.callback("docs.signed", ttl=hire.docs_deadline + DAY)
+        await ctx.step(send_welcome_packet, hire, signing_link(token))
+    else:
+        await ctx.step(send_welcome_packet, hire)
     signed = await ctx.wait_for("docs.signed", timeout=hire.docs_deadline)
     escalated = signed is None
     if signed is None:

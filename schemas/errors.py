@@ -7,9 +7,14 @@ step and sequence where they apply so a log line alone says which run broke.
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 __all__ = [
     "BrokerUnavailable",
     "BrokerVersionError",
+    "CallbackKeysMissing",
+    "CallbackTokenExpired",
+    "CallbackTokenInvalid",
     "ChildRunError",
     "ConcurrencyConflict",
     "Fenced",
@@ -29,6 +34,8 @@ __all__ = [
     "TerminalError",
     "UnknownAgent",
     "ValueUnreadable",
+    "WebhookRejectCode",
+    "WebhookRejected",
 ]
 
 
@@ -96,6 +103,26 @@ class InvalidName(SojournError, ValueError):
 
 class PayloadTooLarge(SojournError, ValueError):
     """A trigger or signal payload exceeds the configured limit."""
+
+
+class CallbackTokenInvalid(SojournError, ValueError):
+    """A callback token (``ctx.callback``) is malformed, oversized, signed by a key the
+    keyring does not hold, or altered. Deliberately says no more than that: whoever presents a
+    token learns nothing about why it failed (an HTTP gateway answers it 401)."""
+
+    code: ClassVar[Literal["invalid_token"]] = "invalid_token"
+
+
+class CallbackTokenExpired(SojournError, ValueError):
+    """A callback token is genuine but its time is up (an HTTP gateway answers it 410). Only
+    said of a token whose signature checked out, so it reveals nothing to a forger."""
+
+    code: ClassVar[Literal["token_expired"]] = "token_expired"
+
+
+class CallbackKeysMissing(SojournError, RuntimeError):
+    """``ctx.callback`` was called on a worker that has no callback keys: set
+    ``SOJOURN_CALLBACK_KEYS`` to a key file, or pass ``Worker(callback_keys=...)``."""
 
 
 class UnknownAgent(SojournError, LookupError):
@@ -189,3 +216,23 @@ class ObjectUnreadable(SojournError):
 
 class SnapshotUnreadable(SojournError, ValueError):
     """The bytes are not a snapshot this code reads (undecodable, or a newer format)."""
+
+
+WebhookRejectCode = Literal["missing_signature", "invalid_signature", "stale_webhook"]
+"""Why the gateway refused a webhook: a signature header is absent, a header is malformed or
+no signature matches, or the signed timestamp is malformed or outside the route's tolerance."""
+
+
+class WebhookRejected(SojournError):
+    """A webhook failed its signature check, so nothing of it reaches a run.
+
+    The message says what was wrong with the request and never repeats a secret or an
+    expected signature: it goes back to whoever sent the request.
+
+    Attributes:
+        code: one of ``WebhookRejectCode``; the gateway answers with it.
+    """
+
+    def __init__(self, code: WebhookRejectCode, message: str) -> None:
+        super().__init__(message)
+        self.code: WebhookRejectCode = code

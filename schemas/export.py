@@ -8,6 +8,14 @@ from typing import Any
 import msgspec
 
 from .events import RunEvent
+from .gateway import (
+    CallbackAnswer,
+    CancelAnswer,
+    HistoryEntry,
+    Problem,
+    SignalAnswer,
+    StartAnswer,
+)
 from .schedules import ScheduleAnswer, ScheduleRecord, ScheduleRequest
 from .views import Chunk, RunsPage, RunsQuery, RunView
 from .wire import (
@@ -39,8 +47,15 @@ WIRE_SCHEMAS: dict[str, Any] = {
     "schedule-request": ScheduleRequest,
     "schedule-answer": ScheduleAnswer,
     "schedule-record": ScheduleRecord,
+    "http-problem": Problem,
+    "http-start-answer": StartAnswer,
+    "http-signal-answer": SignalAnswer,
+    "http-callback-answer": CallbackAnswer,
+    "http-cancel-answer": CancelAnswer,
+    "http-history-entry": HistoryEntry,
 }
-"""Schema file stem -> type. ``run-event-message`` is the body of one run-event message."""
+"""Schema file stem -> type. ``run-event-message`` is the body of one run-event message;
+``http-*`` are the HTTP gateway's bodies (its OpenAPI document uses these same schemas)."""
 
 
 def schema_of(tp: Any) -> dict[str, Any]:

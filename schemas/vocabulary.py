@@ -88,10 +88,11 @@ ChildStatus = Literal["completed", "failed", "cancelled", "rejected"]
 or ``rejected`` (the intake refused the child's trigger: it never ran)."""
 CHILD_STATUSES: tuple[ChildStatus, ...] = get_args(ChildStatus)
 
-ValueKind = Literal["now", "uuid", "random", "spend", "patch"]
+ValueKind = Literal["now", "uuid", "random", "spend", "patch", "callback"]
 """What ``ValueRecorded.kind`` holds today: ``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``,
-``ctx.spend()``, and a ``ctx.patched`` marker (``patch``, the value is the change id). The
-event field stays a plain string, like ``RunSuspended.reason``."""
+``ctx.spend()``, a ``ctx.patched`` marker (``patch``, the value is the change id), and a
+``ctx.callback`` token (``callback``, the value is the token). The event field stays a plain
+string, like ``RunSuspended.reason``."""
 VALUE_KINDS: tuple[ValueKind, ...] = get_args(ValueKind)
 
 BudgetLimit = Literal[

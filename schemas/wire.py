@@ -161,7 +161,9 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     headers: dict[str, str] = {}
     inbox_seq: int = 0
     rejected_at: float = 0.0
-    kind: Literal["start", "signal", "cancel", "other"] = "other"
+    kind: Literal["start", "signal", "cancel", "http", "other"] = "other"
+    """``http``: a callback or webhook request the HTTP gateway refused (``subject`` is its
+    method and path, the token in it cut short)."""
     size: int = 0
     sha256: str = ""
     truncated: bool = False

@@ -13,6 +13,7 @@ from sojourn.schemas.health import BEAT_RUNS_MAX
 from ._archive import cmd_archive
 from ._budget import add_budget_arguments, cmd_budget
 from ._common import DEFAULT_PREFIX, Handler
+from ._gateway import add_gateway_arguments, cmd_gateway
 from ._projector import cmd_projector
 from ._read import cmd_runs
 from ._runs import (
@@ -294,6 +295,27 @@ def build_parser() -> argparse.ArgumentParser:
         "worker, watchdog, admin) with a password made once per data dir; each one's URL is "
         "written to DATA_DIR/auth/<user>.url (mode 0600), for --nats",
     )
+
+    p = command(
+        "gateway",
+        cmd_gateway,
+        "Serve sojourn's client API over HTTP: starts, signals, status, event streams, "
+        "callback URLs and webhooks.",
+        "sojourn gateway --port 8080 --tokens tokens.txt --callback-keys keys.txt "
+        "--nats nats://nats:4222",
+        parents=[observe],
+        detail="Stateless: run as many as you like behind a load balancer. It talks to NATS "
+        "as one client (give it the client role's credentials); its HTTP callers need bearer "
+        "tokens from --tokens, except on callback and webhook URLs, whose signed token is the "
+        "credential. See docs/gateway.md.",
+    )
+    add_gateway_arguments(p)
+    p.add_argument(
+        "--openapi",
+        action="store_true",
+        help="print the OpenAPI document and exit (no connection, no tokens needed)",
+    )
+    _log_level(p, "info")
 
     command(
         "worker",

@@ -30,6 +30,7 @@ from sojourn.schemas.health import Liveness
 from sojourn.schemas.vocabulary import BUDGET_LIMITS
 
 from .._intake import PendingRun
+from .._reports import iso, pending_json, public_status, status_json
 from .._state import RunState
 
 __all__ = [
@@ -64,11 +65,6 @@ def stamp(at: float | None) -> str:
     if not at:
         return "-"
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-
-
-def iso(at: float | None) -> str | None:
-    """ISO 8601 (UTC, milliseconds) of a unix time, ``None`` for none."""
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds") if at else None
 
 
 def short(raw: Any, limit: int = 60) -> str:
@@ -143,64 +139,6 @@ def _fields(e: RunEvent) -> str:
             text = str(value)
         parts.append(f"{'pos' if name == 'position' else name}={text}")
     return " ".join(parts)
-
-
-def public_status(state: RunState) -> str:
-    return "pending" if state.status == "new" else state.status
-
-
-def status_json(state: RunState, run_id: str) -> dict[str, Any]:
-    """``sojourn status --json`` without its ``liveness`` member."""
-    error = state.error
-    return {
-        "run_id": state.run_id or run_id,
-        "agent": state.agent,
-        "status": public_status(state),
-        "steps_completed": state.steps_completed,
-        "step_attempts": state.step_attempts,
-        "events": state.events,
-        "output": state.output,
-        "error": None
-        if error is None
-        else {"type": error.type, "message": error.message, "traceback": error.traceback},
-        "started_at": iso(state.started_at),
-        "ended_at": iso(state.ended_at),
-        "updated_at": iso(state.updated_at),
-        "code_version": state.code_version,
-        "cancel_requested": state.cancel_requested,
-        "waiting_on": list(state.waiting_on),
-        "deadline": iso(state.deadline),
-        "buffered_signals": [r.name for r in state.signals],
-        "children": list(state.children),
-        "continued_as": state.continued_as,
-        "chain_root": state.chain_root,
-        "generation": state.generation,
-        "parent_run_id": state.parent_run_id,
-        "suspended_reason": state.suspended_reason,
-        "suspended_detail": state.suspended_detail,
-        "spent_usd": state.spent_usd,
-        "spent_tokens": state.spent_tokens,
-        "budget_usd": state.granted_usd,
-        "budget_tokens": state.granted_tokens,
-        "spent_input_tokens": state.spent_input_tokens,
-        "spent_output_tokens": state.spent_output_tokens,
-        "model_calls": state.model_calls,
-        "tool_calls": state.tool_calls,
-        "budget": None
-        if state.budget is None
-        else {k: v for k, v in msgspec.structs.asdict(state.budget).items() if v is not None},
-        "queued_at": None,
-        "anomalies": list(state.anomalies),
-    }
-
-
-def pending_json(pending: PendingRun) -> dict[str, Any]:
-    """``sojourn status --json`` of a pending run (its start stored, not yet taken): the keys
-    of any run's, empty where nothing is known yet, and ``queued_at``."""
-    body = status_json(RunState(run_id=pending.run_id, agent=pending.agent), pending.run_id)
-    body["status"] = "pending"
-    body["queued_at"] = iso(pending.queued_at)
-    return body
 
 
 def pending_rows(pending: PendingRun) -> list[tuple[str, str]]:

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from sojourn.broker.names import validate_token
 from sojourn.schemas.codec import encode
 from sojourn.schemas.errors import RunNotFound, SojournError, UnknownAgent
@@ -23,6 +21,7 @@ from .._agent import Agent
 from .._app import load_app
 from .._client import Client, PendingRun, TriggerRejected
 from .._replay import Divergence, decode_history_file, replay_run
+from .._reports import history_report, lookup, status_report
 from .._state import RunState
 from .._values import values_for
 from .._watchdog import Watchdog
@@ -42,11 +41,9 @@ from ._render import (
     describe_event,
     one_line,
     out,
-    pending_json,
     pending_rows,
     public_status,
     stamp,
-    status_json,
     status_rows,
 )
 
@@ -126,31 +123,15 @@ async def cmd_start(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _lookup(client: Client, run_id: str) -> RunState | PendingRun:
-    """The run's state, or its stored start while it is pending (no worker took it yet).
-
-    Raises:
-        RunNotFound: neither a history nor a stored start.
-    """
-    for _ in range(2):  # a start taken between the two looks: the run has a history now
-        try:
-            return await client.state(run_id)
-        except RunNotFound:
-            pending = await client.pending(run_id)
-            if pending is not None:
-                return pending
-    raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
-
-
 async def lookup_current(client: Client, run_id: str) -> tuple[str, RunState | PendingRun]:
     """Like ``_lookup``, for commands sent to a run: a run that continued as new is followed to
     its chain's current run (where the intake would forward the message too), said on stdout."""
-    state = await _lookup(client, run_id)
+    state = await lookup(client, run_id)
     if isinstance(state, RunState) and state.continued_as:
         current = await client.current_run(run_id)
         if current != run_id:
             out(f"run {run_id} continued as new: its chain's current run is {current}")
-            return current, await _lookup(client, current)
+            return current, await lookup(client, current)
     return run_id, state
 
 
@@ -162,23 +143,16 @@ async def cmd_status(args: argparse.Namespace) -> int:
     validate_token(args.run_id, "run_id")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        state = await _lookup(client, args.run_id)
+        if args.json:
+            out(encode(await status_report(client, args.run_id)).decode())
+            return EXIT_OK
+        state = await lookup(client, args.run_id)
         liv = None if isinstance(state, PendingRun) else await client.liveness(args.run_id)
     if isinstance(state, PendingRun):
-        if args.json:
-            body = pending_json(state)
-            body["liveness"] = None
-            out(encode(body).decode())
-        else:
-            for key, value in pending_rows(state):
-                out(f"{key:<10} {value}")
+        for key, value in pending_rows(state):
+            out(f"{key:<10} {value}")
         return EXIT_OK
     assert liv is not None
-    if args.json:
-        body = status_json(state, args.run_id)
-        body["liveness"] = msgspec.to_builtins(liv)
-        out(encode(body).decode())
-        return EXIT_OK
     for key, value in status_rows(state, liv, args.run_id):
         out(f"{key:<10} {value}")
     return EXIT_OK
@@ -193,11 +167,7 @@ async def cmd_history(args: argparse.Namespace) -> int:
     if not history and pending is None:
         raise RunNotFound(f"no run with id '{args.run_id}'", run_id=args.run_id)
     if args.json:
-        out(
-            encode(
-                [{"seq": d.seq, "writer": d.writer, "events": list(d.events)} for d in history]
-            ).decode()
-        )
+        out(encode(history_report(history)).decode())
         return EXIT_OK
     if pending is not None:
         out(f"run {args.run_id} has no history yet ({_queued(pending)})")

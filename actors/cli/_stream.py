@@ -13,8 +13,6 @@ import asyncio
 import sys
 from typing import TextIO
 
-import msgspec
-
 from sojourn.broker.names import validate_token
 from sojourn.schemas.codec import encode
 from sojourn.schemas.errors import RunNotFound
@@ -65,8 +63,7 @@ class _Printer:
 
 
 def _json_line(c: OutputChunk) -> str:
-    body = {"offset": c.offset, **msgspec.structs.asdict(c.chunk), "restarted": c.restarted}
-    return encode(body).decode()
+    return encode(c.as_json()).decode()
 
 
 async def cmd_stream(args: argparse.Namespace) -> int:

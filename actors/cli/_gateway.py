@@ -1,0 +1,199 @@
+"""``sojourn gateway``: the HTTP gateway (docs/gateway.md), until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from sojourn.schemas.codec import encode
+
+from .._callbacks import CALLBACK_KEYS_ENV, CallbackKeys
+from .._client import Client
+from .._metrics import stop_metrics
+from ..gateway import (
+    BearerTokens,
+    GatewayConfig,
+    GatewayServer,
+    Policy,
+    WebhookRoute,
+    create_app,
+    openapi_document,
+    parse_actions,
+    parse_route,
+)
+from ._common import (
+    EXIT_OK,
+    StopSignal,
+    UsageError,
+    configure_logging,
+    options_from,
+    probe,
+    settings_from,
+    start_metrics,
+)
+from ._render import out
+
+__all__ = ["add_gateway_arguments", "cmd_gateway", "describe", "gateway_config"]
+
+TOKENS_ENV = "SOJOURN_GATEWAY_TOKENS"
+
+
+def add_gateway_arguments(p: argparse.ArgumentParser, *, dev: bool = False) -> None:
+    """The gateway's options (on ``sojourn gateway``, and on ``sojourn dev`` where a gateway
+    runs too)."""
+    g = p.add_argument_group("HTTP gateway")
+    if not dev:
+        g.add_argument(
+            "--host",
+            metavar="ADDR",
+            default="127.0.0.1",
+            help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all interfaces)",
+        )
+        g.add_argument(
+            "--port",
+            metavar="PORT",
+            type=int,
+            default=8080,
+            help="port to listen on; 0 picks a free one (default: 8080)",
+        )
+    g.add_argument(
+        "--tokens",
+        metavar="FILE",
+        default=None,
+        help=f"bearer tokens, one 'TOKEN ROLE' per line, ROLE client or admin (default: "
+        f"${TOKENS_ENV}" + ("; sojourn dev makes DATA_DIR/gateway-tokens)" if dev else ")"),
+    )
+    g.add_argument(
+        "--callback-keys",
+        metavar="FILE",
+        default=None,
+        help=f"keys that verify callback tokens, one 'KID SECRET' per line (default: "
+        f"${CALLBACK_KEYS_ENV}" + ("; sojourn dev makes DATA_DIR/callback-keys)" if dev else ")"),
+    )
+    g.add_argument(
+        "--webhook",
+        metavar="NAME=SCHEME:SECRET",
+        action="append",
+        default=[],
+        help="a webhook route, POST /v1/webhooks/NAME/TOKEN: SCHEME stripe, github, standard "
+        "or hmac-sha256; SECRET literal, env:VAR or file:PATH (two, comma-separated, while "
+        "rotating); ';tolerance=SECONDS' (default 300). Repeatable",
+    )
+    g.add_argument(
+        "--admin-only",
+        metavar="ACTIONS",
+        default="",
+        help="actions only admin tokens may take, comma-separated: start, read, signal, cancel "
+        "(default: none; e.g. cancel)",
+    )
+    g.add_argument(
+        "--max-body",
+        metavar="BYTES",
+        type=int,
+        default=None,
+        help="largest request body read (default: the deployment's max payload, 1 MiB)",
+    )
+
+
+def gateway_config(args: argparse.Namespace, max_payload: int) -> GatewayConfig:
+    """The configuration ``args`` describe.
+
+    Raises:
+        UsageError: a file that cannot be read or is malformed, a bad route or action.
+    """
+    tokens_path = args.tokens or os.environ.get(TOKENS_ENV)
+    if not tokens_path:
+        raise UsageError(
+            f"--tokens FILE (or ${TOKENS_ENV}) is required: one 'TOKEN ROLE' per line; "
+            "every endpoint but callbacks needs a bearer token"
+        )
+    try:
+        tokens = BearerTokens.load(tokens_path)
+    except OSError as e:
+        raise UsageError(f"--tokens {tokens_path}: {e.strerror}") from None
+    except ValueError as e:
+        raise UsageError(f"--tokens: {e}") from None
+    keys_path = args.callback_keys or os.environ.get(CALLBACK_KEYS_ENV)
+    keys = None
+    if keys_path:
+        try:
+            keys = CallbackKeys.load(keys_path)
+        except OSError as e:
+            raise UsageError(f"--callback-keys {keys_path}: {e.strerror}") from None
+        except ValueError as e:
+            raise UsageError(f"--callback-keys: {e}") from None
+    routes: dict[str, WebhookRoute] = {}
+    for text in args.webhook:
+        try:
+            route = parse_route(text)
+        except ValueError as e:
+            raise UsageError(f"--webhook: {e}") from None
+        if route.name in routes:
+            raise UsageError(f"--webhook: route {route.name!r} given twice")
+        routes[route.name] = route
+    if routes and keys is None:
+        raise UsageError("--webhook needs --callback-keys: a webhook delivers a callback token")
+    try:
+        admin_only = parse_actions(args.admin_only)
+    except ValueError as e:
+        raise UsageError(f"--admin-only: {e}") from None
+    max_body = args.max_body if args.max_body is not None else max_payload
+    if not 1 <= max_body <= max_payload:
+        raise UsageError(f"--max-body: 1 to {max_payload} (the deployment's max payload)")
+    return GatewayConfig(
+        tokens=tokens,
+        policy=Policy(admin_only),
+        callback_keys=keys,
+        webhooks=routes,
+        max_body=max_body,
+    )
+
+
+def describe(config: GatewayConfig) -> str:
+    """One line on what a gateway accepts (no secrets)."""
+    parts = [
+        f"{len(config.tokens)} bearer tokens",
+        "callbacks " + ("on" if config.callback_keys else "off (no --callback-keys)"),
+    ]
+    if config.webhooks:
+        parts.append(f"webhooks {', '.join(sorted(config.webhooks))}")
+    if config.policy.admin_only:
+        parts.append(f"admin only: {', '.join(sorted(config.policy.admin_only))}")
+    return "; ".join(parts)
+
+
+async def cmd_gateway(args: argparse.Namespace) -> int:
+    if args.openapi:
+        out(encode(openapi_document()).decode())
+        return EXIT_OK
+    configure_logging(args.log_level)
+    try:
+        settings = settings_from(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    config = gateway_config(args, settings.max_payload)
+    opts = options_from(args)
+    await probe(opts)
+
+    async def connect() -> Client:
+        return await Client.connect(opts, settings=settings)
+
+    stopper = StopSignal()
+    metrics_server = start_metrics(args)
+    try:
+        server = GatewayServer(create_app(connect, config), args.host, args.port)
+        url = await server.start()
+        out(f"gateway: {url} (nats {opts.display_url}, prefix {settings.prefix})")
+        out(f"  {describe(config)}")
+        out("ready; press Ctrl-C to stop")
+        try:
+            await stopper.wait()
+            out(f"{stopper.name} received: stopping the gateway")
+        finally:
+            await server.stop()
+    finally:
+        stopper.remove()
+        if metrics_server is not None:
+            stop_metrics(metrics_server)
+    out("stopped")
+    return EXIT_OK

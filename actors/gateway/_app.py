@@ -1,0 +1,485 @@
+"""The gateway's ASGI application: sojourn's client API over HTTP (docs/gateway.md).
+
+Stateless: every answer comes from the broker (or the read side's listing service) through
+one ``Client``, so any number of gateways may run behind a load balancer. The routes:
+
+- ``POST /v1/agents/{agent}/runs`` start (``Idempotency-Key`` is the run id);
+- ``GET /v1/runs`` list (the read side), ``GET /v1/runs/{id}`` status,
+  ``GET /v1/runs/{id}/history``;
+- ``POST /v1/runs/{id}/signals/{name}``, ``POST /v1/runs/{id}/cancel``;
+- ``GET /v1/runs/{id}/events`` (views) and ``GET /v1/runs/{id}/stream`` (output chunks) as
+  server-sent events, resumable with ``Last-Event-ID``;
+- ``POST /v1/callbacks/{token}`` and ``POST /v1/webhooks/{route}/{token}``: the only routes
+  without a bearer token; a signed callback token delivers one signal to one run, once;
+- ``GET /v1/openapi.json``, ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from sojourn.broker.names import reserved_run_id, validate_signal_name, validate_token
+from sojourn.schemas.codec import encode, from_raw
+from sojourn.schemas.errors import (
+    BrokerUnavailable,
+    CallbackTokenExpired,
+    CallbackTokenInvalid,
+    InvalidName,
+    PayloadTooLarge,
+    RunNotFound,
+    SojournError,
+    UnknownAgent,
+    WebhookRejected,
+)
+from sojourn.schemas.gateway import (
+    CallbackAnswer,
+    CancelAnswer,
+    GatewayAction,
+    SignalAnswer,
+    StartAnswer,
+)
+from sojourn.schemas.views import QUERY_LIMIT_MAX
+from sojourn.schemas.vocabulary import RUN_STATUSES
+from sojourn.schemas.wire import RESERVED_SIGNAL_PREFIX
+
+from .. import _metrics
+from .._callbacks import CallbackClaims, CallbackKeys
+from .._client import Client, TriggerRejected
+from .._listing import list_runs
+from .._reports import history_report, status_report
+from ._auth import BearerTokens, Policy
+from ._deadletters import DeadLetters
+from ._http import (
+    HttpProblem,
+    json_response,
+    payload_of,
+    problem_response,
+    read_body,
+    require_json,
+)
+from ._openapi import openapi_document
+from ._sse import sse_events
+from ._webhooks import WebhookRoute
+from ._webhooks import verify as verify_webhook
+
+__all__ = ["GatewayConfig", "create_app"]
+
+log = logging.getLogger("sojourn.gateway")
+
+_LAST_EVENT_ID_MAX: Final = 20
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """What a gateway process is configured with (``sojourn gateway --help``).
+
+    Attributes:
+        tokens: the bearer tokens and their roles.
+        policy: which actions need the admin role.
+        callback_keys: the keys callback tokens are verified with (``None``: callbacks and
+            webhooks answer 404, nothing can be verified).
+        webhooks: the webhook routes by name.
+        max_body: the largest request body read, in bytes.
+        start_wait: how long a start or signal waits for the intake's answer before it is
+            answered "stored, not yet taken" (202).
+        keepalive: seconds between comments on an idle event stream (proxies close silent
+            connections).
+    """
+
+    tokens: BearerTokens
+    policy: Policy = field(default_factory=Policy)
+    callback_keys: CallbackKeys | None = None
+    webhooks: Mapping[str, WebhookRoute] = field(default_factory=dict)
+    max_body: int = 1 << 20
+    start_wait: float = 5.0
+    keepalive: float = 15.0
+
+
+def create_app(connect: Callable[[], Awaitable[Client]], config: GatewayConfig) -> Starlette:
+    """The gateway's ASGI app; ``connect`` makes its ``Client`` when the server starts (and
+    the client is closed when it stops)."""
+    gw = _Gateway(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        gw.client = await connect()
+        gw.dead_letters = DeadLetters(gw.client)
+        try:
+            yield
+        finally:
+            await gw.client.close()
+
+    routes = [
+        Route("/healthz", gw.healthz, methods=["GET"]),
+        Route("/v1/openapi.json", gw.openapi, methods=["GET"]),
+        Route("/v1/agents/{agent}/runs", gw.start, methods=["POST"]),
+        Route("/v1/runs", gw.runs, methods=["GET"]),
+        Route("/v1/runs/{run_id}", gw.status, methods=["GET"]),
+        Route("/v1/runs/{run_id}/history", gw.history, methods=["GET"]),
+        Route("/v1/runs/{run_id}/signals/{name}", gw.signal, methods=["POST"]),
+        Route("/v1/runs/{run_id}/cancel", gw.cancel, methods=["POST"]),
+        Route("/v1/runs/{run_id}/events", gw.events, methods=["GET"]),
+        Route("/v1/runs/{run_id}/stream", gw.stream, methods=["GET"]),
+        Route("/v1/callbacks/{token}", gw.callback, methods=["POST"]),
+        Route("/v1/webhooks/{route}/{token}", gw.webhook, methods=["POST"]),
+    ]
+
+    async def http_error(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "internal")
+        return problem_response(HttpProblem(code, str(exc.detail)))
+
+    return Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _answers(handler: Callable[[Any, Request], Awaitable[Response]]) -> Any:
+    """Turn every failure of a handler into its problem document; the broker's trouble is
+    ``unavailable`` (503), anything unforeseen ``internal`` (500, logged, no details out)."""
+
+    route = handler.__name__
+
+    async def wrapped(self: _Gateway, request: Request) -> Response:
+        try:
+            response = await handler(self, request)
+        except HttpProblem as p:
+            response = problem_response(p)
+        except BrokerUnavailable as e:
+            response = problem_response(HttpProblem("unavailable", str(e)))
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            response = problem_response(HttpProblem("internal", "the gateway failed; see its log"))
+        _metrics.GATEWAY_REQUESTS.labels(route, str(response.status_code)).inc()
+        return response
+
+    wrapped.__name__ = handler.__name__
+    wrapped.__doc__ = handler.__doc__
+    return wrapped
+
+
+class _Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.client: Client
+        self.dead_letters: DeadLetters
+        self._openapi: bytes | None = None
+
+    # --- who is asking --------------------------------------------------------------------
+
+    def _authorize(self, request: Request, action: GatewayAction) -> None:
+        role = self.config.tokens.role_of(request.headers.get("authorization"))
+        if role is None:
+            raise HttpProblem(
+                "unauthorized",
+                "a bearer token is required (Authorization: Bearer TOKEN)",
+                headers={"WWW-Authenticate": 'Bearer realm="sojourn"'},
+            )
+        if not self.config.policy.allows(role, action):
+            raise HttpProblem("forbidden", f"{action} needs a token with the admin role")
+
+    # --- helpers --------------------------------------------------------------------------
+
+    @staticmethod
+    def _run_id(request: Request) -> str:
+        run_id = str(request.path_params["run_id"])
+        try:
+            return validate_token(run_id, "run_id")
+        except InvalidName as e:
+            raise HttpProblem("invalid_run_id", e.message) from None
+
+    @staticmethod
+    def _rejected(e: TriggerRejected, run_id: str | None) -> HttpProblem:
+        return HttpProblem(e.code, e.message, run_id=run_id)
+
+    # --- routes ---------------------------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def openapi(self, request: Request) -> Response:
+        if self._openapi is None:
+            self._openapi = encode(openapi_document())
+        return Response(self._openapi, media_type="application/json")
+
+    @_answers
+    async def start(self, request: Request) -> Response:
+        self._authorize(request, "start")
+        agent = str(request.path_params["agent"])
+        try:
+            validate_token(agent, "agent name")
+        except InvalidName as e:
+            raise HttpProblem("unknown_agent", e.message) from None
+        run_id = request.headers.get("idempotency-key")
+        if run_id is not None:
+            try:
+                validate_token(run_id, "Idempotency-Key (the run id)")
+            except InvalidName as e:
+                raise HttpProblem("invalid_run_id", e.message) from None
+            why = reserved_run_id(run_id)
+            if why is not None:
+                raise HttpProblem("invalid_run_id", f"run id {run_id!r} {why}")
+        body = await read_body(request, self.config.max_body)
+        value = require_json(request, body)
+        try:
+            receipt = await self.client.trigger(
+                agent, value, run_id=run_id, wait=True, timeout=self.config.start_wait
+            )
+        except UnknownAgent as e:
+            raise HttpProblem("unknown_agent", e.message) from None
+        except TriggerRejected as e:
+            raise self._rejected(e, run_id) from None
+        except PayloadTooLarge as e:
+            raise HttpProblem("payload_too_large", e.message) from None
+        status = 202 if receipt.queued else 201 if receipt.created else 200
+        answer = StartAnswer(run_id=receipt.run_id, created=receipt.created, queued=receipt.queued)
+        return json_response(answer, status, {"Location": f"/v1/runs/{receipt.run_id}"})
+
+    @_answers
+    async def status(self, request: Request) -> Response:
+        self._authorize(request, "read")
+        run_id = self._run_id(request)
+        try:
+            return json_response(await status_report(self.client, run_id))
+        except RunNotFound as e:
+            raise HttpProblem("unknown_run", e.message, run_id=run_id) from None
+
+    @_answers
+    async def history(self, request: Request) -> Response:
+        self._authorize(request, "read")
+        run_id = self._run_id(request)
+        history = await self.client.history(run_id)
+        if not history and await self.client.pending(run_id) is None:
+            raise HttpProblem("unknown_run", f"no run with id '{run_id}'", run_id=run_id)
+        return json_response(history_report(history))
+
+    @_answers
+    async def runs(self, request: Request) -> Response:
+        self._authorize(request, "read")
+        q = request.query_params
+        unknown = set(q) - {"agent", "status", "schedule", "parent", "limit", "after"}
+        if unknown:
+            raise HttpProblem("invalid_query", f"unknown parameter {sorted(unknown)[0][:64]!r}")
+        statuses = [s for v in q.getlist("status") for s in v.split(",") if s]
+        bad = [s for s in statuses if s not in RUN_STATUSES]
+        if bad:
+            raise HttpProblem("invalid_query", f"status {bad[0][:32]!r} is not a run status")
+        limit_text = q.get("limit", "100")
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= QUERY_LIMIT_MAX:
+            raise HttpProblem("invalid_query", f"limit: 1 to {QUERY_LIMIT_MAX}")
+        try:
+            page = await list_runs(
+                self.client.broker,
+                self.client.names,
+                agent=q.get("agent"),
+                status=[s for s in RUN_STATUSES if s in statuses],
+                schedule=q.get("schedule"),
+                parent_run_id=q.get("parent"),
+                after=q.get("after"),
+                limit=int(limit_text),
+            )
+        except InvalidName as e:
+            raise HttpProblem("invalid_query", e.message) from None
+        except ValueError as e:
+            raise HttpProblem("invalid_query", str(e)) from None
+        except SojournError as e:
+            raise HttpProblem("unavailable", e.message) from None
+        return json_response({"runs": page.runs, "next": page.next})
+
+    @_answers
+    async def signal(self, request: Request) -> Response:
+        self._authorize(request, "signal")
+        run_id = self._run_id(request)
+        name = str(request.path_params["name"])
+        try:
+            validate_signal_name(name)
+        except InvalidName as e:
+            raise HttpProblem("invalid_trigger", e.message, run_id=run_id) from None
+        if name.startswith(RESERVED_SIGNAL_PREFIX):
+            raise HttpProblem(
+                "forbidden", f"signal names starting with {RESERVED_SIGNAL_PREFIX!r} are reserved"
+            )
+        signal_id = request.headers.get("idempotency-key")
+        body = await read_body(request, self.config.max_body)
+        value = require_json(request, body)
+        sid = await self._signal(run_id, name, value, signal_id)
+        return json_response(SignalAnswer(run_id=run_id, signal=name, signal_id=sid), 202)
+
+    async def _signal(self, run_id: str, name: str, value: Any, signal_id: str | None) -> str:
+        try:
+            return await self.client.signal(
+                run_id, name, value, signal_id=signal_id, wait=True, timeout=self.config.start_wait
+            )
+        except TriggerRejected as e:
+            raise self._rejected(e, run_id) from None
+        except PayloadTooLarge as e:
+            raise HttpProblem("payload_too_large", e.message, run_id=run_id) from None
+        except InvalidName as e:
+            raise HttpProblem("invalid_header", e.message, run_id=run_id) from None
+
+    @_answers
+    async def cancel(self, request: Request) -> Response:
+        self._authorize(request, "cancel")
+        run_id = self._run_id(request)
+        body = await read_body(request, self.config.max_body)
+        value = require_json(request, body)
+        reason = ""
+        if value is not None:
+            try:
+                reason = from_raw(value, _CancelRequest).reason
+            except msgspec.ValidationError as e:
+                raise HttpProblem("invalid_trigger", f"cancel body: {e}", run_id=run_id) from None
+        try:
+            await self.client.cancel(run_id, reason, wait=True, timeout=self.config.start_wait)
+        except TriggerRejected as e:
+            raise self._rejected(e, run_id) from None
+        return json_response(CancelAnswer(run_id=run_id), 202)
+
+    # --- server-sent events ---------------------------------------------------------------
+
+    @staticmethod
+    def _resume_from(request: Request, param: str) -> int:
+        """Where an event stream resumes: ``Last-Event-ID`` (a reconnecting browser sends it)
+        over the ``param`` query parameter, 0 without either."""
+        text = request.headers.get("last-event-id") or request.query_params.get(param) or "0"
+        if not text.isdigit() or len(text) > _LAST_EVENT_ID_MAX:
+            raise HttpProblem("invalid_header", f"{param} / Last-Event-ID must be an offset")
+        return int(text)
+
+    async def _exists(self, run_id: str) -> None:
+        if not await self.client.history(run_id) and await self.client.pending(run_id) is None:
+            raise HttpProblem("unknown_run", f"no run with id '{run_id}'", run_id=run_id)
+
+    @_answers
+    async def events(self, request: Request) -> Response:
+        """Every view of the run as it changes (``event: view``, ``id`` its ``last_seq``),
+        then ``event: end``."""
+        self._authorize(request, "read")
+        run_id = self._run_id(request)
+        after = self._resume_from(request, "after")
+        await self._exists(run_id)
+
+        async def views() -> AsyncIterator[tuple[str, int | None, bytes]]:
+            async with contextlib.aclosing(self.client.watch(run_id)) as stream:
+                async for view in stream:
+                    if view.last_seq and view.last_seq <= after:
+                        continue
+                    yield "view", view.last_seq or None, encode(view)
+
+        return _sse(views(), self.config.keepalive)
+
+    @_answers
+    async def stream(self, request: Request) -> Response:
+        """The run's output chunks after an offset (``event: chunk``, ``id`` the offset), then
+        ``event: end`` once the run has ended and every chunk was sent."""
+        self._authorize(request, "read")
+        run_id = self._run_id(request)
+        after = self._resume_from(request, "after")
+        await self._exists(run_id)
+
+        async def chunks() -> AsyncIterator[tuple[str, int | None, bytes]]:
+            async with self.client.stream(run_id, after=after) as reader:
+                async for c in reader:
+                    yield "chunk", c.offset, encode(c.as_json())
+
+        return _sse(chunks(), self.config.keepalive)
+
+    # --- callbacks and webhooks -----------------------------------------------------------
+
+    def _keys(self) -> CallbackKeys:
+        if self.config.callback_keys is None:
+            raise HttpProblem("not_found", "this gateway has no callback keys configured")
+        return self.config.callback_keys
+
+    @_answers
+    async def callback(self, request: Request) -> Response:
+        keys = self._keys()
+        token = str(request.path_params["token"])
+        claims = await self._claims(request, keys, token, b"")
+        return await self._deliver(request, claims)
+
+    @_answers
+    async def webhook(self, request: Request) -> Response:
+        keys = self._keys()
+        name = str(request.path_params["route"])
+        route = self.config.webhooks.get(name)
+        if route is None:
+            await self.dead_letters.keep(request, b"", "unknown_webhook", "no such webhook route")
+            raise HttpProblem("unknown_webhook", f"no webhook route {name[:64]!r}")
+        body = await self._bounded(request)
+        try:
+            verify_webhook(route, request.headers, body, time.time())
+        except WebhookRejected as e:
+            await self.dead_letters.keep(request, body, e.code, e.message)
+            raise HttpProblem(e.code, e.message) from None
+        claims = await self._claims(request, keys, str(request.path_params["token"]), body)
+        return await self._deliver(request, claims, body)
+
+    async def _bounded(self, request: Request) -> bytes:
+        try:
+            return await read_body(request, self.config.max_body)
+        except HttpProblem as p:
+            await self.dead_letters.keep(request, b"", p.code, p.detail)
+            raise
+
+    async def _claims(
+        self, request: Request, keys: CallbackKeys, token: str, body: bytes
+    ) -> CallbackClaims:
+        try:
+            return keys.verify(token, time.time())
+        except CallbackTokenExpired as e:
+            await self.dead_letters.keep(request, body, "token_expired", e.message)
+            raise HttpProblem("token_expired", e.message) from None
+        except CallbackTokenInvalid as e:
+            await self.dead_letters.keep(request, body, "invalid_token", e.message)
+            raise HttpProblem("invalid_token", e.message) from None
+
+    async def _deliver(
+        self, request: Request, claims: CallbackClaims, body: bytes | None = None
+    ) -> Response:
+        """The claims' one signal, with the body as its payload, under the claims' signal id:
+        a repeat is the same signal, answered the same."""
+        if body is None:
+            body = await self._bounded(request)
+        try:
+            payload = payload_of(request, body)
+        except HttpProblem as p:
+            await self.dead_letters.keep(request, body, p.code, p.detail)
+            raise
+        try:
+            sid = await self._signal(claims.run_id, claims.signal, payload, claims.signal_id)
+        except HttpProblem as p:
+            if p.status != 503:
+                await self.dead_letters.keep(request, body, p.code, p.detail)
+            raise
+        answer = CallbackAnswer(delivered=True, signal=claims.signal, signal_id=sid)
+        return json_response(answer)
+
+
+class _CancelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    reason: str = ""
+
+
+def _sse(
+    events: AsyncIterator[tuple[str, int | None, bytes]], keepalive: float
+) -> StreamingResponse:
+    return StreamingResponse(
+        sse_events(events, keepalive),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,252 @@
+"""The gateway's OpenAPI 3.1 document, generated from the same msgspec types as
+``sojourn schemas`` (``sojourn.schemas.export.WIRE_SCHEMAS``): one definition of every body,
+so the document cannot drift from what the gateway sends."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from sojourn.schemas.export import WIRE_SCHEMAS
+from sojourn.schemas.gateway import HTTP_STATUS, PROBLEM_TYPE
+
+__all__ = ["openapi_document"]
+
+_REF: Final = "#/components/schemas/{name}"
+_JSON: Final = "application/json"
+_PROBLEM: Final = "application/problem+json"
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": _REF.format(name=name)}
+
+
+def _body(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {_JSON: {"schema": schema}}}
+
+
+def _problems(*statuses: int) -> dict[str, Any]:
+    codes = {s: sorted(c for c, st in HTTP_STATUS.items() if st == s) for s in statuses}
+    return {
+        str(s): {
+            "description": "a problem document; code: " + ", ".join(codes[s]),
+            "content": {_PROBLEM: {"schema": _ref("Problem")}},
+        }
+        for s in statuses
+    }
+
+
+def _sse(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+
+
+def _param(name: str, where: str, description: str, *, required: bool = False) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": where,
+        "required": required or where == "path",
+        "description": description,
+        "schema": {"type": "string"},
+    }
+
+
+_RUN_ID = _param("run_id", "path", "the run id")
+_ANY_JSON: Final[dict[str, Any]] = {"description": "any JSON value"}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document served at ``/v1/openapi.json`` (and by ``sojourn gateway
+    --openapi``)."""
+    names = {
+        "Problem": WIRE_SCHEMAS["http-problem"],
+        "StartAnswer": WIRE_SCHEMAS["http-start-answer"],
+        "SignalAnswer": WIRE_SCHEMAS["http-signal-answer"],
+        "CallbackAnswer": WIRE_SCHEMAS["http-callback-answer"],
+        "CancelAnswer": WIRE_SCHEMAS["http-cancel-answer"],
+        "HistoryEntry": WIRE_SCHEMAS["http-history-entry"],
+        "RunView": WIRE_SCHEMAS["run-view"],
+        "OutputChunk": WIRE_SCHEMAS["output-chunk"],
+    }
+    types = list(names.values())
+    (schemas_in_order, components) = msgspec.json.schema_components(types, ref_template=_REF)
+    refs = dict(zip(names, schemas_in_order, strict=True))
+    idem = _param("Idempotency-Key", "header", "the run id: the same key started twice is one run")
+    signal_idem = _param(
+        "Idempotency-Key", "header", "the signal id: the same id sent twice is one signal"
+    )
+    auth: list[dict[str, list[str]]] = [{"bearer": []}]
+    paths: dict[str, Any] = {
+        "/v1/agents/{agent}/runs": {
+            "post": {
+                "summary": "Start a run of an agent (the body is its input)",
+                "security": auth,
+                "parameters": [_param("agent", "path", "the agent's name"), idem],
+                "requestBody": {"content": {_JSON: {"schema": _ANY_JSON}}},
+                "responses": {
+                    "201": _body(refs["StartAnswer"], "created"),
+                    "200": _body(refs["StartAnswer"], "it existed (the same Idempotency-Key)"),
+                    "202": _body(refs["StartAnswer"], "stored; no worker has taken it yet"),
+                    **_problems(400, 401, 403, 404, 413, 415, 422, 503),
+                },
+            }
+        },
+        "/v1/runs": {
+            "get": {
+                "summary": "List runs (the read side: needs a projector)",
+                "security": auth,
+                "parameters": [
+                    _param("agent", "query", "only this agent's runs"),
+                    _param("status", "query", "only runs in these statuses (comma-separated)"),
+                    _param("schedule", "query", "only runs this schedule started"),
+                    _param("parent", "query", "only children of this run"),
+                    _param("limit", "query", "at most this many (1-1000, default 100)"),
+                    _param("after", "query", "the `next` of the previous page"),
+                ],
+                "responses": {
+                    "200": _body(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "runs": {"type": "array", "items": refs["RunView"]},
+                                "next": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                            },
+                        },
+                        "one page, most recently updated first",
+                    ),
+                    **_problems(400, 401, 403, 503),
+                },
+            }
+        },
+        "/v1/runs/{run_id}": {
+            "get": {
+                "summary": "A run's status (what `sojourn status RUN --json` prints)",
+                "security": auth,
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": _body({"type": "object"}, "the status report"),
+                    **_problems(400, 401, 403, 404, 503),
+                },
+            }
+        },
+        "/v1/runs/{run_id}/history": {
+            "get": {
+                "summary": "A run's history (what `sojourn history RUN --json` prints)",
+                "security": auth,
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": _body({"type": "array", "items": refs["HistoryEntry"]}, "decisions"),
+                    **_problems(400, 401, 403, 404, 503),
+                },
+            }
+        },
+        "/v1/runs/{run_id}/signals/{name}": {
+            "post": {
+                "summary": "Send a signal to a run (the body is its payload)",
+                "security": auth,
+                "parameters": [_RUN_ID, _param("name", "path", "the signal's name"), signal_idem],
+                "requestBody": {"content": {_JSON: {"schema": _ANY_JSON}}},
+                "responses": {
+                    "202": _body(refs["SignalAnswer"], "stored for the run"),
+                    **_problems(400, 401, 403, 404, 409, 413, 415, 429, 503),
+                },
+            }
+        },
+        "/v1/runs/{run_id}/cancel": {
+            "post": {
+                "summary": "Cancel a run",
+                "security": auth,
+                "parameters": [_RUN_ID],
+                "requestBody": {
+                    "content": {
+                        _JSON: {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"reason": {"type": "string"}},
+                            }
+                        }
+                    }
+                },
+                "responses": {
+                    "202": _body(refs["CancelAnswer"], "stored"),
+                    **_problems(400, 401, 403, 404, 503),
+                },
+            }
+        },
+        "/v1/runs/{run_id}/events": {
+            "get": {
+                "summary": "The run's views as they change (server-sent events `view`, then "
+                "`end`; `id` is the view's last_seq, Last-Event-ID resumes after it)",
+                "security": auth,
+                "parameters": [
+                    _RUN_ID,
+                    _param("after", "query", "skip views up to this last_seq"),
+                    _param("Last-Event-ID", "header", "resume after this id"),
+                ],
+                "responses": {
+                    "200": _sse("`event: view` with a RunView, then `event: end`"),
+                    **_problems(400, 401, 403, 404, 503),
+                },
+            }
+        },
+        "/v1/runs/{run_id}/stream": {
+            "get": {
+                "summary": "The run's output chunks (server-sent events `chunk`, then `end`; "
+                "`id` is the chunk's offset, Last-Event-ID resumes after it)",
+                "security": auth,
+                "parameters": [
+                    _RUN_ID,
+                    _param("after", "query", "only chunks after this offset"),
+                    _param("Last-Event-ID", "header", "resume after this offset"),
+                ],
+                "responses": {
+                    "200": _sse("`event: chunk` with an output chunk and its offset"),
+                    **_problems(400, 401, 403, 404, 503),
+                },
+            }
+        },
+        "/v1/callbacks/{token}": {
+            "post": {
+                "summary": "Deliver the callback token's one signal to its run (no bearer "
+                "token: the callback token is the credential; a repeat is the same signal)",
+                "parameters": [_param("token", "path", "the token `ctx.callback` gave the run")],
+                "requestBody": {"content": {_JSON: {"schema": _ANY_JSON}}},
+                "responses": {
+                    "200": _body(refs["CallbackAnswer"], "delivered (every repeat answers so)"),
+                    **_problems(400, 401, 404, 409, 410, 413, 415, 503),
+                },
+            }
+        },
+        "/v1/webhooks/{route}/{token}": {
+            "post": {
+                "summary": "A signed webhook (the route's HMAC scheme) delivering a callback "
+                "token's signal",
+                "parameters": [
+                    _param("route", "path", "the webhook route's name (--webhook)"),
+                    _param("token", "path", "the token `ctx.callback` gave the run"),
+                ],
+                "requestBody": {"content": {_JSON: {"schema": _ANY_JSON}}},
+                "responses": {
+                    "200": _body(refs["CallbackAnswer"], "delivered"),
+                    **_problems(400, 401, 404, 409, 410, 413, 415, 503),
+                },
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "sojourn gateway",
+            "version": "1",
+            "description": "sojourn's client API over HTTP. Errors are problem documents "
+            f"(RFC 9457) whose type is {PROBLEM_TYPE}<code>.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

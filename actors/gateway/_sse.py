@@ -1,0 +1,78 @@
+"""Server-sent events (the WHATWG ``text/event-stream`` format) from an async iterator.
+
+An event stream may be idle for hours (a run waiting on a human): a comment line every
+``keepalive`` seconds keeps proxies and load balancers from closing it, and lets the server
+notice a client that went away. The source is read by a task of its own into a small queue, so
+waiting for the next event with a timeout never cancels the source mid-read (a reader holds
+subscriptions that must be dropped cleanly, by closing it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Final
+
+__all__ = ["encode_event", "sse_events"]
+
+log = logging.getLogger("sojourn.gateway")
+
+_END: Final = b"event: end\ndata: {}\n\n"
+_QUEUED: Final = 64
+"""Events read ahead of a slow client; past that the source waits (back pressure)."""
+
+
+def encode_event(event: str, event_id: int | None, data: bytes) -> bytes:
+    """One event. ``data`` is compact JSON (no newlines), so it is a single ``data:`` line."""
+    head = f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "")
+    return head.encode() + b"data: " + data + b"\n\n"
+
+
+async def sse_events(
+    source: AsyncIterator[tuple[str, int | None, bytes]], keepalive: float
+) -> AsyncIterator[bytes]:
+    """The events of ``source`` (``(event, id, data)``), a keepalive comment whenever it is
+    quiet for ``keepalive`` seconds, ``event: end`` when it is exhausted, ``event: error`` if
+    it fails."""
+    queue: asyncio.Queue[tuple[str, int | None, bytes] | BaseException | None] = asyncio.Queue(
+        _QUEUED
+    )
+
+    async def pump() -> None:
+        try:
+            async for item in source:
+                await queue.put(item)
+            await queue.put(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # told to the client as an error event, below
+            await queue.put(e)
+        finally:
+            closer = getattr(source, "aclose", None)
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer()
+
+    task = asyncio.create_task(pump())
+    try:
+        yield b": sojourn\n\n"  # headers and a first byte at once: the client knows it is on
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), keepalive)
+            except TimeoutError:
+                yield b": keepalive\n\n"
+                continue
+            if item is None:
+                yield _END
+                return
+            if isinstance(item, BaseException):
+                log.warning("event stream failed: %s", item)
+                yield encode_event("error", None, b'{"code": "internal"}')
+                return
+            yield encode_event(*item)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

@@ -1,0 +1,170 @@
+"""The HTTP gateway's bodies and error vocabulary (docs/gateway.md).
+
+The gateway speaks the wire contract over HTTP: its error codes are the intake's reject codes
+(``RejectCode``) plus the few only HTTP has (no credentials, a route that does not exist);
+each one has one HTTP status, defined here once, and every error is an RFC 9457 problem
+document (``Problem``).
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Final, Literal
+
+import msgspec
+
+from .events import RunEvent
+from .wire import RejectCode
+
+__all__ = [
+    "GATEWAY_ACTIONS",
+    "GATEWAY_CODES",
+    "GATEWAY_ROLES",
+    "HTTP_STATUS",
+    "PROBLEM_TYPE",
+    "CallbackAnswer",
+    "CancelAnswer",
+    "GatewayAction",
+    "GatewayCode",
+    "GatewayRole",
+    "HistoryEntry",
+    "Problem",
+    "ProblemCode",
+    "SignalAnswer",
+    "StartAnswer",
+    "problem_title",
+]
+
+GatewayCode = Literal[
+    "unauthorized",
+    "not_found",
+    "method_not_allowed",
+    "unsupported_media_type",
+    "invalid_header",
+    "unavailable",
+    "invalid_token",
+    "token_expired",
+    "unknown_webhook",
+    "missing_signature",
+    "invalid_signature",
+    "stale_webhook",
+]
+"""What only HTTP can go wrong with: no or an unknown bearer token (``unauthorized``), a path
+or run that does not exist, a body that is not JSON, a malformed header, no broker behind
+the gateway (``unavailable``), and the callback and webhook checks."""
+
+GATEWAY_CODES: tuple[GatewayCode, ...] = typing.get_args(GatewayCode)
+
+ProblemCode = RejectCode | GatewayCode
+"""Every ``code`` a gateway problem document may carry."""
+
+PROBLEM_TYPE: Final = "https://sojourn.dev/problems/"
+"""A problem's ``type`` is this followed by its code (documented in docs/gateway.md)."""
+
+HTTP_STATUS: Final[dict[str, int]] = {
+    # the intake's reject codes
+    "invalid_json": 400,
+    "invalid_trigger": 400,
+    "invalid_input": 422,
+    "invalid_run_id": 400,
+    "invalid_reply_to": 400,
+    "unknown_agent": 404,
+    "payload_too_large": 413,
+    "unknown_run": 404,
+    "run_ended": 409,
+    "forbidden": 403,
+    "too_many_signals": 429,
+    "max_deliveries": 500,
+    "internal": 500,
+    "invalid_query": 400,
+    "invalid_schedule": 400,
+    "unknown_schedule": 404,
+    "schedule_exists": 409,
+    # HTTP's own
+    "unauthorized": 401,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "unsupported_media_type": 415,
+    "invalid_header": 400,
+    "unavailable": 503,
+    "invalid_token": 401,
+    "token_expired": 410,
+    "unknown_webhook": 404,
+    "missing_signature": 401,
+    "invalid_signature": 401,
+    "stale_webhook": 401,
+}
+"""The HTTP status of every problem code (a test checks each code has one)."""
+
+
+def problem_title(code: str) -> str:
+    """``unknown_run`` -> ``Unknown run``: the short, stable summary of a problem type."""
+    return code.replace("_", " ").capitalize()
+
+
+GatewayRole = Literal["client", "admin"]
+"""The roles a bearer token may have: the NATS users' roles that make sense over HTTP."""
+
+GATEWAY_ROLES: tuple[GatewayRole, ...] = typing.get_args(GatewayRole)
+
+GatewayAction = Literal["start", "read", "signal", "cancel"]
+"""What an authenticated request does; ``--admin-only`` names the actions a client token may
+not take."""
+
+GATEWAY_ACTIONS: tuple[GatewayAction, ...] = typing.get_args(GatewayAction)
+
+
+class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An error, as RFC 9457 ``application/problem+json``: ``type`` is ``PROBLEM_TYPE`` +
+    ``code``, ``code`` one of ``ProblemCode``; ``run_id`` when the problem is about a run."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    run_id: str | None = None
+
+
+class StartAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /v1/agents/{agent}/runs``: the run id, and whether this request created the run
+    (``False``: it existed; ``None`` with ``queued``: stored, not yet taken by a worker)."""
+
+    run_id: str
+    created: bool | None
+    queued: bool = False
+
+
+class SignalAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /v1/runs/{id}/signals/{name}``: the signal is stored for the run under
+    ``signal_id`` (the same id sent again is the same signal, forever)."""
+
+    run_id: str
+    signal: str
+    signal_id: str
+
+
+class CallbackAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /v1/callbacks/{token}``: the one signal the token stands for was delivered to its
+    run. The same answer comes back for every repeat of the POST (one signal, never two)."""
+
+    delivered: bool
+    signal: str
+    signal_id: str
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One decision of ``GET /v1/runs/{id}/history`` (and ``sojourn history RUN --json``): its
+    events-stream sequence, the worker that wrote it, its events."""
+
+    seq: int
+    writer: str
+    events: list[RunEvent]
+
+
+class CancelAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /v1/runs/{id}/cancel``: the cancel is stored; the run ends ``cancelled`` at its
+    next step boundary (or at once while it waits)."""
+
+    run_id: str
+    cancel_requested: bool = True

@@ -1,0 +1,308 @@
+"""The HTTP gateway (issue 15): a real ``sojourn gateway`` process, a real nats-server, httpx.
+
+Starts with an ``Idempotency-Key``, status, history and signals that equal the CLI's; bearer
+tokens and the admin-only policy; problem documents for everything refused; the OpenAPI
+document."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest_asyncio
+
+from sojourn.actors import Agent, Client, Worker
+from sojourn.broker import EmbeddedServer
+from sojourn.schemas.config import Settings
+from sojourn.schemas.gateway import HTTP_STATUS, PROBLEM_TYPE
+from tests.apps import http_agents
+from tests.conftest import PYTHON, ROOT, subprocess_env, wait_for
+from tests.gateway.conftest import (
+    ADMIN_TOKEN,
+    CLIENT_TOKEN,
+    Files,
+    GatewayProc,
+    running_worker,
+    start_gateway,
+)
+
+AGENTS: list[Agent[Any, Any]] = [
+    http_agents.echo_wait,
+    http_agents.callback_wait,
+    http_agents.chunky,
+]
+
+
+@pytest_asyncio.fixture
+async def worker(
+    nats_server: EmbeddedServer, settings: Settings, files: Files
+) -> AsyncIterator[Worker]:
+    w = await running_worker(nats_server, settings, files, AGENTS)
+    try:
+        yield w
+    finally:
+        await w.stop()
+
+
+def problem(r: httpx.Response, code: str) -> dict[str, Any]:
+    """The response is the problem document of ``code``, with that code's status."""
+    assert r.headers["content-type"] == "application/problem+json", r.text
+    body: dict[str, Any] = r.json()
+    assert body["code"] == code, body
+    assert r.status_code == HTTP_STATUS[code] == body["status"], body
+    assert body["type"] == PROBLEM_TYPE + code
+    assert body["title"] and body["detail"]
+    return body
+
+
+def cli(nats_server: EmbeddedServer, settings: Settings, *args: str) -> Any:
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "sojourn.actors.cli",
+            *args,
+            "--nats",
+            nats_server.url,
+            "--prefix",
+            settings.prefix,
+            "--json",
+        ],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+async def test_start_twice_with_an_idempotency_key_is_one_run_and_http_equals_the_cli(
+    http: httpx.AsyncClient,
+    worker: Worker,
+    client: Client,
+    nats_server: EmbeddedServer,
+    settings: Settings,
+) -> None:
+    key = {"Idempotency-Key": "order-4711"}
+    first = await http.post("/v1/agents/echo-wait/runs", json={"n": 1}, headers=key)
+    assert first.status_code == 201, first.text
+    assert first.json() == {"run_id": "order-4711", "created": True, "queued": False}
+    assert first.headers["location"] == "/v1/runs/order-4711"
+    again = await http.post("/v1/agents/echo-wait/runs", json={"n": 2}, headers=key)
+    assert again.status_code == 200, again.text
+    assert again.json() == {"run_id": "order-4711", "created": False, "queued": False}
+
+    async def waiting() -> bool:
+        r = await http.get("/v1/runs/order-4711")
+        return r.status_code == 200 and r.json()["status"] == "waiting"
+
+    await wait_for(waiting, 60, what="the run waiting on go")
+    sig = await http.post(
+        "/v1/runs/order-4711/signals/go", json={"ok": True}, headers={"Idempotency-Key": "s-1"}
+    )
+    assert sig.status_code == 202, sig.text
+    assert sig.json() == {"run_id": "order-4711", "signal": "go", "signal_id": "s-1"}
+    output = await client.result("order-4711", timeout=60)
+    assert output == {"input": {"n": 1}, "go": {"ok": True}}  # the second start changed nothing
+
+    # The same signal id again is the same signal: nothing new in the history.
+    before = await http.get("/v1/runs/order-4711/history")
+    repeat = await http.post(
+        "/v1/runs/order-4711/signals/go", json={"ok": False}, headers={"Idempotency-Key": "s-1"}
+    )
+    assert repeat.status_code == 202, repeat.text
+    after = await http.get("/v1/runs/order-4711/history")
+    assert after.json() == before.json()
+
+    status = (await http.get("/v1/runs/order-4711")).json()
+    shown = cli(nats_server, settings, "status", "order-4711")
+    # The liveness judgement says when it was made: the one moment the two may differ in.
+    assert status["liveness"].pop("checked_at") <= shown["liveness"].pop("checked_at")
+    assert status == shown
+    assert status["status"] == "completed" and status["output"] == output
+    assert after.json() == cli(nats_server, settings, "history", "order-4711")
+    starts = [e for d in after.json() for e in d["events"] if e["type"] == "run.started.v1"]
+    assert len(starts) == 1
+
+
+async def test_every_endpoint_but_callbacks_answers_401_without_a_bearer_token(
+    gateway: GatewayProc,
+) -> None:
+    routes = [
+        ("POST", "/v1/agents/echo-wait/runs"),
+        ("GET", "/v1/runs"),
+        ("GET", "/v1/runs/r1"),
+        ("GET", "/v1/runs/r1/history"),
+        ("POST", "/v1/runs/r1/signals/go"),
+        ("POST", "/v1/runs/r1/cancel"),
+        ("GET", "/v1/runs/r1/events"),
+        ("GET", "/v1/runs/r1/stream"),
+    ]
+    bad = [
+        {},
+        {"Authorization": "Bearer not-a-token-we-know-of"},
+        {"Authorization": f"Basic {CLIENT_TOKEN}"},
+        {"Authorization": f"Bearer {CLIENT_TOKEN}x"},
+        {"Authorization": f"Bearer {CLIENT_TOKEN[:-1]}"},
+        {"Authorization": "Bearer " + "A" * 5000},
+    ]
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as anon:
+        for method, path in routes:
+            for headers in bad:
+                r = await anon.request(method, path, headers=headers, json={})
+                problem(r, "unauthorized")
+                assert r.headers["www-authenticate"].startswith("Bearer")
+        # Callback URLs need no bearer token: their own token is checked (and refused here).
+        r = await anon.post("/v1/callbacks/sjc1.k1.abc.def", json={})
+        problem(r, "invalid_token")
+        assert (await anon.get("/healthz")).status_code == 200
+        assert (await anon.get("/v1/openapi.json")).status_code == 200
+
+
+async def test_a_client_token_cannot_cancel_when_admin_only_says_so(
+    nats_server: EmbeddedServer, settings: Settings, files: Files, worker: Worker
+) -> None:
+    g = await start_gateway(nats_server, settings, files, "--admin-only", "cancel")
+    try:
+        as_client = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
+        as_admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with httpx.AsyncClient(base_url=g.url, timeout=30) as h:
+            r = await h.post("/v1/agents/echo-wait/runs", json=1, headers=as_client)
+            run_id = r.json()["run_id"]
+            problem(await h.post(f"/v1/runs/{run_id}/cancel", headers=as_client), "forbidden")
+            r = await h.get(f"/v1/runs/{run_id}", headers=as_client)
+            assert not r.json()["cancel_requested"]  # the refused cancel touched nothing
+            r = await h.post(f"/v1/runs/{run_id}/cancel", json={"reason": "x"}, headers=as_admin)
+            assert r.status_code == 202, r.text
+
+            async def cancelled() -> bool:
+                r = await h.get(f"/v1/runs/{run_id}", headers=as_client)
+                return bool(r.json()["status"] == "cancelled")
+
+            await wait_for(cancelled, 60, what="the run cancelled")
+    finally:
+        g.stop()
+
+
+async def test_refusals_are_problem_documents(
+    http: httpx.AsyncClient, worker: Worker, gateway: GatewayProc
+) -> None:
+    problem(await http.get("/v1/runs/no-such-run"), "unknown_run")
+    problem(await http.get("/v1/runs/no-such-run/history"), "unknown_run")
+    problem(await http.get("/v1/runs/bad.id"), "invalid_run_id")
+    problem(await http.get("/v1/nothing-here"), "not_found")
+    problem(await http.delete("/v1/runs/r1"), "method_not_allowed")
+    problem(await http.post("/v1/agents/nobody/runs", json=1), "unknown_agent")
+    problem(await http.post("/v1/agents/bad.agent/runs", json=1), "unknown_agent")
+    problem(
+        await http.post("/v1/agents/echo-wait/runs", json=1, headers={"Idempotency-Key": "a b"}),
+        "invalid_run_id",
+    )
+    problem(
+        await http.post(
+            "/v1/agents/echo-wait/runs",
+            json=1,
+            headers={"Idempotency-Key": "weekly-at20261201T000000Z"},  # a schedule's run id
+        ),
+        "invalid_run_id",
+    )
+    problem(
+        await http.post(
+            "/v1/agents/echo-wait/runs",
+            content=b"{not json",
+            headers={"Content-Type": "application/json"},
+        ),
+        "invalid_json",
+    )
+    problem(
+        await http.post(
+            "/v1/agents/echo-wait/runs", content=b"<x/>", headers={"Content-Type": "text/xml"}
+        ),
+        "unsupported_media_type",
+    )
+    big = b'"' + b"x" * (1 << 20) + b'"'
+    problem(await http.post("/v1/agents/echo-wait/runs", content=big), "payload_too_large")
+    r = await http.post("/v1/agents/echo-wait/runs", json={"v": 1})
+    run_id = r.json()["run_id"]
+    problem(await http.post(f"/v1/runs/{run_id}/signals/sojourn-child.x", json=1), "forbidden")
+    problem(await http.post(f"/v1/runs/{run_id}/signals/a..b", json=1), "invalid_trigger")
+    problem(
+        await http.post(
+            f"/v1/runs/{run_id}/signals/go", json=1, headers={"Idempotency-Key": "x" * 300}
+        ),
+        "invalid_header",
+    )
+    problem(
+        await http.get(f"/v1/runs/{run_id}/stream", headers={"Last-Event-ID": "1" * 40}),
+        "invalid_header",
+    )
+    problem(await http.get(f"/v1/runs/{run_id}/stream?after=-1"), "invalid_header")
+    problem(await http.post(f"/v1/runs/{run_id}/cancel", json={"why": 1}), "invalid_trigger")
+    problem(await http.get("/v1/runs?status=sleeping"), "invalid_query")
+    problem(await http.get("/v1/runs?limit=0"), "invalid_query")
+    problem(await http.get("/v1/runs?colour=red"), "invalid_query")
+    # The run is untouched by all of that: still waiting for go.
+    status = (await http.get(f"/v1/runs/{run_id}")).json()
+    assert status["status"] in ("pending", "running", "waiting")
+    assert status["buffered_signals"] == []
+    # A signal to an ended run is refused as the intake refuses it.
+    await http.post(f"/v1/runs/{run_id}/signals/go", json="done")
+
+    async def completed() -> bool:
+        return bool((await http.get(f"/v1/runs/{run_id}")).json()["status"] == "completed")
+
+    await wait_for(completed, 60, what="the run completed")
+    problem(await http.post(f"/v1/runs/{run_id}/signals/go", json=2), "run_ended")
+
+
+async def test_the_openapi_document_names_every_route_and_resolves_every_ref(
+    gateway: GatewayProc,
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as h:
+        doc = (await h.get("/v1/openapi.json")).json()
+    printed = await asyncio.to_thread(
+        subprocess.run,
+        [PYTHON, "-m", "sojourn.actors.cli", "gateway", "--openapi"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(printed.stdout) == doc
+    assert doc["openapi"].startswith("3.1")
+    assert set(doc["paths"]) == {
+        "/v1/agents/{agent}/runs",
+        "/v1/runs",
+        "/v1/runs/{run_id}",
+        "/v1/runs/{run_id}/history",
+        "/v1/runs/{run_id}/signals/{name}",
+        "/v1/runs/{run_id}/cancel",
+        "/v1/runs/{run_id}/events",
+        "/v1/runs/{run_id}/stream",
+        "/v1/callbacks/{token}",
+        "/v1/webhooks/{route}/{token}",
+    }
+    schemas = doc["components"]["schemas"]
+
+    def refs(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            found = [node["$ref"]] if "$ref" in node else []
+            return found + [r for v in node.values() for r in refs(v)]
+        if isinstance(node, list):
+            return [r for v in node for r in refs(v)]
+        return []
+
+    all_refs = refs(doc)
+    assert all_refs
+    for ref in all_refs:
+        assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in schemas, ref
+    for name in ("Problem", "StartAnswer", "SignalAnswer", "CallbackAnswer", "RunView"):
+        assert name in schemas
