@@ -1,0 +1,121 @@
+"""Server-sent events through a real gateway (issue 15, Proof): a client that disconnects in
+the middle of a token stream and resumes with ``Last-Event-ID`` receives exactly the missing
+chunks; the views stream ends with the run's end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest_asyncio
+
+from sojourn.actors import Agent, Client, Worker
+from sojourn.broker import EmbeddedServer
+from sojourn.projections.projector import Projector
+from sojourn.schemas.config import Settings
+from tests.apps import http_agents
+from tests.conftest import wait_for
+from tests.gateway.conftest import Files, running_worker
+
+AGENTS: list[Agent[Any, Any]] = [http_agents.chunky, http_agents.echo_wait]
+
+
+@pytest_asyncio.fixture
+async def worker(
+    nats_server: EmbeddedServer, settings: Settings, files: Files
+) -> AsyncIterator[Worker]:
+    w = await running_worker(nats_server, settings, files, AGENTS)
+    try:
+        yield w
+    finally:
+        await w.stop()
+
+
+@pytest_asyncio.fixture
+async def projector(nats_server: EmbeddedServer, settings: Settings) -> AsyncIterator[Projector]:
+    p = Projector(nats=nats_server.url, settings=settings)
+    await p.start()
+    try:
+        yield p
+    finally:
+        await p.stop()
+
+
+async def events(
+    http: httpx.AsyncClient, path: str, *, headers: dict[str, str] | None = None, stop: int = 0
+) -> list[tuple[str, str | None, Any]]:
+    """``(event, id, data)`` of the stream at ``path``, until ``event: end`` or, with
+    ``stop``, after that many events (then the connection is dropped)."""
+    out: list[tuple[str, str | None, Any]] = []
+    async with http.stream("GET", path, headers=headers) as r:
+        assert r.status_code == 200, await r.aread()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        event, event_id, data = "", None, ""
+        async for line in r.aiter_lines():
+            if line.startswith(":"):
+                continue  # a comment: the greeting, or a keepalive
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("id: "):
+                event_id = line[4:]
+            elif line.startswith("data: "):
+                data = line[6:]
+            elif line == "" and event:
+                out.append((event, event_id, json.loads(data)))
+                if event == "end" or (stop and len(out) == stop):
+                    return out
+                event, event_id, data = "", None, ""
+    raise AssertionError(f"the stream closed without an end event: {out}")
+
+
+async def test_a_client_resumes_a_token_stream_with_last_event_id_and_misses_nothing(
+    http: httpx.AsyncClient, worker: Worker, client: Client
+) -> None:
+    r = await http.post("/v1/agents/chunky/runs", json=10)
+    run_id = r.json()["run_id"]
+    first = await events(http, f"/v1/runs/{run_id}/stream", stop=4)
+    assert [e[0] for e in first] == ["chunk"] * 4
+    last_id = first[-1][1]
+    assert last_id is not None
+
+    async def waiting() -> bool:
+        return await client.status(run_id) == "waiting"
+
+    await wait_for(waiting, 60, what="the run waiting for finish")
+    finish = await http.post(f"/v1/runs/{run_id}/signals/finish", json=None)
+    assert finish.status_code == 202, finish.text
+    rest = await events(http, f"/v1/runs/{run_id}/stream", headers={"Last-Event-ID": last_id})
+    assert rest[-1][0] == "end"
+    chunks = first + rest[:-1]
+    texts = [c[2]["text"] for c in chunks]
+    assert texts == [f"a{i} " for i in range(10)] + [f"b{i} " for i in range(10)]
+    offsets = [int(c[1]) for c in chunks if c[1] is not None]
+    assert offsets == sorted(set(offsets)) and len(offsets) == 20
+    # ?after= is the same resume point for a client that keeps the offset itself.
+    again = await events(http, f"/v1/runs/{run_id}/stream?after={offsets[14]}")
+    assert [c[2]["text"] for c in again[:-1]] == [f"b{i} " for i in range(5, 10)]
+
+
+async def test_the_views_stream_follows_the_run_to_its_end_and_resumes_after_an_id(
+    http: httpx.AsyncClient, worker: Worker, client: Client, projector: Projector
+) -> None:
+    r = await http.post("/v1/agents/echo-wait/runs", json="x")
+    run_id = r.json()["run_id"]
+
+    async def waiting() -> bool:
+        return await client.status(run_id) == "waiting"
+
+    await wait_for(waiting, 60, what="the run waiting")
+    first = await events(http, f"/v1/runs/{run_id}/events", stop=1)
+    assert first[0][0] == "view" and first[0][2]["run_id"] == run_id
+    await http.post(f"/v1/runs/{run_id}/signals/go", json=1)
+    views = await events(http, f"/v1/runs/{run_id}/events")
+    assert views[-1][0] == "end"
+    assert views[-2][2]["status"] == "completed"
+    seen = views[0][1]
+    assert seen is not None
+    resumed = await events(http, f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": seen})
+    assert all(int(v[1]) > int(seen) for v in resumed[:-1] if v[1] is not None)
+    assert resumed[-2][2]["status"] == "completed"
