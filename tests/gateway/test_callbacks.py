@@ -288,12 +288,18 @@ async def test_the_onboarding_example_resumes_from_its_callback_url_after_a_work
 ) -> None:
     g = await start_gateway(nats_server, settings, files)
     outbox = tmp_path / "outbox"
-    env = {
-        "SOJOURN_CALLBACK_KEYS": str(files.keys),
-        "SOJOURN_ONBOARDING_OUTBOX": str(outbox),
-        "SOJOURN_GATEWAY_URL": g.url,
-    }
-    proc = await WorkerProc(nats_server.url, settings.prefix, "examples.onboarding", **env).ready()
+
+    def onboarding_worker() -> WorkerProc:
+        return WorkerProc(
+            nats_server.url,
+            settings.prefix,
+            "examples.onboarding",
+            SOJOURN_CALLBACK_KEYS=str(files.keys),
+            SOJOURN_ONBOARDING_OUTBOX=str(outbox),
+            SOJOURN_GATEWAY_URL=g.url,
+        )
+
+    proc = await onboarding_worker().ready()
     procs = [proc]
     try:
         hire = {"name": "Ada", "email": "ada@example.com", "docs_deadline": 3600, "esign": True}
@@ -312,9 +318,7 @@ async def test_the_onboarding_example_resumes_from_its_callback_url_after_a_work
 
         await wait_for(waiting, 60, what="the run waiting for docs.signed")
         proc.kill()
-        proc = await WorkerProc(
-            nats_server.url, settings.prefix, "examples.onboarding", **env
-        ).ready()
+        proc = await onboarding_worker().ready()
         procs.append(proc)
         async with httpx.AsyncClient(timeout=30) as anon:
             answers = [await anon.post(link, json={"by": "ada@example.com"}) for _ in range(5)]
