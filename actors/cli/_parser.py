@@ -272,6 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-watchdog", action="store_true", help="do not run a watchdog in this process"
     )
     p.add_argument(
+        "--no-gateway",
+        action="store_true",
+        help="do not run the HTTP gateway in this process",
+    )
+    p.add_argument(
+        "--gateway-port",
+        metavar="PORT",
+        type=_port,
+        default=8080,
+        help="port of the HTTP gateway on 127.0.0.1; 0 picks a free one (default: 8080)",
+    )
+    add_gateway_arguments(p, dev=True)
+    p.add_argument(
         "--no-projector",
         action="store_true",
         help="do not run a projector in this process (its SQLite model is DATA_DIR/runs.sqlite3)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,18 @@ from sojourn.broker.connection import ConnectOptions
 from sojourn.broker.server import EmbeddedServer, write_private
 from sojourn.schemas.auth import ROLES
 from sojourn.schemas.codec import encode
+from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import Liveness
 
 from .._app import load_app
+from .._callbacks import CALLBACK_KEYS_ENV, CallbackKeys, generate_key_file_text
+from .._client import Client
 from .._health import PROCESS_HEALTH, Phase, watchdog_check, worker_check
 from .._metrics import stop_metrics
 from .._watchdog import Watchdog
 from .._worker import Worker
+from ..gateway import GatewayServer, create_app
 from ._common import (
     EXIT_OK,
     StopSignal,
@@ -33,6 +38,7 @@ from ._common import (
     settings_from,
     start_metrics,
 )
+from ._gateway import describe, gateway_config
 from ._projector import running_projector
 from ._read import age_seconds
 from ._render import liveness_line, out
@@ -71,6 +77,47 @@ def _write_dev_urls(server: EmbeddedServer, auth_dir: Path) -> None:
     readable by its owner only."""
     for user in server.auth:
         write_private(auth_dir / f"{user.name}.url", server.url_for(user.name))
+
+
+def _dev_gateway_files(data_dir: str) -> tuple[Path, Path]:
+    """``DATA_DIR/gateway-tokens`` (a client and an admin bearer token) and
+    ``DATA_DIR/callback-keys``, made once per data dir (mode 0600) and kept after."""
+    root = Path(data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tokens, keys = root / "gateway-tokens", root / "callback-keys"
+    if not tokens.exists():
+        write_private(
+            tokens,
+            "# sojourn dev's bearer tokens: TOKEN ROLE\n"
+            f"{secrets.token_urlsafe(24)} client\n{secrets.token_urlsafe(24)} admin\n",
+        )
+    if not keys.exists():
+        write_private(
+            keys, "# sojourn dev's callback keys: KID SECRET\n" + generate_key_file_text()
+        )
+    return tokens, keys
+
+
+async def _dev_gateway(
+    args: argparse.Namespace, opts: ConnectOptions, settings: Settings, tokens: Path, keys: Path
+) -> GatewayServer | None:
+    """The gateway of ``sojourn dev`` on 127.0.0.1 (``None`` with --no-gateway, or when its
+    port is taken: dev goes on without it, saying so)."""
+    args.tokens = args.tokens or str(tokens)
+    args.callback_keys = args.callback_keys or str(keys)
+    config = gateway_config(args, settings.max_payload)
+
+    async def connect() -> Client:
+        return await Client.connect(opts, settings=settings)
+
+    try:
+        server = GatewayServer(create_app(connect, config), "127.0.0.1", args.gateway_port)
+    except SojournError as e:
+        out(f"gateway: not started ({e}; choose another with --gateway-port)")
+        return None
+    url = await server.start()
+    out(f"gateway: {url} (bearer tokens in {args.tokens}; {describe(config)})")
+    return server
 
 
 async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
@@ -124,12 +171,19 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
             await probe(opts)
             if dev:
                 out(f"nats: {opts.display_url}")
+        keys: CallbackKeys | None = None
+        gateway_files = None
+        if dev and not args.no_gateway:
+            gateway_files = _dev_gateway_files(args.data_dir)
+            if not os.environ.get(CALLBACK_KEYS_ENV):
+                keys = CallbackKeys.load(args.callback_keys or gateway_files[1])
         worker = Worker(
             app.agents,
             nats=opts,
             settings=settings,
             concurrency=args.concurrency,
             worker_id=args.worker_id,
+            callback_keys=keys,
         )
         await worker.start()
         PROCESS_HEALTH.add("worker", worker_check(worker))
@@ -139,6 +193,14 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
                 watchdog = await Watchdog(nats=watch_opts, settings=settings).start()
                 PROCESS_HEALTH.add("watchdog", watchdog_check(watchdog))
             async with contextlib.AsyncExitStack() as stack:
+                if gateway_files is not None:
+                    # The gateway is a client of the deployment (the client role, with --auth).
+                    gw_opts = (
+                        ConnectOptions(url=server.url_for("client")) if auth and server else opts
+                    )
+                    gateway = await _dev_gateway(args, gw_opts, settings, *gateway_files)
+                    if gateway is not None:
+                        stack.push_async_callback(gateway.stop)
                 projector = None
                 if dev and not args.no_projector:
                     # The projector writes the read side: the worker role may (broker/auth.py).

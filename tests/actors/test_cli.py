@@ -397,9 +397,12 @@ async def test_dev_with_nats_starts_only_a_worker(
         await dev.expect("ready")
         assert await dev.stop(signal.SIGINT) == 0
         assert not any("nats-server" in line for line in dev.lines)
-    # No server store: the data dir holds only the projector's SQLite read model.
+    # No server store: the data dir holds only the projector's SQLite read model and the
+    # gateway's bearer tokens and callback keys.
     kept = sorted(p.name for p in (tmp_path / "data").iterdir())
-    assert kept and all(name.startswith("runs.sqlite3") for name in kept), kept
+    gateway = {"gateway-tokens", "callback-keys"}
+    assert gateway <= set(kept), kept
+    assert all(name.startswith("runs.sqlite3") for name in set(kept) - gateway), kept
 
 
 # --- sojourn replay ----------------------------------------------------------------------------
