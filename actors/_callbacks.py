@@ -236,6 +236,15 @@ class CallbackKeys:
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
 
+    @staticmethod
+    def generate_line(kid: str = "k1") -> str:
+        """A key file's line (``KID SECRET``, newline included) for a fresh random key.
+
+        Raises:
+            ValueError: ``kid`` is not 1-32 characters of ``A-Z a-z 0-9 _ -``.
+        """
+        return generate_key_file_text(kid)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> CallbackKeys | None:
         """The keyring of the file ``$SOJOURN_CALLBACK_KEYS`` names; ``None`` when it is unset

@@ -53,7 +53,7 @@ class HttpConnection:
     """One keep-alive connection to ``host:port``; requests on it go one at a time.
 
     Every request carries ``Authorization: Bearer <token>``. ``request`` reads a whole body;
-    ``events`` reads a ``text/event-stream`` body event by event, and leaves the connection
+    ``open_events`` reads a ``text/event-stream`` body event by event, and leaves the connection
     ready for the next request once the server has ended the body.
     """
 
@@ -156,10 +156,10 @@ class HttpConnection:
         status, headers = await self._head()
         return Response(status, headers, await self._body(headers))
 
-    async def events(self, path: str) -> AsyncIterator[SseEvent]:
-        """``GET path`` as an event stream: each event as it arrives (comments are skipped),
-        until the server ends the body. Stopping early leaves the connection unusable: close
-        it.
+    async def open_events(self, path: str) -> AsyncIterator[SseEvent]:
+        """``GET path`` as an event stream: returns once the answer's head is in (the stream
+        is open), an iterator of its events as they arrive (comments are skipped) until the
+        server ends the body. Stopping early leaves the connection unusable: close it.
 
         Raises:
             HttpError: the answer is not a 200 chunked event stream, or is malformed.
@@ -171,6 +171,9 @@ class HttpConnection:
             raise HttpError(f"GET {path}: {status} {body[:200]!r}")
         if headers.get("transfer-encoding", "").lower() != "chunked":
             raise HttpError("an event stream must be chunked (it has no length)")
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[SseEvent]:
         buf = b""
         async for piece in self._chunks():
             buf += piece
