@@ -63,6 +63,7 @@ class HttpConnection:
         self._auth = f"Authorization: Bearer {token}\r\n".encode()
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self.last_use = 0.0
 
     async def open(self) -> HttpConnection:
         self._reader, self._writer = await asyncio.open_connection(
@@ -86,6 +87,7 @@ class HttpConnection:
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode()
         self._writer.write(head + b"\r\n" + (body or b""))
+        import time as _t; self.last_use = _t.perf_counter()
 
     async def _head(self) -> tuple[int, dict[str, str]]:
         reader = self._stream()

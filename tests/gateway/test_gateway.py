@@ -10,13 +10,17 @@ import asyncio
 import json
 import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest_asyncio
 
 from sojourn.actors import Agent, Client, Worker
-from sojourn.broker import EmbeddedServer
+from sojourn.broker import EmbeddedServer, Names
+from sojourn.projections.listing import ListingService
+from sojourn.projections.projector import Projector
+from sojourn.projections.sqlite import SqliteModel
 from sojourn.schemas.config import Settings
 from sojourn.schemas.gateway import HTTP_STATUS, PROBLEM_TYPE
 from tests.apps import http_agents
@@ -306,3 +310,50 @@ async def test_the_openapi_document_names_every_route_and_resolves_every_ref(
         assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in schemas, ref
     for name in ("Problem", "StartAnswer", "SignalAnswer", "CallbackAnswer", "RunView"):
         assert name in schemas
+
+
+async def test_the_listing_over_http_is_the_read_sides(
+    http: httpx.AsyncClient,
+    worker: Worker,
+    client: Client,
+    nats_server: EmbeddedServer,
+    settings: Settings,
+    tmp_path: Path,
+) -> None:
+    # No projector yet: the read side is unavailable, said as such.
+    problem(await http.get("/v1/runs"), "unavailable")
+    names = Names(settings.prefix)
+    model = await SqliteModel.open(tmp_path / "m.sqlite3", events_stream=names.events_stream)
+    projector = Projector(nats=nats_server.url, settings=settings, sink=model, interval=0.2)
+    await projector.start()
+    service = ListingService(client.broker, names, model)
+    await service.start()
+    try:
+        ids = []
+        for i in range(3):
+            r = await http.post(
+                "/v1/agents/echo-wait/runs", json=i, headers={"Idempotency-Key": f"l{i}"}
+            )
+            ids.append(r.json()["run_id"])
+        await http.post("/v1/runs/l0/signals/go", json=None)
+
+        async def listed() -> bool:
+            r = await http.get("/v1/runs?agent=echo-wait&status=completed")
+            return r.status_code == 200 and [v["run_id"] for v in r.json()["runs"]] == ["l0"]
+
+        await wait_for(listed, 60, what="the completed run listed")
+        r = await http.get("/v1/runs?agent=echo-wait&status=waiting,pending,running&limit=1")
+        body = r.json()
+        assert len(body["runs"]) == 1 and body["next"]
+        page2 = await http.get(f"/v1/runs?agent=echo-wait&limit=1&after={body['next']}")
+        assert (
+            page2.status_code == 200
+            and page2.json()["runs"][0]["run_id"] != body["runs"][0]["run_id"]
+        )
+        page = await client.runs(agent="echo-wait")
+        everything = (await http.get("/v1/runs?agent=echo-wait")).json()["runs"]
+        assert {v["run_id"] for v in everything} == {v.run_id for v in page.runs} == set(ids)
+    finally:
+        await service.stop()
+        await projector.stop()
+        await model.close()
