@@ -9,6 +9,7 @@ from sojourn.schemas.codec import encode
 
 from .._callbacks import CALLBACK_KEYS_ENV, CallbackKeys
 from .._client import Client
+from .._health import PROCESS_HEALTH, Phase
 from .._metrics import stop_metrics
 from ..gateway import (
     BearerTokens,
@@ -87,6 +88,13 @@ def add_gateway_arguments(p: argparse.ArgumentParser, *, dev: bool = False) -> N
         "(default: none; e.g. cancel)",
     )
     g.add_argument(
+        "--max-streams",
+        metavar="N",
+        type=int,
+        default=10_000,
+        help="event streams (SSE) open at once; one more is answered 503 (default: 10000)",
+    )
+    g.add_argument(
         "--max-body",
         metavar="BYTES",
         type=int,
@@ -140,7 +148,10 @@ def gateway_config(args: argparse.Namespace, max_payload: int) -> GatewayConfig:
     max_body = args.max_body if args.max_body is not None else max_payload
     if not 1 <= max_body <= max_payload:
         raise UsageError(f"--max-body: 1 to {max_payload} (the deployment's max payload)")
+    if args.max_streams < 1:
+        raise UsageError("--max-streams: at least 1")
     return GatewayConfig(
+        max_streams=args.max_streams,
         tokens=tokens,
         policy=Policy(admin_only),
         callback_keys=keys,
@@ -179,10 +190,14 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
         return await Client.connect(opts, settings=settings)
 
     stopper = StopSignal()
+    phase = Phase()
+    PROCESS_HEALTH.add("process", phase)
     metrics_server = start_metrics(args)
     try:
         server = GatewayServer(create_app(connect, config), args.host, args.port)
         url = await server.start()
+        phase.serving()
+        PROCESS_HEALTH.refresh()
         out(f"gateway: {url} (nats {opts.display_url}, prefix {settings.prefix})")
         out(f"  {describe(config)}")
         out("ready; press Ctrl-C to stop")
@@ -190,9 +205,12 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
             await stopper.wait()
             out(f"{stopper.name} received: stopping the gateway")
         finally:
+            phase.stopping()
+            PROCESS_HEALTH.refresh()
             await server.stop()
     finally:
         stopper.remove()
+        PROCESS_HEALTH.remove("process")
         if metrics_server is not None:
             stop_metrics(metrics_server)
     out("stopped")

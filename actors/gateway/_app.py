@@ -96,6 +96,8 @@ class GatewayConfig:
             answered "stored, not yet taken" (202).
         keepalive: seconds between comments on an idle event stream (proxies close silent
             connections).
+        max_streams: event streams open at once; one more is answered 503 (each holds
+            subscriptions on the broker and a task here).
     """
 
     tokens: BearerTokens
@@ -105,6 +107,7 @@ class GatewayConfig:
     max_body: int = 1 << 20
     start_wait: float = 5.0
     keepalive: float = 15.0
+    max_streams: int = 10_000
 
 
 def create_app(connect: Callable[[], Awaitable[Client]], config: GatewayConfig) -> Starlette:
@@ -179,6 +182,7 @@ class _Gateway:
         self.client: Client
         self.dead_letters: DeadLetters
         self._openapi: bytes | None = None
+        self.streams_open = 0
 
     # --- who is asking --------------------------------------------------------------------
 
@@ -361,6 +365,30 @@ class _Gateway:
             raise HttpProblem("invalid_header", f"{param} / Last-Event-ID must be an offset")
         return int(text)
 
+    def _admit_stream(self) -> None:
+        if self.streams_open >= self.config.max_streams:
+            raise HttpProblem(
+                "unavailable",
+                f"this gateway holds {self.streams_open} event streams, its limit: try another "
+                "gateway or later",
+                headers={"Retry-After": "5"},
+            )
+
+    def _sse(self, events: AsyncIterator[tuple[str, int | None, bytes]]) -> StreamingResponse:
+        async def counted() -> AsyncIterator[bytes]:
+            self.streams_open += 1
+            try:
+                async for chunk in sse_events(events, self.config.keepalive):
+                    yield chunk
+            finally:
+                self.streams_open -= 1
+
+        return StreamingResponse(
+            counted(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
     async def _exists(self, run_id: str) -> None:
         if not await self.client.history(run_id) and await self.client.pending(run_id) is None:
             raise HttpProblem("unknown_run", f"no run with id '{run_id}'", run_id=run_id)
@@ -372,6 +400,7 @@ class _Gateway:
         self._authorize(request, "read")
         run_id = self._run_id(request)
         after = self._resume_from(request, "after")
+        self._admit_stream()
         await self._exists(run_id)
 
         async def views() -> AsyncIterator[tuple[str, int | None, bytes]]:
@@ -381,7 +410,7 @@ class _Gateway:
                         continue
                     yield "view", view.last_seq or None, encode(view)
 
-        return _sse(views(), self.config.keepalive)
+        return self._sse(views())
 
     @_answers
     async def stream(self, request: Request) -> Response:
@@ -390,6 +419,7 @@ class _Gateway:
         self._authorize(request, "read")
         run_id = self._run_id(request)
         after = self._resume_from(request, "after")
+        self._admit_stream()
         await self._exists(run_id)
 
         async def chunks() -> AsyncIterator[tuple[str, int | None, bytes]]:
@@ -397,7 +427,7 @@ class _Gateway:
                 async for c in reader:
                     yield "chunk", c.offset, encode(c.as_json())
 
-        return _sse(chunks(), self.config.keepalive)
+        return self._sse(chunks())
 
     # --- callbacks and webhooks -----------------------------------------------------------
 
@@ -473,13 +503,3 @@ class _Gateway:
 
 class _CancelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     reason: str = ""
-
-
-def _sse(
-    events: AsyncIterator[tuple[str, int | None, bytes]], keepalive: float
-) -> StreamingResponse:
-    return StreamingResponse(
-        sse_events(events, keepalive),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )

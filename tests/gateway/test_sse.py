@@ -17,7 +17,8 @@ from sojourn.projections.projector import Projector
 from sojourn.schemas.config import Settings
 from tests.apps import http_agents
 from tests.conftest import wait_for
-from tests.gateway.conftest import Files, running_worker
+from tests.gateway.conftest import CLIENT_TOKEN, Files, running_worker, start_gateway
+from tests.gateway.test_gateway import problem
 
 AGENTS: list[Agent[Any, Any]] = [http_agents.chunky, http_agents.echo_wait]
 
@@ -119,3 +120,41 @@ async def test_the_views_stream_follows_the_run_to_its_end_and_resumes_after_an_
     resumed = await events(http, f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": seen})
     assert all(int(v[1]) > int(seen) for v in resumed[:-1] if v[1] is not None)
     assert resumed[-2][2]["status"] == "completed"
+
+
+async def test_streams_over_the_limit_are_503_and_counted(
+    nats_server: EmbeddedServer, settings: Settings, files: Files, worker: Worker
+) -> None:
+    g = await start_gateway(
+        nats_server, settings, files, "--max-streams", "1", "--metrics-port", "0"
+    )
+    try:
+        metrics_url = next(
+            line.split()[1].decode() for line in g.lines if line.startswith(b"metrics: ")
+        )
+        headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
+        async with httpx.AsyncClient(base_url=g.url, headers=headers, timeout=30) as http:
+            r = await http.post("/v1/agents/echo-wait/runs", json=1)
+            run_id = r.json()["run_id"]
+            async with http.stream("GET", f"/v1/runs/{run_id}/stream") as first:
+                assert first.status_code == 200
+                async for line in first.aiter_lines():
+                    assert line.startswith(":")  # the greeting: the stream is open
+                    break
+                over = await http.get(f"/v1/runs/{run_id}/stream")
+                problem(over, "unavailable")
+                assert over.headers["retry-after"] == "5"
+            await http.post(f"/v1/runs/{run_id}/signals/go", json=None)
+
+            async def freed() -> bool:  # the first stream closed: room for one again
+                async with http.stream("GET", f"/v1/runs/{run_id}/stream") as again:
+                    return again.status_code == 200
+
+            await wait_for(freed, 60, what="the stream's slot freed")
+            text = (await http.get(metrics_url)).text
+            assert 'sojourn_gateway_requests_total{route="stream",status="503"} 1.0' in text
+            assert 'sojourn_gateway_requests_total{route="start",status="201"} 1.0' in text
+            ready = await http.get(metrics_url.replace("/metrics", "/readyz"))
+            assert ready.status_code == 200, ready.text
+    finally:
+        g.stop()
