@@ -26,7 +26,7 @@ from sojourn.schemas.events import SignalReceived, ValueRecorded
 from sojourn.schemas.wire import DeadLetter
 from tests.apps import http_agents
 from tests.conftest import wait_for
-from tests.gateway.conftest import Files, running_worker, start_gateway
+from tests.gateway.conftest import Files, GatewayProc, running_worker, start_gateway
 from tests.gateway.test_gateway import problem
 from tests.procs import WorkerProc
 
@@ -94,130 +94,110 @@ def tampered(token: str) -> list[str]:
 
 
 async def test_the_same_callback_post_five_times_is_one_signal(
-    nats_server: EmbeddedServer,
-    settings: Settings,
+    gateway: GatewayProc,
     files: Files,
     worker: Worker,
     client: Client,
 ) -> None:
-    g = await start_gateway(nats_server, settings, files)
-    try:
-        run_id = await client.start("callback-wait", 3600.0)
-        token = await token_of(client, run_id)
-        async with httpx.AsyncClient(base_url=g.url, timeout=30) as anon:
-            answers = await asyncio.gather(
-                *(anon.post(f"/v1/callbacks/{token}", json={"by": "ada"}) for _ in range(5))
-            )
-            assert [r.status_code for r in answers] == [200] * 5, [r.text for r in answers]
-            assert len({r.content for r in answers}) == 1
-            body = answers[0].json()
-            assert body["delivered"] is True and body["signal"] == "docs.signed"
-            result = await client.result(run_id, timeout=60)
-            assert result == {"first": {"by": "ada"}, "second": None}
-            assert len(await signals(client, run_id, "docs.signed")) == 1
-            # After the run ended, a repeat is still answered as the first was.
-            late = await anon.post(f"/v1/callbacks/{token}", json={"by": "eve"})
-            assert late.status_code == 200 and late.content == answers[0].content
-            assert len(await signals(client, run_id, "docs.signed")) == 1
-    finally:
-        g.stop()
+    run_id = await client.start("callback-wait", 3600.0)
+    token = await token_of(client, run_id)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as anon:
+        answers = await asyncio.gather(
+            *(anon.post(f"/v1/callbacks/{token}", json={"by": "ada"}) for _ in range(5))
+        )
+        assert [r.status_code for r in answers] == [200] * 5, [r.text for r in answers]
+        assert len({r.content for r in answers}) == 1
+        body = answers[0].json()
+        assert body["delivered"] is True and body["signal"] == "docs.signed"
+        result = await client.result(run_id, timeout=60)
+        assert result == {"first": {"by": "ada"}, "second": None}
+        assert len(await signals(client, run_id, "docs.signed")) == 1
+        # After the run ended, a repeat is still answered as the first was.
+        late = await anon.post(f"/v1/callbacks/{token}", json={"by": "eve"})
+        assert late.status_code == 200 and late.content == answers[0].content
+        assert len(await signals(client, run_id, "docs.signed")) == 1
 
 
 async def test_an_expired_or_tampered_token_is_refused_and_touches_nothing(
-    nats_server: EmbeddedServer,
-    settings: Settings,
+    gateway: GatewayProc,
     files: Files,
     worker: Worker,
     client: Client,
 ) -> None:
-    g = await start_gateway(nats_server, settings, files)
-    try:
-        run_id = await client.start("callback-wait", 3600.0)
-        token = await token_of(client, run_id)
-        before = await client.history(run_id)
-        expired = files.callback_keys.issue(run_id, "docs.signed", 60, now=time.time() - 120)
-        other_keys = Files(files.tokens, files.keys.with_name("other"))
-        other_keys.keys.write_text("k1 " + "z" * 40 + "\n")
-        forged = other_keys.callback_keys.issue(run_id, "docs.signed", 60, now=time.time())
-        async with httpx.AsyncClient(base_url=g.url, timeout=30) as anon:
-            problem(await anon.post(f"/v1/callbacks/{expired}", json=1), "token_expired")
-            problem(await anon.post(f"/v1/callbacks/{forged}", json=1), "invalid_token")
-            for bad in tampered(token):
-                problem(await anon.post(f"/v1/callbacks/{bad}", json=1), "invalid_token")
-            problem(await anon.post("/v1/callbacks/" + "x" * 3000, json=1), "invalid_token")
-            # A good token with a body the gateway cannot take is refused too, untouched.
-            problem(
-                await anon.post(
-                    f"/v1/callbacks/{token}",
-                    content=b"\x00\xff",
-                    headers={"Content-Type": "application/octet-stream"},
-                ),
-                "unsupported_media_type",
-            )
-            problem(
-                await anon.post(f"/v1/callbacks/{token}", content=b"x" * (1 << 20 + 1)),
-                "payload_too_large",
-            )
-        assert await client.history(run_id) == before
-        records = await http_records(client)
-        codes = [r.code for r in records]
-        assert codes.count("token_expired") == 1 and codes.count("invalid_token") == 5
-        assert "unsupported_media_type" in codes and "payload_too_large" in codes
-        for r in records:
-            assert r.kind == "http" and r.subject.startswith("POST /v1/callbacks/")
-            assert token not in r.subject and expired not in r.subject  # never the credential
-            assert "authorization" not in {k.lower() for k in r.headers}
-    finally:
-        g.stop()
+    run_id = await client.start("callback-wait", 3600.0)
+    token = await token_of(client, run_id)
+    before = await client.history(run_id)
+    expired = files.callback_keys.issue(run_id, "docs.signed", 60, now=time.time() - 120)
+    other_keys = Files(files.tokens, files.keys.with_name("other"))
+    other_keys.keys.write_text("k1 " + "z" * 40 + "\n")
+    forged = other_keys.callback_keys.issue(run_id, "docs.signed", 60, now=time.time())
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as anon:
+        problem(await anon.post(f"/v1/callbacks/{expired}", json=1), "token_expired")
+        problem(await anon.post(f"/v1/callbacks/{forged}", json=1), "invalid_token")
+        for bad in tampered(token):
+            problem(await anon.post(f"/v1/callbacks/{bad}", json=1), "invalid_token")
+        problem(await anon.post("/v1/callbacks/" + "x" * 3000, json=1), "invalid_token")
+        # A good token with a body the gateway cannot take is refused too, untouched.
+        problem(
+            await anon.post(
+                f"/v1/callbacks/{token}",
+                content=b"\x00\xff",
+                headers={"Content-Type": "application/octet-stream"},
+            ),
+            "unsupported_media_type",
+        )
+        problem(
+            await anon.post(f"/v1/callbacks/{token}", content=b"x" * (1 << 20 + 1)),
+            "payload_too_large",
+        )
+    assert await client.history(run_id) == before
+    records = await http_records(client)
+    codes = [r.code for r in records]
+    assert codes.count("token_expired") == 1 and codes.count("invalid_token") == 5
+    assert "unsupported_media_type" in codes and "payload_too_large" in codes
+    for r in records:
+        assert r.kind == "http" and r.subject.startswith("POST /v1/callbacks/")
+        assert token not in r.subject and expired not in r.subject  # never the credential
+        assert "authorization" not in {k.lower() for k in r.headers}
 
 
 async def test_a_callback_for_an_ended_run_is_run_ended(
-    nats_server: EmbeddedServer,
-    settings: Settings,
+    gateway: GatewayProc,
     files: Files,
     worker: Worker,
     client: Client,
 ) -> None:
-    g = await start_gateway(nats_server, settings, files)
-    try:
-        run_id = await client.start("callback-wait", 3600.0)
-        token = await token_of(client, run_id)
-        await client.cancel(run_id)
+    run_id = await client.start("callback-wait", 3600.0)
+    token = await token_of(client, run_id)
+    await client.cancel(run_id)
 
-        async def cancelled() -> bool:
-            return await client.status(run_id) == "cancelled"
+    async def cancelled() -> bool:
+        return await client.status(run_id) == "cancelled"
 
-        await wait_for(cancelled, 60, what="the run cancelled")
-        async with httpx.AsyncClient(base_url=g.url, timeout=30) as anon:
-            for _ in range(2):  # the repeat, inside the dedup window, answers the same
-                body = problem(await anon.post(f"/v1/callbacks/{token}", json=1), "run_ended")
-                assert body["run_id"] == run_id
-    finally:
-        g.stop()
+    await wait_for(cancelled, 60, what="the run cancelled")
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as anon:
+        for _ in range(2):  # the repeat, inside the dedup window, answers the same
+            body = problem(await anon.post(f"/v1/callbacks/{token}", json=1), "run_ended")
+            assert body["run_id"] == run_id
 
 
 async def test_a_form_body_is_the_signal_payload(
-    nats_server: EmbeddedServer,
-    settings: Settings,
+    gateway: GatewayProc,
     files: Files,
     worker: Worker,
     client: Client,
 ) -> None:
-    g = await start_gateway(nats_server, settings, files)
-    try:
-        run_id = await client.start("callback-wait", 3600.0)
-        token = await token_of(client, run_id)
-        async with httpx.AsyncClient(base_url=g.url, timeout=30) as anon:
-            r = await anon.post(
-                f"/v1/callbacks/{token}",
-                content=b"status=signed&tag=a&tag=b",
-                headers={"Content-Type": "application/x-www-form-urlencoded"},
-            )
-            assert r.status_code == 200, r.text
-        result = await client.result(run_id, timeout=60)
-        assert result["first"] == {"status": "signed", "tag": ["a", "b"]}
-    finally:
-        g.stop()
+    run_id = await client.start("callback-wait", 3600.0)
+    token = await token_of(client, run_id)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as anon:
+        r = await anon.post(
+            f"/v1/callbacks/{token}",
+            content=b"status=signed&tag=a&tag=b",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert r.status_code == 200, r.text
+    result = await client.result(run_id, timeout=60)
+    assert result["first"] == {"status": "signed", "tag": ["a", "b"]}
 
 
 async def test_a_webhook_with_a_wrong_hmac_or_a_stale_timestamp_is_refused_a_right_one_wakes(
