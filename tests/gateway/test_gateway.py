@@ -357,3 +357,42 @@ async def test_the_listing_over_http_is_the_read_sides(
         await service.stop()
         await projector.stop()
         await model.close()
+
+
+async def test_a_broker_outage_is_503_and_the_gateway_carries_on_after_it(
+    own_server: EmbeddedServer, settings: Settings, files: Files
+) -> None:
+    """The nats-server SIGKILLed under a running gateway: requests are answered ``unavailable``
+    (never hang, never 500) and, once the server is back on its store, served again."""
+    g = await start_gateway(own_server, settings, files)
+    worker = await running_worker(own_server, settings, files, AGENTS)
+    try:
+        headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
+        async with httpx.AsyncClient(base_url=g.url, headers=headers, timeout=60) as h:
+            r = await h.post("/v1/agents/echo-wait/runs", json=1, headers={"Idempotency-Key": "o1"})
+            assert r.status_code == 201, r.text
+            own_server.kill()
+            down = await h.post(
+                "/v1/agents/echo-wait/runs", json=2, headers={"Idempotency-Key": "o2"}
+            )
+            problem(down, "unavailable")
+            problem(await h.get("/v1/runs/o1"), "unavailable")
+            await own_server.start()
+
+            async def served() -> bool:
+                r = await h.post(
+                    "/v1/runs/o1/signals/go", json="back", headers={"Idempotency-Key": "g1"}
+                )
+                return r.status_code == 202
+
+            await wait_for(served, 90, interval=0.5, what="the gateway serving again")
+
+            async def completed() -> bool:
+                r = await h.get("/v1/runs/o1")
+                return r.status_code == 200 and r.json()["status"] == "completed"
+
+            await wait_for(completed, 90, what="the run completed after the outage")
+            assert (await h.get("/v1/runs/o1")).json()["output"] == {"input": 1, "go": "back"}
+    finally:
+        await worker.stop()
+        g.stop()
