@@ -59,6 +59,7 @@ from .._callbacks import CallbackClaims, CallbackKeys
 from .._client import Client, TriggerRejected
 from .._listing import list_runs
 from .._reports import history_report, status_report
+from .._watching import presence
 from ._auth import BearerTokens, Policy
 from ._deadletters import DeadLetters
 from ._http import (
@@ -321,6 +322,7 @@ class _Gateway:
         signal_id = request.headers.get("idempotency-key")
         body = await read_body(request, self.config.max_body)
         value = require_json(request, body)
+        await self._exists(run_id)
         sid = await self._signal(run_id, name, value, signal_id)
         return json_response(SignalAnswer(run_id=run_id, signal=name, signal_id=sid), 202)
 
@@ -348,6 +350,7 @@ class _Gateway:
                 reason = from_raw(value, _CancelRequest).reason
             except msgspec.ValidationError as e:
                 raise HttpProblem("invalid_trigger", f"cancel body: {e}", run_id=run_id) from None
+        await self._exists(run_id)
         try:
             await self.client.cancel(run_id, reason, wait=True, timeout=self.config.start_wait)
         except TriggerRejected as e:
@@ -390,7 +393,9 @@ class _Gateway:
         )
 
     async def _exists(self, run_id: str) -> None:
-        if not await self.client.history(run_id) and await self.client.pending(run_id) is None:
+        """``unknown_run`` at once for a run nothing is known of (the intake would take a few
+        seconds of retries to say so), from a look at its last event and its stored start."""
+        if await presence(self.client.broker, self.client.names, run_id) == "missing":
             raise HttpProblem("unknown_run", f"no run with id '{run_id}'", run_id=run_id)
 
     @_answers

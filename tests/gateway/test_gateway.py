@@ -396,3 +396,12 @@ async def test_a_broker_outage_is_503_and_the_gateway_carries_on_after_it(
     finally:
         await worker.stop()
         g.stop()
+
+
+async def test_signals_and_cancels_for_a_run_nobody_knows_are_404_at_once(
+    http: httpx.AsyncClient,
+) -> None:
+    problem(await http.post("/v1/runs/ghost/signals/go", json=1), "unknown_run")
+    problem(await http.post("/v1/runs/ghost/cancel"), "unknown_run")
+    problem(await http.get("/v1/runs/ghost/stream"), "unknown_run")
+    problem(await http.get("/v1/runs/ghost/events"), "unknown_run")
