@@ -34,6 +34,7 @@ __all__ = [
     "ProbeApp",
     "ProbeRequestHandler",
     "ProbeServer",
+    "gateway_check",
     "projector_check",
     "watchdog_check",
     "worker_check",
@@ -236,6 +237,16 @@ def worker_check(worker: Any) -> Check:
         if not worker._tasks:
             return "starting"
         return _connection(worker._broker) or _loops(worker._tasks, "loop")
+
+    return check
+
+
+def gateway_check(app: Any) -> Check:
+    """A gateway's app (``create_app``): its client connected (it answers 503 without)."""
+
+    def check() -> str | None:
+        client = getattr(app.state, "client", None)
+        return _connection(None if client is None else client.broker)
 
     return check
 

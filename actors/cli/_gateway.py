@@ -9,7 +9,7 @@ from sojourn.schemas.codec import encode
 
 from .._callbacks import CALLBACK_KEYS_ENV, CallbackKeys
 from .._client import Client
-from .._health import PROCESS_HEALTH, Phase
+from .._health import PROCESS_HEALTH, Phase, gateway_check
 from .._metrics import stop_metrics
 from ..gateway import (
     BearerTokens,
@@ -194,8 +194,10 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
     PROCESS_HEALTH.add("process", phase)
     metrics_server = start_metrics(args)
     try:
-        server = GatewayServer(create_app(connect, config), args.host, args.port)
+        app = create_app(connect, config)
+        server = GatewayServer(app, args.host, args.port)
         url = await server.start()
+        PROCESS_HEALTH.add("gateway", gateway_check(app))
         phase.serving()
         PROCESS_HEALTH.refresh()
         out(f"gateway: {url} (nats {opts.display_url}, prefix {settings.prefix})")
@@ -210,6 +212,7 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
             await server.stop()
     finally:
         stopper.remove()
+        PROCESS_HEALTH.remove("gateway")
         PROCESS_HEALTH.remove("process")
         if metrics_server is not None:
             stop_metrics(metrics_server)

@@ -16,6 +16,7 @@ one ``Client``, so any number of gateways may run behind a load balancer. The ro
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -117,12 +118,14 @@ def create_app(connect: Callable[[], Awaitable[Client]], config: GatewayConfig) 
     gw = _Gateway(config)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         gw.client = await connect()
         gw.dead_letters = DeadLetters(gw.client)
+        app.state.client = gw.client
         try:
             yield
         finally:
+            app.state.client = None
             await gw.client.close()
 
     routes = [
@@ -145,9 +148,12 @@ def create_app(connect: Callable[[], Awaitable[Client]], config: GatewayConfig) 
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "internal")
         return problem_response(HttpProblem(code, str(exc.detail)))
 
-    return Starlette(
+    app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
     )
+    app.state.client = None
+    app.state.closing = gw.closing  # set by ``GatewayServer.stop``: event streams end cleanly
+    return app
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -184,6 +190,7 @@ class _Gateway:
         self.dead_letters: DeadLetters
         self._openapi: bytes | None = None
         self.streams_open = 0
+        self.closing = asyncio.Event()
 
     # --- who is asking --------------------------------------------------------------------
 
@@ -381,7 +388,7 @@ class _Gateway:
         async def counted() -> AsyncIterator[bytes]:
             self.streams_open += 1
             try:
-                async for chunk in sse_events(events, self.config.keepalive):
+                async for chunk in sse_events(events, self.config.keepalive, self.closing):
                     yield chunk
             finally:
                 self.streams_open -= 1

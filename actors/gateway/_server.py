@@ -60,6 +60,7 @@ class GatewayServer:
             server_header=False,
             loop="none",
         )
+        self._app = app
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 
@@ -85,7 +86,11 @@ class GatewayServer:
         return self.url
 
     async def stop(self) -> None:
-        """Stop accepting, give open requests ``GRACE`` seconds, close the app's client."""
+        """End the event streams (their clients reconnect elsewhere with ``Last-Event-ID``),
+        stop accepting, give open requests ``GRACE`` seconds, close the app's client."""
+        closing = getattr(self._app.state, "closing", None)
+        if isinstance(closing, asyncio.Event):
+            closing.set()
         self._server.should_exit = True
         if self._task is not None:
             with contextlib.suppress(Exception):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator
 from typing import Final
 
@@ -31,11 +32,14 @@ def encode_event(event: str, event_id: int | None, data: bytes) -> bytes:
 
 
 async def sse_events(
-    source: AsyncIterator[tuple[str, int | None, bytes]], keepalive: float
+    source: AsyncIterator[tuple[str, int | None, bytes]],
+    keepalive: float,
+    closing: asyncio.Event | None = None,
 ) -> AsyncIterator[bytes]:
     """The events of ``source`` (``(event, id, data)``), a keepalive comment whenever it is
     quiet for ``keepalive`` seconds, ``event: end`` when it is exhausted, ``event: error`` if
-    it fails."""
+    it fails. When ``closing`` is set (the gateway stops) the stream ends at once without
+    ``end``: the run has not ended, and the client reconnects with ``Last-Event-ID``."""
     queue: asyncio.Queue[tuple[str, int | None, bytes] | BaseException | None] = asyncio.Queue(
         _QUEUED
     )
@@ -56,14 +60,23 @@ async def sse_events(
                     await closer()
 
     task = asyncio.create_task(pump())
+    closed = asyncio.ensure_future((closing or asyncio.Event()).wait())
     try:
         yield b": sojourn\n\n"  # headers and a first byte at once: the client knows it is on
         while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), keepalive)
-            except TimeoutError:
-                yield b": keepalive\n\n"
-                continue
+            if queue.empty():
+                get = asyncio.ensure_future(queue.get())
+                await asyncio.wait({get, closed}, timeout=keepalive, return_when=FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    if closed.done():
+                        yield b": closing\n\n"
+                        return
+                    yield b": keepalive\n\n"
+                    continue
+                item = get.result()
+            else:
+                item = queue.get_nowait()
             if item is None:
                 yield _END
                 return
@@ -73,6 +86,7 @@ async def sse_events(
                 return
             yield encode_event(*item)
     finally:
+        closed.cancel()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task

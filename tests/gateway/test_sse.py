@@ -4,6 +4,7 @@ chunks; the views stream ends with the run's end."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -156,5 +157,32 @@ async def test_streams_over_the_limit_are_503_and_counted(
             assert 'sojourn_gateway_requests_total{route="start",status="201"} 1.0' in text
             ready = await http.get(metrics_url.replace("/metrics", "/readyz"))
             assert ready.status_code == 200, ready.text
+    finally:
+        g.stop()
+
+
+async def test_a_stopping_gateway_ends_its_streams_cleanly(
+    nats_server: EmbeddedServer, settings: Settings, files: Files, worker: Worker
+) -> None:
+    """SIGTERM with streams open: each ends at once without ``event: end`` (the run goes on;
+    the client reconnects elsewhere with ``Last-Event-ID``), the process exits 0, and nothing
+    is logged as an error."""
+    g = await start_gateway(nats_server, settings, files)
+    try:
+        headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
+        async with httpx.AsyncClient(base_url=g.url, headers=headers, timeout=60) as http:
+            r = await http.post("/v1/agents/echo-wait/runs", json=1)
+            run_id = r.json()["run_id"]
+            async with http.stream("GET", f"/v1/runs/{run_id}/stream") as s:
+                lines = s.aiter_lines()
+                assert (await anext(lines)).startswith(":")
+                g.proc.terminate()
+                rest = [line async for line in lines]
+            assert "event: end" not in rest and ": closing" in rest, rest
+        rc = await asyncio.to_thread(g.proc.wait, 60)
+        assert g.proc.stdout is not None
+        log = b"".join(g.lines) + await asyncio.to_thread(g.proc.stdout.read)
+        assert rc == 0, log
+        assert b"Exception in ASGI application" not in log and b"Traceback" not in log, log
     finally:
         g.stop()
