@@ -401,8 +401,12 @@ class _Gateway:
 
     async def _exists(self, run_id: str) -> None:
         """``unknown_run`` at once for a run nothing is known of (the intake would take a few
-        seconds of retries to say so), from a look at its last event and its stored start."""
-        if await presence(self.client.broker, self.client.names, run_id) == "missing":
+        seconds of retries to say so), from a look at its last event and its stored start.
+        A run with a history costs one read; only one without looks further."""
+        broker, names = self.client.broker, self.client.names
+        if await broker.direct_get_last(names.events_stream, names.events(run_id)) is not None:
+            return
+        if await presence(broker, names, run_id) == "missing":
             raise HttpProblem("unknown_run", f"no run with id '{run_id}'", run_id=run_id)
 
     @_answers
