@@ -854,7 +854,9 @@ class Client:
         # arrives, it is seen, and only one message is read (not the whole history).
         sub = await self.broker.subscribe(self.names.events(run_id), cb=on_event)
         await self.broker.flush()  # the server has our SUB before we look: nothing slips by
-        hinted = 0
+        # An end published just before the SUB is never heard, and may be stored only after
+        # the first look: look again shortly (2, 4, 8 ... 512 ms) before the 5 s cadence.
+        hinted = 1
         archive_looked = False
         try:
             while True:

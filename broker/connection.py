@@ -617,8 +617,13 @@ class Broker:
 
     async def flush(self, timeout: float = 10.0) -> None:
         """Wait until the server has processed everything sent so far (subscriptions
-        included): a round trip."""
-        await self._nc.flush(timeout=timeout)  # type: ignore[arg-type]
+        included): a round trip.
+
+        Shielded: a caller cancelled meanwhile (an event stream whose client went away) leaves
+        nats-py's own wait to finish, since nats-py resolves its PONG future without looking
+        whether it was cancelled, and logs an ``InvalidStateError`` from its read loop when it
+        was."""
+        await asyncio.shield(self._nc.flush(timeout=timeout))  # type: ignore[arg-type]
 
     async def publish_core(
         self, subject: str, data: bytes, headers: dict[str, str] | None = None, *, reply: str = ""

@@ -21,6 +21,8 @@ __all__ = ["encode_event", "sse_events"]
 log = logging.getLogger("sojourn.gateway")
 
 _END: Final = b"event: end\ndata: {}\n\n"
+_SETTLE: Final = 1.0
+"""Seconds an ended stream waits for its reader task to stop."""
 _QUEUED: Final = 64
 """Events read ahead of a slow client; past that the source waits (back pressure)."""
 
@@ -88,5 +90,12 @@ async def sse_events(
     finally:
         closed.cancel()
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        # Bounded: a cancel can be swallowed inside a library (Python 3.11's wait_for may
+        # return a result that raced it); a stream that has ended must not hang its response.
+        done, _ = await asyncio.wait({task}, timeout=_SETTLE)
+        if done:
+            if not task.cancelled():
+                task.exception()  # retrieved: not reported as never retrieved
+        else:
+            task.cancel()
+            log.warning("an event stream's reader did not stop within %.0f s", _SETTLE)
