@@ -32,7 +32,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from sojourn.broker.names import reserved_run_id, validate_signal_name, validate_token
-from sojourn.schemas.codec import encode, from_raw
+from sojourn.schemas.codec import decode_events, encode, from_raw
 from sojourn.schemas.errors import (
     BrokerUnavailable,
     CallbackTokenExpired,
@@ -44,6 +44,7 @@ from sojourn.schemas.errors import (
     UnknownAgent,
     WebhookRejected,
 )
+from sojourn.schemas.events import RunEvent
 from sojourn.schemas.gateway import (
     CallbackAnswer,
     CancelAnswer,
@@ -51,12 +52,14 @@ from sojourn.schemas.gateway import (
     SignalAnswer,
     StartAnswer,
 )
+from sojourn.schemas.lifecycle import end_status
 from sojourn.schemas.views import QUERY_LIMIT_MAX
 from sojourn.schemas.vocabulary import RUN_STATUSES
 from sojourn.schemas.wire import RESERVED_SIGNAL_PREFIX
 
 from .. import _metrics
 from .._callbacks import CallbackClaims, CallbackKeys
+from .._chain import continued_as
 from .._client import Client, TriggerRejected
 from .._listing import list_runs
 from .._reports import history_report, status_report
@@ -357,7 +360,17 @@ class _Gateway:
                 reason = from_raw(value, _CancelRequest).reason
             except msgspec.ValidationError as e:
                 raise HttpProblem("invalid_trigger", f"cancel body: {e}", run_id=run_id) from None
-        await self._exists(run_id)
+        last = await self._exists(run_id)
+        ended = next((status for e in last if (status := end_status(e)) is not None), None)
+        if ended is not None and continued_as(last) is None:
+            # The intake would take the cancel and write nothing; saying 202 "cancel requested"
+            # for it would be untrue. (A run that continued as new is cancelled in its chain's
+            # current run, by the intake.)
+            raise HttpProblem(
+                "run_ended",
+                f"run '{run_id}' has already ended ({ended}): nothing to cancel",
+                run_id=run_id,
+            )
         try:
             await self.client.cancel(run_id, reason, wait=True, timeout=self.config.start_wait)
         except TriggerRejected as e:
@@ -399,15 +412,22 @@ class _Gateway:
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
-    async def _exists(self, run_id: str) -> None:
+    async def _exists(self, run_id: str) -> list[RunEvent]:
         """``unknown_run`` at once for a run nothing is known of (the intake would take a few
         seconds of retries to say so), from a look at its last event and its stored start.
-        A run with a history costs one read; only one without looks further."""
+        A run with a history costs one read; only one without looks further. Returns the
+        events of the run's last decision (none for a run not started yet), so that a caller
+        can tell an ended run without another read."""
         broker, names = self.client.broker, self.client.names
-        if await broker.direct_get_last(names.events_stream, names.events(run_id)) is not None:
-            return
+        last = await broker.direct_get_last(names.events_stream, names.events(run_id))
+        if last is not None:
+            try:
+                return list(decode_events(last.data))
+            except msgspec.MsgspecError:
+                return []  # not ours to judge here: the intake answers for it
         if await presence(broker, names, run_id) == "missing":
             raise HttpProblem("unknown_run", f"no run with id '{run_id}'", run_id=run_id)
+        return []
 
     @_answers
     async def events(self, request: Request) -> Response:

@@ -405,3 +405,20 @@ async def test_signals_and_cancels_for_a_run_nobody_knows_are_404_at_once(
     problem(await http.post("/v1/runs/ghost/cancel"), "unknown_run")
     problem(await http.get("/v1/runs/ghost/stream"), "unknown_run")
     problem(await http.get("/v1/runs/ghost/events"), "unknown_run")
+
+
+async def test_a_cancel_for_a_run_that_ended_says_so_and_writes_nothing(
+    http: httpx.AsyncClient, worker: Worker, client: Client
+) -> None:
+    """202 "cancel requested" for a run that is over would be untrue (the CLI says "already
+    ended: nothing to cancel"): 409 run_ended, and the history is what it was."""
+    assert (
+        await http.post("/v1/agents/echo-wait/runs", json=7, headers={"Idempotency-Key": "e1"})
+    ).status_code == 201
+    await client.signal("e1", "go", "now")
+    assert await client.result("e1", timeout=60) == {"input": 7, "go": "now"}
+    before = (await http.get("/v1/runs/e1/history")).json()
+    body = problem(await http.post("/v1/runs/e1/cancel", json={"reason": "late"}), "run_ended")
+    assert body["run_id"] == "e1" and "completed" in body["detail"]
+    assert (await http.get("/v1/runs/e1/history")).json() == before
+    assert (await http.get("/v1/runs/e1")).json()["status"] == "completed"
