@@ -172,7 +172,7 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "responses": {
                     "202": _body(refs["CancelAnswer"], "stored"),
-                    **_problems(400, 401, 403, 404, 503),
+                    **_problems(400, 401, 403, 404, 409, 413, 415, 503),
                 },
             }
         },
