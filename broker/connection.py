@@ -45,6 +45,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from sojourn.schemas.errors import (
     BrokerUnavailable,
     BrokerVersionError,
+    JetStreamError,
     PermissionDenied,
     SojournError,
 )
@@ -52,6 +53,7 @@ from sojourn.schemas.errors import (
 from . import headers as h
 from .delivery import Delivery, OnDelivery, PublishAck, StoredMessage, Subscription
 from .drift import Finding, consumer_finding, stream_finding
+from .pull import PullConsumer, open_pull
 
 __all__ = [
     "BATCH_MAX",
@@ -391,22 +393,6 @@ _MISSING = ("404", "503")
 deployment prefix nothing has used answers 503, no responders). A 503 from a stream that does
 exist means no replica could answer (a cluster electing a leader): ``_nobody_answered``
 raises ``BrokerUnavailable`` then, never "nothing stored"."""
-
-
-class JetStreamError(SojournError):
-    """A JetStream API request was answered with an error.
-
-    Attributes:
-        code: the HTTP-like status (``400``, ``404``, ``503``...).
-        err_code: JetStream's own error code (``10071``: wrong last sequence, a broken fence).
-        description: the server's text (without what the request was).
-    """
-
-    def __init__(self, message: str, *, code: int, err_code: int, description: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.err_code = err_code
-        self.description = description
 
 
 BROKER_ERRORS: tuple[type[BaseException], ...] = (
@@ -1087,36 +1073,15 @@ class Broker:
         return consumer_finding(stream, config, current)
 
     async def pull(self, stream: str, consumer: str) -> PullConsumer:
-        sub = await self._js.pull_subscribe_bind(durable=consumer, stream=stream)
-        return PullConsumer(sub, self, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")
+        """A fetcher for the durable ``consumer`` of ``stream`` (``pull.py``: a message is
+        handed over as soon as it arrives, never held for a batch to fill)."""
 
+        def denied_since(subject: str, started: float) -> PermissionDenied | None:
+            if self._denials.since(subject, started):
+                return self.permission_denied(subject)
+            return None
 
-class PullConsumer:
-    """A bound durable pull consumer whose ``fetch`` returns ``[]`` when nothing is there
-    (and raises ``PermissionDenied`` when the server refused the pull)."""
-
-    def __init__(self, sub: Any, broker: Broker | None = None, next_subject: str = "") -> None:
-        self._sub = sub
-        self._broker = broker
-        self._next = next_subject
-
-    async def fetch(self, batch: int, timeout: float) -> list[Delivery]:
-        """Up to ``batch`` deliveries, waiting up to ``timeout`` seconds for the first."""
-        started = time.monotonic()
-        try:
-            msgs: list[Msg] = await self._sub.fetch(batch=batch, timeout=timeout)
-            return [Delivery(m) for m in msgs]
-        except (NatsTimeoutError, TimeoutError):
-            b = self._broker
-            if b is not None and self._next and b._denials.since(self._next, started):
-                raise b.permission_denied(self._next) from None
-            return []
-
-    async def close(self) -> None:
-        try:
-            await self._sub.unsubscribe()
-        except Exception:
-            pass
+        return await open_pull(self._nc, stream, consumer, denied_since)
 
 
 def header(msg: StoredMessage | Delivery, name: str, default: str = "") -> str:

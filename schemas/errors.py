@@ -20,6 +20,7 @@ __all__ = [
     "Fenced",
     "HistoryError",
     "InvalidName",
+    "JetStreamError",
     "NondeterminismError",
     "ObjectUnreadable",
     "PayloadTooLarge",
@@ -83,6 +84,22 @@ class PermissionDenied(SojournError):
     def __init__(self, message: str, *, subject: str, run_id: str | None = None) -> None:
         super().__init__(message, run_id=run_id)
         self.subject = subject
+
+
+class JetStreamError(SojournError):
+    """A JetStream API request was answered with an error.
+
+    Attributes:
+        code: the HTTP-like status (``400``, ``404``, ``503``...).
+        err_code: JetStream's own error code (``10071``: wrong last sequence, a broken fence).
+        description: the server's text (without what the request was).
+    """
+
+    def __init__(self, message: str, *, code: int, err_code: int, description: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.err_code = err_code
+        self.description = description
 
 
 class ConcurrencyConflict(SojournError):
