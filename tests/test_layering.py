@@ -40,6 +40,8 @@ NATS_ALLOWED = {
     "bench/util.py": "reports the nats-py version the raw-JetStream floor was measured with",
     "bench/readside.py": "the read side's raw floors: an ordered consumer's read of the events "
     "stream and plain core subscribers, which the broker façade does not offer",
+    "bench/pull.py": "nats-py's own fetch, the raw floor and what sojourn used before "
+    "broker/pull.py, measured beside the façade's",
 }
 
 # Modules that do no I/O (checked on their own imports). Every module under schemas/ is pure
