@@ -112,6 +112,8 @@ class PullConsumer:
             raise ValueError(f"fetch needs batch >= 1 and timeout > 0, not {batch}, {timeout}")
         if self._sub is None:
             raise RuntimeError("PullConsumer.open() first")
+        if self._current:
+            raise RuntimeError("one fetch at a time per PullConsumer")
         if self._ready:
             return self._take(batch)
         started = time.monotonic()
