@@ -38,6 +38,17 @@ async def stream(nats_server: EmbeddedServer) -> AsyncIterator[tuple[Broker, str
         await broker.close()
 
 
+@pytest_asyncio.fixture
+async def pulling(stream: tuple[Broker, str]) -> AsyncIterator[tuple[Broker, str, PullConsumer]]:
+    """``stream`` with a ``PullConsumer`` of its consumer, closed at the end."""
+    broker, name = stream
+    pc = await broker.pull(name, "c")
+    try:
+        yield broker, name, pc
+    finally:
+        await pc.close()
+
+
 async def waiting_requests(broker: Broker, stream: str) -> int:
     info = await broker.api(f"$JS.API.CONSUMER.INFO.{stream}.c")
     return int(info.get("num_waiting", 0))
@@ -61,97 +72,73 @@ async def pending_fetch(
 
 
 async def test_one_message_to_an_idle_consumer_ends_a_fetch_of_64_at_once(
-    stream: tuple[Broker, str],
+    pulling: tuple[Broker, str, PullConsumer],
 ) -> None:
-    broker, name = stream
-    pc = await broker.pull(name, "c")
-    try:
-        task = await pending_fetch(broker, name, pc)
-        await broker.publish(f"{name}.x", b"one")
-        assert await asyncio.wait_for(task, DEADLINE) == [b"one"]
-    finally:
-        await pc.close()
+    broker, name, pc = pulling
+    task = await pending_fetch(broker, name, pc)
+    await broker.publish(f"{name}.x", b"one")
+    assert await asyncio.wait_for(task, DEADLINE) == [b"one"]
 
 
 async def test_a_status_for_an_earlier_request_does_not_end_the_current_fetch(
-    stream: tuple[Broker, str],
+    pulling: tuple[Broker, str, PullConsumer],
 ) -> None:
     """The late ``408`` of a request the client gave up on arrives during the next fetch: it
     ends nothing (nats-py's shared reply subject took it for the next fetch's own answer and
     then held the next message until that fetch's request expired)."""
-    broker, name = stream
-    pc = await broker.pull(name, "c")
-    try:
-        assert await pc.fetch(batch=64, timeout=0.05) == []  # request 1, over
-        task = await pending_fetch(broker, name, pc)  # request 2
-        inbox = pc._inbox  # the requests' reply subjects are <inbox>.<n>
-        for status in ("408", "404", "409"):
-            await broker.publish_core(f"{inbox}.1", b"", {"Status": status})
-        await broker.flush()
-        assert not task.done()
-        await broker.publish(f"{name}.x", b"after")
-        assert await asyncio.wait_for(task, DEADLINE) == [b"after"]
-    finally:
-        await pc.close()
+    broker, name, pc = pulling
+    assert await pc.fetch(batch=64, timeout=0.05) == []  # request 1, over
+    task = await pending_fetch(broker, name, pc)  # request 2
+    inbox = pc._inbox  # the requests' reply subjects are <inbox>.<n>
+    for status in ("408", "404", "409"):
+        await broker.publish_core(f"{inbox}.1", b"", {"Status": status})
+    await broker.flush()
+    assert not task.done()
+    await broker.publish(f"{name}.x", b"after")
+    assert await asyncio.wait_for(task, DEADLINE) == [b"after"]
 
 
 async def test_a_message_for_a_request_given_up_on_is_served_by_the_next_fetch(
-    stream: tuple[Broker, str],
+    pulling: tuple[Broker, str, PullConsumer],
 ) -> None:
-    broker, name = stream
-    pc = await broker.pull(name, "c")
-    try:
-        assert await pc.fetch(batch=8, timeout=0.05) == []
-        await broker.publish_core(f"{pc._inbox}.1", b"late")  # as a late delivery would come
-        await broker.flush()
-        got = await asyncio.wait_for(pc.fetch(batch=8, timeout=HOUR), DEADLINE)
-        assert [d.data for d in got] == [b"late"]
-    finally:
-        await pc.close()
+    broker, _, pc = pulling
+    assert await pc.fetch(batch=8, timeout=0.05) == []
+    await broker.publish_core(f"{pc._inbox}.1", b"late")  # as a late delivery would come
+    await broker.flush()
+    got = await asyncio.wait_for(pc.fetch(batch=8, timeout=HOUR), DEADLINE)
+    assert [d.data for d in got] == [b"late"]
 
 
 async def test_the_batch_bounds_each_fetch_and_every_message_comes_once_in_order(
-    stream: tuple[Broker, str],
+    pulling: tuple[Broker, str, PullConsumer],
 ) -> None:
-    broker, name = stream
+    broker, name, pc = pulling
     for i in range(10):
         await broker.publish(f"{name}.x", str(i).encode())
-    pc = await broker.pull(name, "c")
-    try:
-        seen: list[bytes] = []
-        while len(seen) < 10:
-            got = await pc.fetch(batch=3, timeout=5.0)
-            assert 1 <= len(got) <= 3
-            for d in got:
-                await d.ack()
-            seen += [d.data for d in got]
-        assert seen == [str(i).encode() for i in range(10)]
-        assert await pc.fetch(batch=3, timeout=0.1) == []
-    finally:
-        await pc.close()
+    seen: list[bytes] = []
+    while len(seen) < 10:
+        got = await pc.fetch(batch=3, timeout=5.0)
+        assert 1 <= len(got) <= 3
+        for d in got:
+            await d.ack()
+        seen += [d.data for d in got]
+    assert seen == [str(i).encode() for i in range(10)]
+    assert await pc.fetch(batch=3, timeout=0.1) == []
 
 
 async def test_a_deleted_consumer_ends_the_waiting_fetch_with_its_status(
-    stream: tuple[Broker, str],
+    pulling: tuple[Broker, str, PullConsumer],
 ) -> None:
-    broker, name = stream
-    pc = await broker.pull(name, "c")
-    try:
-        task = await pending_fetch(broker, name, pc)
-        await broker.api(f"$JS.API.CONSUMER.DELETE.{name}.c")
-        with pytest.raises(JetStreamError) as e:
-            await asyncio.wait_for(task, DEADLINE)
-        assert e.value.code == 409
-    finally:
-        await pc.close()
+    broker, name, pc = pulling
+    task = await pending_fetch(broker, name, pc)
+    await broker.api(f"$JS.API.CONSUMER.DELETE.{name}.c")
+    with pytest.raises(JetStreamError) as e:
+        await asyncio.wait_for(task, DEADLINE)
+    assert e.value.code == 409
 
 
-async def test_bad_arguments_are_refused(stream: tuple[Broker, str]) -> None:
-    broker, name = stream
-    pc = await broker.pull(name, "c")
-    try:
-        for batch, timeout in ((0, 1.0), (1, 0.0), (1, -1.0)):
-            with pytest.raises(ValueError):
-                await pc.fetch(batch=batch, timeout=timeout)
-    finally:
-        await pc.close()
+async def test_bad_arguments_are_refused(pulling: tuple[Broker, str, PullConsumer]) -> None:
+    _, _, pc = pulling
+    for batch, timeout in ((0, 1.0), (1, 0.0), (1, -1.0)):
+        with pytest.raises(ValueError):
+            await pc.fetch(batch=batch, timeout=timeout)
