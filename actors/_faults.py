@@ -12,7 +12,9 @@ each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RA
 - ``intake_recorded``: the intake appended a signal, resume, decision or cancel to a run but
   has not yet published its wake (nor acknowledged the inbox message);
 - ``continued``: ``ctx.continue_as_new`` created the chain's next run but the old run's end is
-  not recorded yet.
+  not recorded yet;
+- ``fired``: a schedule's fire created its runs and armed the next fire, but the run has not
+  begun executing (no heartbeat lists it yet).
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ import signal
 
 __all__ = ["SEAMS", "fault"]
 
-SEAMS = ("after_step", "before_ack", "replay", "timer_wake", "intake_recorded", "continued")
+SEAMS = (
+    "after_step",
+    "before_ack",
+    "replay",
+    "timer_wake",
+    "intake_recorded",
+    "continued",
+    "fired",
+)
 
 _ARMED = frozenset(s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s)
 _RATE = float(os.environ.get("SOJOURN_FAULT_RATE", "").strip() or "0.05")  # "0" means never

@@ -41,6 +41,7 @@ from sojourn.schemas.codec import decode_events, decode_schedule_request, encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import ConcurrencyConflict, InvalidName, SojournError
 from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed
+from sojourn.schemas.lifecycle import has_work
 from sojourn.schemas.schedules import (
     FireOutcome,
     ScheduleAction,
@@ -56,6 +57,7 @@ from . import _metrics as metrics
 from ._agent import Agent
 from ._chain import current_run
 from ._cron import Calendar, ScheduleError
+from ._faults import fault
 from ._intake import Intake, Rejected, ScheduledFire, dead_letter, handback_delay
 from ._schedules import calendar_of, check_spec, fire_time_of, jitter_of, plan_fire, run_id_for
 
@@ -75,6 +77,9 @@ KEPT_MAX = 10_000
 RunNew = Callable[[str, list[Decision], Delivery], Awaitable[bool]]
 """The worker's ``_run_new``: execute a run just created, holding ``msg`` until it rests."""
 
+HeldBy = Callable[[str], bool]
+"""Whether a run is executing in this worker or listed by another live worker's heartbeat."""
+
 
 class Scheduler:
     """One worker's part in keeping schedules: the requests its intake receives, and the
@@ -90,6 +95,7 @@ class Scheduler:
         registry: AgentRegistry,
         agents: Mapping[str, Agent[Any, Any]],
         run_new: RunNew,
+        held: HeldBy,
     ) -> None:
         self.broker = broker
         self.names = names
@@ -98,6 +104,7 @@ class Scheduler:
         self.registry = registry
         self.agents = agents
         self.run_new = run_new
+        self.held = held
         self.store = ScheduleStore(broker, names)
         self._records: OrderedDict[str, tuple[ScheduleRecord, int]] = OrderedDict()
         """The records this worker wrote last, with their sequences: a fire starts from its
@@ -479,6 +486,34 @@ class Scheduler:
         if cancel is not None:
             await self._cancel(cancel, name)
         await self._start_runs(record, agent, [(run_id_for(name, t), t) for t in starts], msg)
+        await self._wake_unclaimed(rec, agent_name)
+
+    async def _wake_unclaimed(self, rec: ScheduleRecord, agent: str) -> None:
+        """Wake a run of an earlier fire that may have lost its only claim (``rec``: the record
+        as this fire found it).
+
+        A fire's run executes in the worker that handled the fire, which holds the fire
+        unacknowledged until the run rests; should that worker die before its heartbeat lists
+        the run, the fire's redelivery wakes it (``_redo``). But the stream keeps one fire per
+        schedule, and this fire replaced that one: for a schedule firing more often than the
+        consumer's ack wait, nothing else would wake the run but a watchdog (and under overlap
+        ``skip`` the schedule would skip every fire meanwhile). So a run of the last fire that
+        did not end here and that no live worker holds is looked at: one with work left (not
+        ended, parked or suspended) is woken. A wake is only a hint: the claim checks and the
+        fence keep a run to one executor."""
+        for run_id in dict.fromkeys((*rec.last_runs, rec.last_run_id)):
+            if run_id is None or run_id in self._ended or self.held(run_id):
+                continue
+            last = await self.broker.direct_get_last(
+                self.names.events_stream, self.names.events(run_id)
+            )
+            try:
+                unclaimed = last is not None and has_work(decode_events(last.data))
+            except msgspec.MsgspecError:
+                continue  # a poison history is not ours to wake
+            if unclaimed:
+                log.warning("schedule %s: run %s has no worker: waking it", rec.name, run_id)
+                await publish_wake(self.broker, self.names, run_id, "takeover", agent=agent)
 
     async def _redo(self, rec: ScheduleRecord, agent: Agent[Any, Any], msg: Delivery) -> None:
         """A fire handled before (its decision is recorded): arm the next fire and create the
@@ -556,6 +591,7 @@ class Scheduler:
                 made.append((run_id, got[1], got[2]))
         if arm:
             await self._arm_pending(rec)
+        fault("fired")
         for i, (run_id, history, wake) in enumerate(made):
             if history is not None and i == len(made) - 1:
                 if await self.run_new(run_id, history, msg):

@@ -244,6 +244,7 @@ class Worker:
             registry=self.registry,
             agents=self.agents,
             run_new=self._run_new,
+            held=self._held,
         )
         self.intake.schedules = self.scheduler
         intake_sub = await b.pull(self.names.inbox_stream, self.names.intake_consumer)
@@ -421,6 +422,12 @@ class Worker:
                 {h.WAKE_REASON: "takeover", h.MSG_ID: f"takeover:{incarnation}:{r.run_id}"},
             )
         metrics.TAKEOVERS.inc(len(mine))
+
+    def _held(self, run_id: str) -> bool:
+        """Whether ``run_id`` executes here or a live other worker's last beat lists it."""
+        if run_id in self._active:
+            return True
+        return self.membership.holder(run_id, besides=self.worker_id) is not None
 
     # --- loops -------------------------------------------------------------------------------
 

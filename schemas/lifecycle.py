@@ -9,7 +9,7 @@ No I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from .events import (
@@ -38,6 +38,7 @@ __all__ = [
     "awaited_signals",
     "child_notices",
     "end_status",
+    "has_work",
     "next_status",
     "next_waiting",
     "out_of_place",
@@ -59,6 +60,17 @@ def end_status(event: RunEvent) -> TerminalStatus | None:
         case RunCancelled():
             return "cancelled"
     return None
+
+
+def has_work(last: Sequence[RunEvent]) -> bool:
+    """Whether a run whose last stored decision holds ``last`` has work for a worker, as far as
+    that decision tells: it neither ended nor parked on a wait or a retry, nor is suspended.
+    A decision that changes no status (a signal recorded for a waiting run) says yes: a wake
+    is only a hint, and a parked run woken for nothing parks again."""
+    status: RunStatus = "pending"
+    for event in last:
+        status = next_status(status, event)
+    return status in ("pending", "running")
 
 
 def out_of_place(status: RunStatus, event: RunEvent) -> str | None:

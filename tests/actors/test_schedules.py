@@ -427,6 +427,61 @@ async def test_every_second_for_20s_one_run_per_fire_across_broker_and_worker_ki
             w.kill()
 
 
+async def test_a_run_whose_worker_died_before_taking_it_is_woken_by_the_next_fire(
+    own_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """A fire's run executes in the worker that handled the fire, held only by that fire until
+    a heartbeat lists it, and the next fire replaces the held one in the stream. A worker
+    killed in between (the ``fired`` seam: the run created, the next fire armed, nothing
+    executed) must not leave the run to a watchdog: the next fire's handler wakes it, and the
+    default overlap ``skip`` is not blocked by it. Ack wait 30 s, interval 1 s, no watchdog:
+    without that wake the run never runs."""
+    settings = Settings(prefix=f"t{os.urandom(5).hex()}", lease_ttl=30.0)
+    names = Names(settings.prefix)
+    log = _log(tmp_path)
+    doomed = await WorkerProc(
+        own_server.url,
+        settings.prefix,
+        "tests.apps.scheduled",
+        lease_ttl=30.0,
+        SOJOURN_TEST_LOG=str(log),
+        SOJOURN_FAULTS="fired",
+        SOJOURN_FAULT_RATE="1",
+    ).ready()
+    healthy: WorkerProc | None = None
+    client = await Client.connect(own_server.url, settings=settings)
+    try:
+        await client.add_schedule("lost", agent="ticker", every="1s", input=1)
+        # The doomed worker takes the first fire, creates its run and dies at the seam.
+        assert await asyncio.wait_for(asyncio.to_thread(doomed.proc.wait), 120) == -9
+        doomed.kill()
+        runs = await scheduled_runs(client.broker, names, "lost")
+        [orphan] = runs
+        healthy = await WorkerProc(
+            own_server.url,
+            settings.prefix,
+            "tests.apps.scheduled",
+            lease_ttl=30.0,
+            SOJOURN_TEST_LOG=str(log),
+        ).ready()
+        assert await client.result(orphan, timeout=120) == runs[orphan].scheduled_at
+
+        async def a_later_run() -> bool:
+            later = await scheduled_runs(client.broker, names, "lost")
+            return len(later) > 1
+
+        await wait_for(a_later_run, 120, what="the fires after the orphan")
+        later = sorted(await scheduled_runs(client.broker, names, "lost"))
+        assert await client.result(later[-1], timeout=120) is not None
+        executed = [line.split()[1] for line in log.read_text().splitlines()]
+        assert executed.count(orphan) == 1, executed
+    finally:
+        await client.close()
+        doomed.kill()
+        if healthy is not None:
+            healthy.kill()
+
+
 async def test_catch_up_latest_after_10s_down_starts_one_run_then_the_cadence(
     own_server: EmbeddedServer, tmp_path: Path
 ) -> None:

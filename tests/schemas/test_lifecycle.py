@@ -33,6 +33,7 @@ from sojourn.schemas.lifecycle import (
     awaited_signals,
     child_notices,
     end_status,
+    has_work,
     next_status,
     next_waiting,
     out_of_place,
@@ -87,6 +88,22 @@ def test_an_ended_run_stays_ended_and_refuses_all_but_a_cancel_request(
         assert after == (end_status(event) if status not in TERMINAL else status)
     else:
         assert end_status(event) is None
+
+
+def test_has_work_judges_a_run_by_its_last_decision() -> None:
+    """What a fire's handler wakes a run of an earlier fire for: work left, not a rest."""
+    start = RunStarted(run_id="r", agent="a", input=R)
+    step = StepStarted(position=0, name="s")
+    done = StepCompleted(position=0, name="s", result=R)
+    assert has_work([start])  # created, never executed
+    assert has_work([done, step])  # between steps
+    assert has_work([SignalReceived(name="n", payload=R, signal_id="s")])  # says nothing
+    assert has_work([RunResumed()])
+    assert not has_work([done, WaitStarted(position=1, key="sleep", deadline=1.0)])
+    assert not has_work([StepFailed(position=0, name="s", error=BOOM, retry_at=5.0)])
+    assert not has_work([RunSuspended(reason="cap", detail="d")])
+    for end in (RunCompleted(output=R), RunFailed(error=BOOM), RunCancelled()):
+        assert not has_work([done, end])
 
 
 def test_out_of_place() -> None:
