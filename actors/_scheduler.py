@@ -111,11 +111,12 @@ class Scheduler:
         schedule's copy here (its compare-and-set refuses it if the record changed since),
         saving a read. Any check a copy fails is made again on a fresh read."""
         self._ended: OrderedDict[str, None] = OrderedDict()
-        """Scheduled runs that ended here: the overlap check needs no read for them."""
+        """Scheduled runs known to have ended (here, or read so): the overlap check and the
+        look for unclaimed runs need no read for them."""
         self._calendars: dict[tuple[str | None, int | None, str], Calendar] = {}
 
     def run_ended(self, run_id: str) -> None:
-        """A run a schedule started ended in this worker (called by the worker)."""
+        """A run a schedule started has ended (called by the worker when it ended here)."""
         self._ended[run_id] = None
         if len(self._ended) > KEPT_MAX:
             self._ended.popitem(last=False)
@@ -551,6 +552,8 @@ class Scheduler:
         except msgspec.DecodeError:
             return None  # a poison history is not a live run
         if events and isinstance(events[-1], RunCompleted | RunFailed | RunCancelled):
+            if rid == run_id:
+                self.run_ended(run_id)
             return None
         return rid
 
