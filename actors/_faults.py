@@ -15,6 +15,12 @@ each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RA
   not recorded yet;
 - ``fired``: a schedule's fire created its runs and armed the next fire, but the run has not
   begun executing (no heartbeat lists it yet).
+
+``$SOJOURN_PAUSE_AT`` names seams where the process SIGSTOPs itself instead, every time, so a
+test can change the world at exactly that point (freeze broker nodes, say) and SIGCONT it:
+
+- ``agent_consumers``: a starting worker has its streams, shared consumers and agent records,
+  but not yet its per-agent consumers.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import os
 import random
 import signal
 
-__all__ = ["SEAMS", "fault"]
+__all__ = ["PAUSES", "SEAMS", "fault", "pause"]
 
 SEAMS = (
     "after_step",
@@ -35,11 +41,20 @@ SEAMS = (
     "fired",
 )
 
+PAUSES = ("agent_consumers",)
+
 _ARMED = frozenset(s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s)
 _RATE = float(os.environ.get("SOJOURN_FAULT_RATE", "").strip() or "0.05")  # "0" means never
+_PAUSED_AT = frozenset(s for s in os.environ.get("SOJOURN_PAUSE_AT", "").split(",") if s)
 
 
 def fault(seam: str) -> None:
     """Maybe die here (only when this seam is armed)."""
     if seam in _ARMED and random.random() < _RATE:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause(seam: str) -> None:
+    """Stop here until someone sends SIGCONT (only when ``$SOJOURN_PAUSE_AT`` names it)."""
+    if seam in _PAUSED_AT:
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -52,7 +52,7 @@ from . import _metrics as metrics
 from ._agent import Agent
 from ._callbacks import CallbackKeys
 from ._executor import Activation
-from ._faults import fault
+from ._faults import fault, pause
 from ._intake import HANDBACK_MAX_DELAY, Intake, dead_letter
 from ._interrupt import Interrupts
 from ._membership import Membership
@@ -251,19 +251,22 @@ class Worker:
         wake_subs = {
             self.names.wake_consumer: await b.pull(self.names.wake_stream, self.names.wake_consumer)
         }
+        pause("agent_consumers")
         for name in sorted(self.agents):
             config = agent_wake_consumer_config(self.names, self.settings, name)
-            check(self.names, [await b.ensure_consumer(self.names.wake_stream, config)])
+            ensure = functools.partial(b.ensure_consumer, self.names.wake_stream, config)
+            check(self.names, [await retry_unsettled(ensure)])
             consumer = config["durable_name"]
             wake_subs[consumer] = await b.pull(self.names.wake_stream, consumer)
         fire_subs: dict[str, PullConsumer] = {}
         for name in sorted(self.agents):
             config = fire_consumer_config(self.names, self.settings, name)
-            check(self.names, [await b.ensure_consumer(self.names.schedules_stream, config)])
+            ensure = functools.partial(b.ensure_consumer, self.names.schedules_stream, config)
+            check(self.names, [await retry_unsettled(ensure)])
             fire_subs[name] = await b.pull(self.names.schedules_stream, config["durable_name"])
         await self.interrupts.subscribe(b)
-        await self._beat()
-        await self._look_at_workers()
+        await retry_unsettled(self._beat)
+        await retry_unsettled(self._look_at_workers)
         self._tasks = [
             asyncio.create_task(self._intake_loop(intake_sub), name="sojourn-intake"),
             *(

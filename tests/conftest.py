@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,14 @@ async def own_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(server.pid, signal.SIGCONT)
         await server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_process_outlives_its_test() -> Iterator[None]:
+    yield
+    from tests.procs import reap_strays  # tests.procs imports this module
+
+    reap_strays()
 
 
 @pytest.fixture

@@ -1,12 +1,16 @@
 """sojourn on a 3-node JetStream cluster (issue 12, Proof): R3 streams from ``replicas``; 100
 runs on 2 worker processes survive a SIGKILL of the events stream's leader node with no
 acknowledged event lost, every run resumed within 10 s and completed, and the node catches up
-when it comes back; a lame-duck restart of a node during load fails no run."""
+when it comes back; a lame-duck restart of a node during load fails no run. A worker starting
+while the cluster cannot answer waits for it rather than exiting."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import os
+import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -273,3 +277,58 @@ async def test_cluster_urls_reach_any_live_node(cluster: LocalCluster, r3: Setti
     finally:
         await broker.close()
     await cluster.restart(0)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP): state ``T`` in ``/proc/PID/stat``."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+async def test_a_worker_starting_while_the_cluster_has_no_quorum_waits_for_it(
+    cluster: LocalCluster, r3: Settings, tmp_path: Path
+) -> None:
+    """Every JetStream request of a worker's start is asked again while the cluster cannot
+    answer (here two of three nodes frozen after its streams were read: no quorum, so its
+    per-agent consumers can be neither read nor made) instead of the process exiting. On a
+    loaded machine a consumer's info can go unanswered for 5 s without any node down."""
+    names = Names(r3.prefix)
+    broker = await Broker.connect(cluster.urls)
+    await ensure_topology(broker, names, r3)
+    await broker.close()
+    log = tmp_path / "effects.log"
+    log.touch()
+    near = cluster.nodes[0]
+    worker = WorkerProc(
+        near.url,
+        r3.prefix,
+        APP,
+        lease_ttl=2.0,
+        SOJOURN_TEST_LOG=str(log),
+        SOJOURN_PAUSE_AT="agent_consumers",
+    )
+    frozen = [n.proc.pid for n in cluster.nodes[1:] if n.proc is not None]
+    try:
+
+        async def paused() -> bool:
+            return _stopped(worker.proc.pid)
+
+        await wait_for(paused, timeout=120, what="the worker at its agent_consumers pause")
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        worker.resume()
+        await worker.line(lambda line: b"retrying" in line, "retrying")
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        await worker.ready()
+        client = await Client.connect(cluster.urls, settings=r3)
+        try:
+            run = await _settled(lambda: client.start("clustered", 2), "starting a run")
+            assert await client.result(run, timeout=120) == 1
+        finally:
+            await client.close()
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        worker.stop()
