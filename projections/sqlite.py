@@ -545,10 +545,15 @@ class SqliteModel:
 
     async def _transaction(self, *writes: tuple[str, list[tuple[Any, ...]]]) -> None:
         """Run ``writes`` (statement, rows) in one transaction; on any exception (a cancel
-        included) roll back and raise it."""
+        included) roll back and raise it.
+
+        ``BEGIN`` is inside the ``try``: a cancel that lands while it is queued on the
+        database thread does not stop it from running, and the ``ROLLBACK`` queued behind it
+        closes what it opened (else every later write fails, "cannot start a transaction
+        within a transaction")."""
         db = self._db
-        await db.execute("BEGIN IMMEDIATE")
         try:
+            await db.execute("BEGIN IMMEDIATE")
             for sql, rows in writes:
                 if rows:
                     await db.executemany(sql, rows)
@@ -649,14 +654,17 @@ class SqliteModel:
         sql, params = _query_sql(q)
         async with self._read:
             db = self._reader
-            await db.execute("BEGIN")  # one snapshot: the rows and the position agree
             try:
+                # One snapshot: the rows and the position agree. Inside the ``try`` for the
+                # reason ``_transaction`` says: a cancelled listing must not leave the reader
+                # in its transaction.
+                await db.execute("BEGIN")
                 rows = list(await db.execute_fetchall(sql, params))
                 meta = list(
                     await db.execute_fetchall("SELECT value FROM meta WHERE key = 'position'")
                 )
             finally:
-                await db.execute("COMMIT")
+                await asyncio.shield(_end_read(db))
         more = len(rows) > q.limit
         rows = rows[: q.limit]
         return RunsPage(
@@ -692,3 +700,9 @@ class SqliteModel:
                     await db.close()
                 except ValueError:  # already closed
                     pass
+
+
+async def _end_read(db: aiosqlite.Connection) -> None:
+    """End a read transaction (there is none when its ``BEGIN`` itself failed)."""
+    with contextlib.suppress(sqlite3.Error):
+        await db.execute("COMMIT")

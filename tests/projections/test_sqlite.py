@@ -4,6 +4,7 @@ equality, listing filters and pagination against Python, and the file's safeguar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sqlite3
 import tempfile
@@ -244,6 +245,71 @@ async def test_a_cancelled_apply_applies_nothing(model: SqliteModel) -> None:
         assert dump["runs"] == [] and dump["steps"] == []
     else:  # it had committed already: all of it
         assert len(dump["runs"]) == 3000
+
+
+@pytest.mark.parametrize("ticks", range(8))
+async def test_an_apply_cancelled_at_any_point_leaves_the_model_usable(
+    model: SqliteModel, ticks: int
+) -> None:
+    """A cancel can land while ``BEGIN`` is still queued on the database thread: it runs
+    anyway, and the transaction it opens must be rolled back, or every later write (a
+    projector's last one at its stop) fails with "cannot start a transaction within a
+    transaction"."""
+    batch = [
+        Applied(
+            i,
+            RunView(run_id=f"r{i}", agent="alpha", status="running", last_seq=i),
+            (StepStarted(position=0, name="fetch", at=1.0),),
+        )
+        for i in range(1, 51)
+    ]
+    task = asyncio.ensure_future(model.apply(batch))
+    for _ in range(ticks):
+        await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    dump = await model.dump()
+    assert (model.position, len(dump["runs"])) in {(0, 0), (50, 50)}
+    after = Applied(
+        51,
+        RunView(run_id="after", agent="alpha", status="running", last_seq=51),
+        (StepStarted(position=0, name="fetch", at=2.0),),
+    )
+    fresh = 51 if model.position == 0 else 1
+    assert await model.apply([*batch, after]) == fresh
+    assert model.position == 51
+    assert len((await model.dump())["runs"]) == 51
+
+
+@pytest.mark.parametrize("ticks", range(8))
+async def test_a_query_cancelled_at_any_point_leaves_the_reader_usable(
+    model: SqliteModel, ticks: int
+) -> None:
+    """A cancel (a caller's timeout, a closing connection's callbacks) that lands while the
+    read's ``BEGIN`` is queued must not leave the reader inside a transaction: every later
+    listing would fail, and its old snapshot would keep the WAL from checkpointing."""
+    batch = [
+        Applied(
+            i,
+            RunView(run_id=f"r{i}", agent="alpha", status="running", last_seq=i),
+            (StepStarted(position=0, name="fetch", at=1.0),),
+        )
+        for i in range(1, 51)
+    ]
+    assert await model.apply(batch) == 50
+    task = asyncio.ensure_future(model.query(RunsQuery(limit=100)))
+    for _ in range(ticks):
+        await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    page = await model.query(RunsQuery(limit=100))
+    assert (len(page.runs), page.position) == (50, 50)
+    later = Applied(51, RunView(run_id="later", agent="alpha", status="running", last_seq=51), ())
+    assert await model.apply([later]) == 1
+    page = await model.query(RunsQuery(limit=100))  # a fresh snapshot, not the old one
+    assert (len(page.runs), page.position) == (51, 51)
 
 
 async def test_steps_rows_follow_attempts(model: SqliteModel) -> None:
