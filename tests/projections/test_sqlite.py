@@ -225,15 +225,20 @@ async def test_a_failing_transaction_applies_nothing(model: SqliteModel) -> None
     assert model.position == 2
 
 
-async def test_a_cancelled_apply_applies_nothing(model: SqliteModel) -> None:
-    many = [
+def _started(n: int) -> list[Applied]:
+    """Decisions 1..n, each run ``r<i>`` starting its first step."""
+    return [
         Applied(
             i,
             RunView(run_id=f"r{i}", agent="alpha", status="running", last_seq=i),
             (StepStarted(position=0, name="fetch", at=1.0),),
         )
-        for i in range(1, 3001)
+        for i in range(1, n + 1)
     ]
+
+
+async def test_a_cancelled_apply_applies_nothing(model: SqliteModel) -> None:
+    many = _started(3000)
     task = asyncio.ensure_future(model.apply(many))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
@@ -255,14 +260,7 @@ async def test_an_apply_cancelled_at_any_point_leaves_the_model_usable(
     anyway, and the transaction it opens must be rolled back, or every later write (a
     projector's last one at its stop) fails with "cannot start a transaction within a
     transaction"."""
-    batch = [
-        Applied(
-            i,
-            RunView(run_id=f"r{i}", agent="alpha", status="running", last_seq=i),
-            (StepStarted(position=0, name="fetch", at=1.0),),
-        )
-        for i in range(1, 51)
-    ]
+    batch = _started(50)
     task = asyncio.ensure_future(model.apply(batch))
     for _ in range(ticks):
         await asyncio.sleep(0)
@@ -289,14 +287,7 @@ async def test_a_query_cancelled_at_any_point_leaves_the_reader_usable(
     """A cancel (a caller's timeout, a closing connection's callbacks) that lands while the
     read's ``BEGIN`` is queued must not leave the reader inside a transaction: every later
     listing would fail, and its old snapshot would keep the WAL from checkpointing."""
-    batch = [
-        Applied(
-            i,
-            RunView(run_id=f"r{i}", agent="alpha", status="running", last_seq=i),
-            (StepStarted(position=0, name="fetch", at=1.0),),
-        )
-        for i in range(1, 51)
-    ]
+    batch = _started(50)
     assert await model.apply(batch) == 50
     task = asyncio.ensure_future(model.query(RunsQuery(limit=100)))
     for _ in range(ticks):
