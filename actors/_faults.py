@@ -29,7 +29,7 @@ import os
 import random
 import signal
 
-__all__ = ["PAUSES", "SEAMS", "fault", "pause"]
+__all__ = ["SEAMS", "fault", "pause"]
 
 SEAMS = (
     "after_step",
@@ -40,8 +40,6 @@ SEAMS = (
     "continued",
     "fired",
 )
-
-PAUSES = ("agent_consumers",)
 
 _ARMED = frozenset(s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s)
 _RATE = float(os.environ.get("SOJOURN_FAULT_RATE", "").strip() or "0.05")  # "0" means never
