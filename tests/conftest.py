@@ -3,6 +3,12 @@
 Every test gets its own subject/stream prefix, so tests share the server but never each
 other's streams. Fault tests that kill, freeze or restart the server start their own
 (``own_server``).
+
+The lanes: a test whose fixture closure holds one of ``SERVER_FIXTURES`` (``nats_server``,
+``own_server``, ``processes``, or any fixture built on them) is marked ``server``;
+``pytest -m "not server"`` runs the rest, the fast lane. A test that starts a nats-server or
+any other process in its body requests ``processes``; one not marked ``server`` that tries
+fails at once (``pytest_runtest_protocol``), so the marking cannot go stale.
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,73 @@ from sojourn.broker import EmbeddedServer
 from sojourn.schemas.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+SERVER_FIXTURES = frozenset({"nats_server", "own_server", "processes"})
+"""Fixtures that start a nats-server or another process: a test whose fixture closure holds
+one of them is marked ``server`` (the closure includes every fixture built on them)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        needs = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if needs:
+            item.add_marker(pytest.mark.server)
+        elif item.get_closest_marker("server") is not None:
+            raise pytest.UsageError(
+                f"{item.nodeid}: the server mark comes from fixtures, not by hand: request"
+                " `processes` (or nats_server, own_server) instead"
+            )
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """How many xdist workers ``-n auto`` (pyproject's addopts) starts. The fast lane
+    (``-m "not server"``) computes: one worker per CPU, as more only add collection (seconds
+    each) and contention. A run with the server tests mostly waits on servers, leases and
+    timers: two workers per CPU, at most 16. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N``
+    overrides it."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist reads it
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = cpus or 1
+    if "not server" in (config.option.markexpr or ""):
+        return cpus
+    return min(2 * cpus, 16)
+
+
+@pytest.fixture(scope="session")  # session: module- and session-scoped fixtures may request it
+def processes() -> Iterator[None]:
+    """Requested by a test or fixture that starts a nats-server or another process itself (an
+    ``EmbeddedServer``, a cluster, a worker, the CLI, node, promtool): it puts every test that
+    uses it in the ``server`` lane. A whole module:
+    ``pytestmark = pytest.mark.usefixtures("processes")``."""
+    yield
+
+
+_UNDECLARED = "this test starts a process: request the `processes` fixture (or nats_server)"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Around a test not marked ``server`` (its setup, call and teardown), starting a
+    nats-server or any process fails with ``_UNDECLARED``: the fast lane really needs no
+    broker and no process. ``subprocess.Popen`` is under ``subprocess.run`` and asyncio's
+    subprocesses too. A hook rather than an autouse fixture: a module-scoped fixture is set up
+    before any function-scoped one, so an autouse fixture would not see it start a server."""
+    if item.get_closest_marker("server") is not None:
+        return (yield)
+
+    def refuse(*args: object, **kwargs: object) -> Any:
+        raise RuntimeError(f"{item.nodeid}: {_UNDECLARED}")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EmbeddedServer, "start", refuse)
+        mp.setattr(subprocess.Popen, "__init__", refuse)
+        mp.setattr(asyncio, "create_subprocess_exec", refuse)
+        mp.setattr(asyncio, "create_subprocess_shell", refuse)
+        return (yield)
 
 
 @pytest_asyncio.fixture(scope="session")

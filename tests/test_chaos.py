@@ -56,7 +56,8 @@ def row(out: str, name: str) -> str:
 
 
 @pytest.mark.slow
-def test_chaos_small() -> None:
+@pytest.mark.timeout(360)  # the harness's own guard (300 s) fails first, with its output
+def test_chaos_small(processes: None) -> None:
     t0 = time.monotonic()
     p = harness("--runs", "50", "--workers", "2", "--faults", "20", "--seed", str(CI_SEED))
     elapsed = time.monotonic() - t0
@@ -80,7 +81,8 @@ CLUSTER_SEED = 3
 
 
 @pytest.mark.slow
-def test_chaos_cluster_small() -> None:
+@pytest.mark.timeout(460)  # the harness's own guard (400 s) fails first, with its output
+def test_chaos_cluster_small(processes: None) -> None:
     """The harness on a 3-node loopback cluster with R3 streams (issue 12's Proof): node
     SIGKILLs (the events stream's leader half of the time, one node at a time, each restarted)
     among worker SIGKILLs and SIGSTOPs, every seam armed; every history and effect checked."""
@@ -115,7 +117,8 @@ def test_chaos_cluster_small() -> None:
 
 
 @pytest.mark.slow
-def test_chaos_detects_duplicate_effects() -> None:
+@pytest.mark.timeout(360)  # the harness's own guard (300 s) fails first, with its output
+def test_chaos_detects_duplicate_effects(processes: None) -> None:
     """Self-test: steps whose key changes per attempt apply a re-run effect twice; workers
     die at ``after_step`` (effect done, completion not recorded) often enough that some step
     surely runs again, and the harness must say so and fail."""

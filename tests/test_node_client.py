@@ -54,7 +54,7 @@ def _stale_packages() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def node() -> str:
+def node(processes: None) -> str:
     """The ``node`` executable, with tests/node's packages installed (by ``npm ci`` if need be)."""
     found = shutil.which("node")
     if found is None:

@@ -22,6 +22,8 @@ from sojourn.schemas.events import RunCompleted, RunEvent, RunStarted, StepCompl
 from tests.apps.cli_agents import cli_echo, cli_slow
 from tests.conftest import PYTHON, ROOT, subprocess_env, wait_for
 
+pytestmark = pytest.mark.usefixtures("processes")  # the sojourn CLI in processes of its own
+
 APP = "tests.apps.cli_agents"
 DEAD = "nats://127.0.0.1:1"
 DEADLINE = 60.0

@@ -8,8 +8,12 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from sojourn.broker import EmbeddedServer
 from tests.conftest import PYTHON, ROOT, subprocess_env
+
+pytestmark = pytest.mark.usefixtures("processes")  # sojourn demo
 
 VERDICT = "verdict: every effect happened exactly once"
 

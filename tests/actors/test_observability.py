@@ -97,7 +97,7 @@ async def test_steps_heartbeats_budgets_and_their_metrics(
     assert run_id not in text  # a run id is never a label
 
 
-def test_the_metrics_endpoint_serves_and_a_taken_port_is_a_clear_error() -> None:
+def test_the_metrics_endpoint_serves_and_a_taken_port_is_a_clear_error(processes: None) -> None:
     server = serve_metrics(0)
     try:
         port = server.server_address[1]

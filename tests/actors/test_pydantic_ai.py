@@ -374,7 +374,7 @@ def test_prices_and_approval_names() -> None:
         SojournAgent(pai_agents.research, approvers=())
 
 
-def test_sojourn_actors_does_not_import_pydantic_ai() -> None:
+def test_sojourn_actors_does_not_import_pydantic_ai(processes: None) -> None:
     """The extra is optional: ``import sojourn.actors`` never needs it."""
     code = "import sys, sojourn.actors; assert 'pydantic_ai' not in sys.modules, 'imported'"
     subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=subprocess_env(), check=True, timeout=60)

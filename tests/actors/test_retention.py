@@ -343,7 +343,9 @@ PASSWORDS = {role: "p" + secrets.token_urlsafe(12) for role in ROLES}
 
 
 @pytest_asyncio.fixture(scope="module")
-async def auth_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedServer]:
+async def auth_server(
+    processes: None, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[EmbeddedServer]:
     users = [AuthUser(role, PASSWORDS[role], role) for role in ROLES]
     store_dir: Path = tmp_path_factory.mktemp("nats-retention-auth")
     srv = EmbeddedServer(store_dir=store_dir, port=0, auth=users, auth_prefix=PREFIX)

@@ -47,7 +47,9 @@ def users() -> list[AuthUser]:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def auth_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedServer]:
+async def auth_server(
+    processes: None, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[EmbeddedServer]:
     server = EmbeddedServer(
         store_dir=tmp_path_factory.mktemp("nats-auth"), port=0, auth=users(), auth_prefix=PREFIX
     )
@@ -487,7 +489,7 @@ async def test_watchdog_reads_and_wakes_only(watchdog: Broker, admin: Broker) ->
 # --- a fresh deployment ------------------------------------------------------------------------
 
 
-async def test_a_fresh_deployment_needs_a_worker_first(tmp_path: Path) -> None:
+async def test_a_fresh_deployment_needs_a_worker_first(processes: None, tmp_path: Path) -> None:
     """Clients and watchdogs cannot create streams; a worker can, and then they start."""
     async with EmbeddedServer(
         store_dir=tmp_path, port=0, auth=users(), auth_prefix=PREFIX
@@ -567,7 +569,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest_asyncio.fixture(scope="module")
 async def tls_server(
-    tmp_path_factory: pytest.TempPathFactory, certs: dict[str, str]
+    processes: None, tmp_path_factory: pytest.TempPathFactory, certs: dict[str, str]
 ) -> AsyncIterator[EmbeddedServer]:
     server = EmbeddedServer(
         store_dir=tmp_path_factory.mktemp("nats-tls"),

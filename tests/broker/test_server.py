@@ -69,7 +69,7 @@ def _fake_binary(path: Path, body: str) -> str:
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
+async def server(processes: None, tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
     srv = EmbeddedServer(store_dir=tmp_path / "store", port=0)
     await srv.start()
     try:
@@ -103,7 +103,7 @@ async def test_config_defaults_to_fsync_always(server: EmbeddedServer, tmp_path:
     assert server.version is not None and server.version >= (2, 12, 0)
 
 
-async def test_stop_is_graceful_and_idempotent(tmp_path: Path) -> None:
+async def test_stop_is_graceful_and_idempotent(processes: None, tmp_path: Path) -> None:
     srv = EmbeddedServer(store_dir=tmp_path, port=0)
     await srv.stop()  # never started: a no-op
     await srv.start()
@@ -117,7 +117,7 @@ async def test_stop_is_graceful_and_idempotent(tmp_path: Path) -> None:
     assert "Server Exiting" in srv.log_file.read_text()
 
 
-async def test_kill_then_start_keeps_stream_and_port(tmp_path: Path) -> None:
+async def test_kill_then_start_keeps_stream_and_port(processes: None, tmp_path: Path) -> None:
     srv = EmbeddedServer(store_dir=tmp_path, port=0)
     await srv.start()
     try:
@@ -160,7 +160,7 @@ async def test_start_twice_is_an_error(server: EmbeddedServer) -> None:
         await server.start()
 
 
-async def test_missing_binary(tmp_path: Path) -> None:
+async def test_missing_binary(processes: None, tmp_path: Path) -> None:
     srv = EmbeddedServer(store_dir=tmp_path, port=0, binary="/nonexistent/nats-server")
     with pytest.raises(ServerStartError, match=r"/nonexistent/nats-server.*not found"):
         await srv.start()
@@ -199,7 +199,7 @@ def test_find_nats_server_missing_explains_fix(
     assert "--nats" in str(excinfo.value)
 
 
-async def test_config_error_quotes_the_server(tmp_path: Path) -> None:
+async def test_config_error_quotes_the_server(processes: None, tmp_path: Path) -> None:
     srv = EmbeddedServer(store_dir=tmp_path, port=0, sync_interval="sometimes")
     with pytest.raises(ServerStartError) as excinfo:
         await srv.start()
@@ -210,7 +210,7 @@ async def test_config_error_quotes_the_server(tmp_path: Path) -> None:
     assert srv.pid is None
 
 
-async def test_fatal_log_line_is_reported(tmp_path: Path) -> None:
+async def test_fatal_log_line_is_reported(processes: None, tmp_path: Path) -> None:
     (tmp_path / "jetstream").write_text("not a directory")
     srv = EmbeddedServer(store_dir=tmp_path, port=0)
     with pytest.raises(ServerStartError) as excinfo:
@@ -222,7 +222,7 @@ async def test_fatal_log_line_is_reported(tmp_path: Path) -> None:
     assert "[FTL]" in srv.log_file.read_text()
 
 
-async def test_fixed_port_in_use_fails_without_retry(tmp_path: Path) -> None:
+async def test_fixed_port_in_use_fails_without_retry(processes: None, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -234,7 +234,7 @@ async def test_fixed_port_in_use_fails_without_retry(tmp_path: Path) -> None:
 
 
 async def test_port_zero_retries_when_the_port_is_taken(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    processes: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     real_pick = server_module._pick_free_port
     with socket.socket() as taken:
@@ -256,7 +256,7 @@ async def test_port_zero_retries_when_the_port_is_taken(
             assert srv.port == picks[1] != taken_port
 
 
-async def test_two_servers_get_distinct_ports(tmp_path: Path) -> None:
+async def test_two_servers_get_distinct_ports(processes: None, tmp_path: Path) -> None:
     async with (
         EmbeddedServer(store_dir=tmp_path / "a", port=0, name="a") as a,
         EmbeddedServer(store_dir=tmp_path / "b", port=0, name="b") as b,
@@ -270,14 +270,14 @@ async def test_two_servers_get_distinct_ports(tmp_path: Path) -> None:
                 await nc.close()
 
 
-async def test_too_old_server_is_refused(tmp_path: Path) -> None:
+async def test_too_old_server_is_refused(processes: None, tmp_path: Path) -> None:
     fake = _fake_binary(tmp_path / "nats-server", 'echo "nats-server: v2.9.25"\n')
     srv = EmbeddedServer(store_dir=tmp_path / "store", port=0, binary=fake)
     with pytest.raises(BrokerVersionError, match=r"2\.9\.25.*>= 2\.12"):
         await srv.start()
 
 
-async def test_not_ready_in_time_is_killed(tmp_path: Path) -> None:
+async def test_not_ready_in_time_is_killed(processes: None, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     fake = _fake_binary(
         tmp_path / "nats-server",
@@ -296,7 +296,7 @@ async def test_not_ready_in_time_is_killed(tmp_path: Path) -> None:
     assert srv.pid is None
 
 
-async def test_server_does_not_outlive_python(tmp_path: Path) -> None:
+async def test_server_does_not_outlive_python(processes: None, tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""\
         import asyncio

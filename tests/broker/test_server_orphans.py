@@ -10,6 +10,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.usefixtures("processes")  # a parent process to SIGKILL
+
 SCRIPT = textwrap.dedent(
     """
     import asyncio, sys

@@ -30,6 +30,8 @@ from sojourn.schemas.events import RunCompleted, StepCompleted
 from tests.conftest import wait_for
 from tests.procs import WorkerProc
 
+pytestmark = pytest.mark.usefixtures("processes")  # three-node clusters
+
 T = TypeVar("T")
 APP = "tests.cluster.apps"
 STEPS = 8

@@ -125,15 +125,15 @@ def strings_under(node: Any, keys: tuple[str, ...]) -> Iterator[str]:
             yield from strings_under(item, keys)
 
 
-def test_promtool_accepts_the_rules() -> None:
+def test_promtool_accepts_the_rules(processes: None) -> None:
     run_promtool("check", "rules", str(RULES.relative_to(ROOT)))
 
 
-def test_promtool_unit_tests() -> None:
+def test_promtool_unit_tests(processes: None) -> None:
     run_promtool("test", "rules", str(RULE_TESTS.relative_to(ROOT)))
 
 
-def test_promtool_accepts_the_example_config() -> None:
+def test_promtool_accepts_the_example_config(processes: None) -> None:
     run_promtool("check", "config", str(CONFIG.relative_to(ROOT)))
 
 
@@ -170,7 +170,7 @@ def test_dashboard_is_valid_json_and_uses_exported_metrics() -> None:
     assert_exported(names, str(DASHBOARD.relative_to(ROOT)))
 
 
-def test_dashboard_queries_parse(tmp_path: Path) -> None:
+def test_dashboard_queries_parse(processes: None, tmp_path: Path) -> None:
     """promtool parses every panel query, with Grafana's variables replaced by values."""
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = list(strings_under(dashboard["panels"], ("expr",)))

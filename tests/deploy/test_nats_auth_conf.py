@@ -53,7 +53,7 @@ def test_the_users_are_what_the_code_renders() -> None:
     assert re.search(r"^# tls \{$", text, re.M)  # TLS documented, commented out
 
 
-def test_nats_server_accepts_it() -> None:
+def test_nats_server_accepts_it(processes: None) -> None:
     binary = find_nats_server()
     ok = subprocess.run(
         [binary, "-t", "-c", str(CONF)],
@@ -121,7 +121,7 @@ async def server_from_the_file(
                 await drain
 
 
-async def test_a_server_from_the_file_enforces_the_roles(tmp_path: Path) -> None:
+async def test_a_server_from_the_file_enforces_the_roles(processes: None, tmp_path: Path) -> None:
     env = env_with_passwords()
     names, settings = Names("sojourn"), Settings()
 

@@ -225,7 +225,7 @@ def test_every_unit_has_its_own_ports_and_the_env_file_sets_only_used_keys() -> 
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
-def test_systemd_accepts_the_units(tmp_path: Path) -> None:
+def test_systemd_accepts_the_units(processes: None, tmp_path: Path) -> None:
     """``systemd-analyze verify`` on the units, their ``sojourn`` being this environment's
     (the units name /opt/sojourn/venv/bin/sojourn, which it would otherwise miss)."""
     sojourn = Path(sys.executable).parent / "sojourn"

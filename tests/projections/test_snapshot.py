@@ -449,6 +449,7 @@ async def _written(p: Projector, seq: int) -> bool:
 
 
 async def test_the_worker_role_stores_snapshots_the_watchdog_reads_them_and_no_more(
+    processes: None,
     tmp_path: Path,
 ) -> None:
     """Under ``broker/auth.py``'s users: the projector (worker role) creates the bucket and
