@@ -63,7 +63,7 @@ from ._context import (
 from ._cron import ScheduleError
 from ._metrics import serve_metrics, stop_metrics
 from ._output import OutputChunk, OutputReader, read_output
-from ._patterns import ApprovalDecision, ApprovalTimeout, PollTimeout
+from ._patterns import ApprovalDecision, ApprovalRefused, ApprovalTimeout, PollTimeout
 from ._retry import NOT_DONE, RetryPolicy, step
 from ._state import RunState, evolve, fold
 from ._watchdog import Watchdog
@@ -73,6 +73,7 @@ __all__ = [
     "NOT_DONE",
     "Agent",
     "ApprovalDecision",
+    "ApprovalRefused",
     "ApprovalTimeout",
     "BrokerUnavailable",
     "Budget",

@@ -17,6 +17,7 @@ import msgspec
 
 from sojourn.broker.names import validate_token
 from sojourn.schemas.events import Budget
+from sojourn.schemas.guard import check_depth
 
 from ._retry import RetryPolicy
 
@@ -104,7 +105,9 @@ class Agent(Generic[I, O]):
         return self.on_cancel(ctx, input)
 
     def decode_input(self, raw: bytes) -> I:
-        """Decode and validate raw JSON input. Raises ``msgspec.ValidationError``."""
+        """Decode and validate raw JSON input. Raises ``msgspec.ValidationError`` (or
+        ``msgspec.DecodeError``: not JSON, or nested past ``guard.RECORD_DEPTH``)."""
+        check_depth(raw)
         value: I = self._input_decoder.decode(raw)
         return value
 

@@ -226,7 +226,12 @@ async def start_next(
     )
     passed: list[RunEvent] = [
         SignalReceived(
-            name=r.name, payload=r.payload, signal_id=r.signal_id, sent_by=r.sent_by, at=r.at
+            name=r.name,
+            payload=r.payload,
+            signal_id=r.signal_id,
+            sent_by=r.sent_by,
+            sender_verified=r.sender_verified,
+            at=r.at,
         )
         for r in state.signals
         if r.signal_id not in consumed and not r.name.startswith(RESERVED_SIGNAL_PREFIX)

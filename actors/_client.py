@@ -151,23 +151,38 @@ class Client:
     """
 
     def __init__(
-        self, broker: Broker, settings: Settings | None = None, *, owns_broker: bool = False
+        self,
+        broker: Broker,
+        settings: Settings | None = None,
+        *,
+        owns_broker: bool = False,
+        speaks_for: Iterable[str] = (),
     ) -> None:
         self.broker = broker
         self.settings = settings or Settings()
         self.names = Names(self.settings.prefix)
         self.store = EventStore(broker, self.names, self.settings)
         self.archive = ArchiveStore(broker, self.names)
+        self.speaks_for: frozenset[str] = frozenset(
+            validate_token(n, "name to speak for") for n in speaks_for
+        )
+        """Names this client may send as besides its connection's user (an HTTP gateway's
+        callers). The broker's permissions decide (``AuthUser.speaks_for``); this only turns a
+        name it would refuse into a ``ValueError`` before anything is published."""
         self._owns = owns_broker
         self._ready = False
 
     @classmethod
     async def connect(
-        cls, nats: str | ConnectOptions | None = None, *, settings: Settings | None = None
+        cls,
+        nats: str | ConnectOptions | None = None,
+        *,
+        settings: Settings | None = None,
+        speaks_for: Iterable[str] = (),
     ) -> Client:
         """Connect to ``nats`` (default ``$SOJOURN_NATS_URL`` or ``nats://127.0.0.1:4222``): a
         URL, with ``user:password@`` if the server wants them, or ``ConnectOptions`` (a creds
-        file, TLS files).
+        file, TLS files). ``speaks_for``: see the attribute.
 
         Raises:
             BrokerUnavailable: no server answered.
@@ -175,7 +190,7 @@ class Client:
                 cannot be used.
         """
         broker = await Broker.connect(nats, name="sojourn-client")
-        return cls(broker, settings, owns_broker=True)
+        return cls(broker, settings, owns_broker=True, speaks_for=speaks_for)
 
     async def close(self) -> None:
         if self._owns:
@@ -210,22 +225,27 @@ class Client:
         wait: bool = False,
         timeout: float = 5.0,
         budget: Budget | None = None,
+        sender: str | None = None,
     ) -> str:
         """Start a run of ``agent`` and return its run id.
 
         Idempotent: the same ``run_id`` started twice is one run, forever. Without ``run_id``
         a fresh one is generated here. With ``wait=True`` this waits up to ``timeout`` for the
         intake's answer and raises ``TriggerRejected`` if the trigger was refused. ``budget``:
-        limits for this run, each replacing the agent's own (``Budget``).
+        limits for this run, each replacing the agent's own (``Budget``). ``sender`` (a name
+        token) is recorded as who started it (``RunStarted.trigger.sent_by``); on an
+        authenticated connection it is the connection's user unless it is one of
+        ``speaks_for``.
 
         Raises:
-            InvalidName: ``agent`` or ``run_id`` is not a valid name.
+            InvalidName: ``agent``, ``run_id`` or ``sender`` is not a valid name.
+            ValueError: ``sender`` is not this connection's user or one it speaks for.
             PayloadTooLarge: the encoded trigger exceeds ``settings.max_payload``.
             TriggerRejected: (``wait=True``) the intake refused it.
             BrokerUnavailable: the broker did not take the trigger.
         """
         receipt = await self.trigger(
-            agent, input, run_id=run_id, wait=wait, timeout=timeout, budget=budget
+            agent, input, run_id=run_id, wait=wait, timeout=timeout, budget=budget, sender=sender
         )
         return receipt.run_id
 
@@ -238,9 +258,11 @@ class Client:
         wait: bool = True,
         timeout: float = 5.0,
         budget: Budget | None = None,
+        sender: str | None = None,
     ) -> StartReceipt:
         """Like ``start`` but returns the intake's full answer (see ``StartReceipt``)."""
         validate_token(agent, "agent name")
+        who = self._sender(sender)
         run_id = validate_token(run_id, "run_id") if run_id is not None else _new_run_id()
         why = reserved_run_id(run_id)
         if why is not None:
@@ -258,11 +280,11 @@ class Client:
         await self._ensure()
         headers = {h.MSG_ID: f"start:{agent}:{run_id}"}
         # The run id in the subject makes the stored trigger findable: the run is pending.
-        subject = self.names.start(agent, self.identity, run_id)
+        subject = self.names.start(agent, who, run_id)
         if not wait:
             await self._publish(subject, body, headers)
             return StartReceipt(run_id=run_id, created=None, queued=True)
-        reply = await self._publish_answered(subject, body, headers, timeout)
+        reply = await self._publish_answered(subject, body, headers, timeout, who)
         if reply == "duplicate":
             # The inbox already holds this exact trigger (a retry inside the dedup window):
             # the intake answers only once, so answer from the run's history instead.
@@ -277,12 +299,18 @@ class Client:
         return StartReceipt(run_id=reply.run_id, created=reply.created, queued=False)
 
     async def _publish_answered(
-        self, subject: str, body: bytes, headers: dict[str, str], timeout: float
+        self,
+        subject: str,
+        body: bytes,
+        headers: dict[str, str],
+        timeout: float,
+        sender: str | None = None,
     ) -> IntakeOk | IntakeError | Literal["duplicate"] | None:
         """Publish to the inbox asking the intake to answer: its answer, ``"duplicate"`` when
         the broker already holds this very message (the intake answers only once), ``None``
-        when no answer came within ``timeout`` (stored; no worker has taken it yet)."""
-        inbox = self.broker.new_inbox()
+        when no answer came within ``timeout`` (stored; no worker has taken it yet). The
+        answer comes to an inbox of ``sender``'s, the only place the intake answers it."""
+        inbox = self.broker.new_inbox(sender if self.identity is not None else None)
         sub = await self.broker.subscribe(inbox, max_msgs=1)
         try:
             if await self._publish(subject, body, {**headers, REPLY_HEADER: inbox}):
@@ -305,15 +333,18 @@ class Client:
         return self.broker.user
 
     def _sender(self, claimed: str | None) -> str | None:
-        """The sender token to publish as: the authenticated user, else what the caller
-        claims (trusted only where the deployment has no authentication)."""
+        """The sender token to publish as: the authenticated user, or one of the names it
+        speaks for (``speaks_for``: the broker lets it), else what the caller claims (trusted
+        only where the deployment has no authentication)."""
         if self.identity is not None:
-            if claimed is not None and claimed != self.identity:
-                raise ValueError(
-                    f"this connection is authenticated as {self.identity!r}: it cannot send "
-                    f"as {claimed!r}"
-                )
-            return self.identity
+            if claimed is None or claimed == self.identity:
+                return self.identity
+            if claimed in self.speaks_for:
+                return claimed
+            raise ValueError(
+                f"this connection is authenticated as {self.identity!r}: it cannot send as "
+                f"{claimed[:200]!r} (a gateway's user speaks only for the names it is given)"
+            )
         return None if claimed is None else validate_token(claimed, "sender")
 
     async def _publish(self, subject: str, body: bytes, headers: dict[str, str]) -> bool:
@@ -375,7 +406,7 @@ class Client:
         if not wait:
             await self._publish(subject, body, headers)
             return sid
-        reply = await self._publish_answered(subject, body, headers, timeout)
+        reply = await self._publish_answered(subject, body, headers, timeout, who)
         if reply == "duplicate":
             # Sent before within the dedup window, and answered then: what happened to it is in
             # the run's history (recorded under its id, or refused because the run ended).
@@ -551,11 +582,12 @@ class Client:
                 f"{self.settings.max_payload} (Settings.max_payload)"
             )
         await self._ensure()
-        inbox = self.broker.new_inbox()
+        operator = self._operator(by)
+        inbox = self.broker.new_inbox(operator if self.identity is not None else None)
         sub = await self.broker.subscribe(inbox, max_msgs=1)
         try:
             headers = {REPLY_HEADER: inbox, h.MSG_ID: f"schedule:{name}:{uuid.uuid4().hex}"}
-            await self._publish(self.names.schedule(name, self._operator(by)), body, headers)
+            await self._publish(self.names.schedule(name, operator), body, headers)
             try:
                 msg = await sub.next_msg(timeout=timeout)
             except TimeoutError:
@@ -594,7 +626,7 @@ class Client:
         if not wait:
             await self._publish(subject, body, headers)
             return
-        reply = await self._publish_answered(subject, body, headers, timeout)
+        reply = await self._publish_answered(subject, body, headers, timeout, who)
         if isinstance(reply, IntakeError):
             raise TriggerRejected(reply.error.code, reply.error.message, run_id=run_id)
 

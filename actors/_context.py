@@ -559,9 +559,15 @@ class Context:
         A signal that arrived before this call is buffered in the run's history and consumed
         here, oldest first: none is lost.
         """
-        validate_signal_name(name)
-        got = await self._wait(WaitKey.signal(name), signals=(name,), timeout=timeout)
+        got = await self._receive(name, timeout=timeout)
         return None if got is None else from_raw(got.payload, Any if type is None else type)
+
+    async def _receive(self, name: str, *, timeout: Duration | None = None) -> RecordedWait | None:
+        """``wait_for`` for sojourn's own patterns, which need to know who sent the signal: its
+        payload (raw) with ``sent_by`` and ``sender_verified``, or ``None`` on timeout. The
+        same wait as ``wait_for`` (key ``signal:<name>``): either replays the other's history."""
+        validate_signal_name(name)
+        return await self._wait(WaitKey.signal(name), signals=(name,), timeout=timeout)
 
     async def select(self, *names: str, timeout: Duration | None = None) -> Selected | None:
         """Wait for the first of several signals (and optionally a timeout).
@@ -756,6 +762,7 @@ class Context:
         remind_every: Duration | None = None,
         escalate: Callable[[str, str | None, str], Any] | None = None,
         on_timeout: Literal["deny", "approve", "fail"] = "deny",
+        allowed: Sequence[str] = (),
     ) -> ApprovalDecision:
         """Wait for a human decision, with reminders, an escalation chain and a final policy.
 
@@ -767,6 +774,13 @@ class Context:
         ``approval.<name>`` with payload ``{"approve": bool, "by": "...", "note": "..."}``;
         the returned ``ApprovalDecision`` says who decided and when, and the history keeps the
         whole audit (requests, reminders, escalations, the decision).
+
+        Who decided: on a deployment with authentication, the signal's sender as the broker
+        authenticated it (the payload's ``by`` is ignored), and a decision from anyone but the
+        approver asked now, or one of ``allowed`` (names that may decide at any stage), is
+        refused: recorded in the history (a ``refusal`` value naming the sender) while the
+        wait goes on to the same deadline. Without authentication ``by`` is the payload's claim
+        (else the signal's ``sent_by``), unchecked: ``ApprovalDecision.verified`` tells which.
         """
         return await _patterns.approval(
             self,
@@ -777,6 +791,7 @@ class Context:
             remind_every=remind_every,
             escalate=escalate,
             on_timeout=on_timeout,
+            allowed=allowed,
         )
 
     async def poll(

@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import msgspec
 
@@ -35,6 +35,7 @@ from sojourn.broker.names import (
     RESERVED_SIGNAL_PREFIX,
     InboxSubject,
     Names,
+    inbox_prefix,
     reserved_run_id,
     valid_reply_subject,
     validate_token,
@@ -68,6 +69,7 @@ from sojourn.schemas.events import (
     SignalReceived,
     TriggerInfo,
 )
+from sojourn.schemas.guard import BodyRefused, check_json
 from sojourn.schemas.wire import (
     CHILD_SIGNAL,
     DECIDE_SIGNAL,
@@ -145,6 +147,15 @@ class ScheduleRequests(Protocol):
     async def handle_request(self, msg: Delivery, inbox: InboxSubject) -> None: ...
 
 
+class Screened(NamedTuple):
+    """What ``Intake.screen`` says of a message: its parsed subject (``None``: not an inbox
+    subject), why it is refused (``None``: go on), and whether it may be answered."""
+
+    inbox: InboxSubject | None
+    rejected: Rejected | None
+    answerable: bool
+
+
 class Rejected(Exception):
     def __init__(self, code: RejectCode, message: str) -> None:
         super().__init__(message)
@@ -163,6 +174,12 @@ _DLQ_KINDS: dict[str, DlqKind] = {
     "child": "signal",
     "cancel": "cancel",
 }
+
+
+_ENVELOPES: Mapping[str, int] = {"signal": 0, "schedule": 2}
+"""How many levels of a body are its message's own wrapping, above the value it carries
+(``{"input": ...}`` is 1, a signal's payload is the body, a schedule request's input sits in
+its spec): the depth limit (``guard.MAX_DEPTH``) is the value's. Every other kind: 1."""
 
 
 class Intake:
@@ -191,6 +208,17 @@ class Intake:
         self.schedules: ScheduleRequests | None = None
         """Set by the worker: the handler of schedule requests."""
 
+    def _answerable(self, reply_to: str, sender: str | None) -> bool:
+        """Whether the intake may answer a message from ``sender`` on ``reply_to`` (already a
+        valid ``_INBOX.`` subject). Under authentication (this worker's connection has a user,
+        so every sender is the broker's word) only in the sender's own inboxes,
+        ``_INBOX.<sender>.``: a user may read only those, so no sender can push an answer into
+        another user's pending request. Without authentication any inbox (anyone may read
+        any)."""
+        if self.broker.user is None or sender is None:
+            return True
+        return reply_to.startswith(inbox_prefix(sender) + ".")
+
     async def _agent_of(self, run_id: str) -> str | None:
         """The agent of an existing run, from its first stored message (for routing a wake)."""
         first = await self.broker.direct_get_next(
@@ -204,47 +232,93 @@ class Intake:
             return None
         return events[0].agent if events and isinstance(events[0], RunStarted) else None
 
-    async def handle(self, msg: Delivery) -> None:
-        """Process one inbox message and settle it (ack, or nak to retry later)."""
-        kind = "other"
+    def screen(self, msg: Delivery) -> Screened:
+        """The checks that need nothing but the message itself: its subject, reply subject,
+        delivery count, size, header block and body bytes (``guard.check_json``), and a
+        reserved signal name. Pure and quick (a body's check is one pass over it): the worker
+        runs it as a message arrives, so that a message refused here is refused at once, not
+        after the messages about the same run that came before it."""
         reply_to = msg.header(REPLY_HEADER)
         reply_ok = not reply_to or valid_reply_subject(reply_to)
         try:
-            try:
-                inbox = self.names.parse_inbox(msg.subject)
-            except InvalidName as e:
-                raise Rejected("invalid_trigger", e.message) from e
-            kind = inbox.kind
-            if not reply_ok:
-                raise Rejected(
-                    "invalid_reply_to",
-                    f"{REPLY_HEADER} must be a request/reply inbox (_INBOX.<tokens>, at most "
-                    "256 characters); nothing is answered elsewhere",
-                )
-            if msg.num_delivered >= self.settings.max_deliveries:
-                raise Rejected(
-                    "max_deliveries",
-                    f"delivered {msg.num_delivered} times without being settled "
-                    f"(Settings.max_deliveries = {self.settings.max_deliveries}); given up",
-                )
-            # A child's end notice carries the child's output, bounded by the largest value a
-            # run may store: the user-facing limit must never refuse it.
-            limit, what = (
-                (self.settings.max_child_notice, "Settings.max_child_notice")
-                if inbox.kind == "child"
-                else (self.settings.max_payload, "Settings.max_payload")
+            inbox = self.names.parse_inbox(msg.subject)
+        except InvalidName as e:
+            return Screened(None, Rejected("invalid_trigger", e.message), reply_ok)
+        try:
+            self._check(msg, inbox, reply_to, reply_ok)
+        except Rejected as r:
+            answerable = reply_ok and r.code != "invalid_reply_to"
+            return Screened(inbox, r, answerable)
+        return Screened(inbox, None, reply_ok)
+
+    def _check(self, msg: Delivery, inbox: InboxSubject, reply_to: str, reply_ok: bool) -> None:
+        if not reply_ok:
+            raise Rejected(
+                "invalid_reply_to",
+                f"{REPLY_HEADER} must be a request/reply inbox (_INBOX.<tokens>, at most "
+                "256 characters); nothing is answered elsewhere",
             )
-            if len(msg.data) > limit:
-                raise Rejected(
-                    "payload_too_large",
-                    f"payload is {len(msg.data)} bytes; the limit is {limit} bytes ({what})",
-                )
-            if inbox.kind == "signal" and inbox.name.startswith(RESERVED_SIGNAL_PREFIX):
-                raise Rejected(
-                    "forbidden",
-                    f"signal names starting with {RESERVED_SIGNAL_PREFIX!r} are reserved: "
-                    "resume, decide and child notices travel on control subjects",
-                )
+        if reply_to and not self._answerable(reply_to, inbox.sender):
+            raise Rejected(
+                "invalid_reply_to",
+                f"a message sent as {inbox.sender!r} is answered only in its inboxes "
+                f"({inbox_prefix(inbox.sender)}.<tokens>); nothing is answered elsewhere",
+            )
+        if msg.num_delivered >= self.settings.max_deliveries:
+            raise Rejected(
+                "max_deliveries",
+                f"delivered {msg.num_delivered} times without being settled "
+                f"(Settings.max_deliveries = {self.settings.max_deliveries}); given up",
+            )
+        # A child's end notice carries the child's output, bounded by the largest value a
+        # run may store: the user-facing limit must never refuse it.
+        limit, what = (
+            (self.settings.max_child_notice, "Settings.max_child_notice")
+            if inbox.kind == "child"
+            else (self.settings.max_payload, "Settings.max_payload")
+        )
+        if len(msg.data) > limit:
+            raise Rejected(
+                "payload_too_large",
+                f"payload is {len(msg.data)} bytes; the limit is {limit} bytes ({what})",
+            )
+        if msg.header(h.GARBLED):
+            raise Rejected(
+                "invalid_headers",
+                f"the message's header block cannot be parsed ({msg.header(h.GARBLED)})",
+            )
+        if msg.data.strip():
+            try:
+                check_json(msg.data, envelope=_ENVELOPES.get(inbox.kind, 1))
+            except BodyRefused as e:
+                raise Rejected(e.code, e.message) from None
+        if inbox.kind == "signal" and inbox.name.startswith(RESERVED_SIGNAL_PREFIX):
+            raise Rejected(
+                "forbidden",
+                f"signal names starting with {RESERVED_SIGNAL_PREFIX!r} are reserved: "
+                "resume, decide and child notices travel on control subjects",
+            )
+
+    async def refuse(self, msg: Delivery, screened: Screened) -> None:
+        """Settle a message ``screen`` refused: dead-lettered, answered where it may be,
+        acked."""
+        assert screened.rejected is not None
+        kind = _DLQ_KINDS.get(screened.inbox.kind, "other") if screened.inbox else "other"
+        r = screened.rejected
+        await self._reject(msg, kind, r.code, r.message, screened.answerable)
+
+    async def handle(self, msg: Delivery, screened: Screened | None = None) -> None:
+        """Process one inbox message and settle it (ack, or nak to retry later).
+        ``screened``: what ``screen`` said of it, when the caller asked already."""
+        screened = screened or self.screen(msg)
+        if screened.rejected is not None:
+            await self.refuse(msg, screened)
+            return
+        inbox = screened.inbox
+        assert inbox is not None
+        kind = inbox.kind
+        reply_ok = screened.answerable
+        try:
             if inbox.kind in ("start", "spawn"):
                 started = await self._start(msg, inbox)
                 if started is None:
@@ -329,7 +403,7 @@ class Intake:
                 "invalid_run_id", f"run id {trigger.run_id!r} {reserved_run_id(trigger.run_id)}"
             )
         try:
-            return await self._create(msg, inbox.target, trigger)
+            return await self._create(msg, inbox.target, trigger, sender=inbox.sender)
         except Rejected as r:
             if parent is not None and trigger.run_id is not None:
                 # A parent awaits this child: tell it the child will never run.
@@ -367,6 +441,8 @@ class Intake:
         agent_name: str,
         trigger: StartTrigger,
         fire: ScheduledFire | None = None,
+        *,
+        sender: str | None = None,
     ) -> tuple[IntakeOk, list[Decision] | None, bool] | None:
         if trigger.parent_run_id:
             await self._check_parent(trigger.parent_run_id)
@@ -387,7 +463,7 @@ class Intake:
             raise Rejected("invalid_run_id", e.message) from e
         try:
             agent.decode_input(bytes(trigger.input))
-        except msgspec.ValidationError as e:
+        except msgspec.MsgspecError as e:  # a ValidationError; a DecodeError is refused sooner
             raise Rejected(
                 "invalid_input", f"input does not match agent '{agent_name}': {e}"
             ) from e
@@ -404,6 +480,7 @@ class Intake:
                 inbox_seq=inbox_seq,
                 msg_id=msg.header(h.MSG_ID) or None,
                 received_at=time.time(),
+                sent_by=sender,
             ),
             budget_usd=None if budget is None else budget.usd,
             budget_tokens=None if budget is None else budget.tokens,
@@ -612,6 +689,9 @@ class Intake:
             payload=payload,
             signal_id=self._signal_id(msg, inbox),
             sent_by=sender,
+            # Under authentication (our own connection has a user) the broker let only that
+            # user, or a gateway speaking for it, publish as ``sender``.
+            sender_verified=sender is not None and self.broker.user is not None,
             at=time.time(),
         )
 
@@ -793,6 +873,26 @@ class Intake:
             await self.broker.publish_core(reply_to, body)
         except Exception as e:  # an answer is a courtesy: it must not block the trigger
             log.warning("cannot answer on %r: %s", reply_to, e)
+
+    async def refuse_malformed(self, msg: Delivery, error: BaseException) -> None:
+        """Refuse a message whose bytes made a decoder fail where no check caught it first (a
+        decode error, ``RecursionError``, a ``UnicodeError``): the message's fault, so it is
+        dead-lettered and answered on its first delivery, never retried."""
+        if isinstance(error, BodyRefused):
+            code: RejectCode = error.code
+        elif isinstance(error, RecursionError):
+            code = "too_deep"
+        elif isinstance(error, UnicodeError):
+            code = "invalid_encoding"
+        else:
+            code = "invalid_json"
+        try:
+            kind = _DLQ_KINDS.get(self.names.parse_inbox(msg.subject).kind, "other")
+        except InvalidName:
+            kind = "other"
+        message = f"the message cannot be read: {type(error).__name__}: {str(error)[:500]}"
+        reply_to = msg.header(REPLY_HEADER)
+        await self._reject(msg, kind, code, message, not reply_to or valid_reply_subject(reply_to))
 
     async def _reject(
         self, msg: Delivery, kind: DlqKind, code: RejectCode, message: str, answer: bool = True

@@ -83,6 +83,10 @@ class RecordedWait:
     outcome: str
     payload: msgspec.Raw
     signal: str | None
+    sent_by: str | None = None
+    """For a signal: who sent it (``SignalReceived.sent_by``)."""
+    sender_verified: bool | None = None
+    """For a signal: whether the broker authenticated ``sent_by`` (``None``: not recorded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +201,12 @@ class Journal:
         # child outcome; live (``WaitTurn.child_ended``) the latter has no signal.
         signal = rec.detail if rec.outcome == "signal" else None
         return RecordedWait(
-            position=p, outcome=rec.outcome or "", payload=rec.result, signal=signal
+            position=p,
+            outcome=rec.outcome or "",
+            payload=rec.result,
+            signal=signal,
+            sent_by=rec.sent_by,
+            sender_verified=rec.sender_verified,
         )
 
     def patch(self, change_id: str) -> Recorded | Execute | None:

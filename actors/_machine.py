@@ -1025,10 +1025,19 @@ class WaitTurn:
                     payload=sig.payload,
                     signal=sig.name,
                     signal_id=sig.signal_id,
+                    sent_by=sig.sent_by,
+                    sender_verified=sig.sender_verified,
                     at=now,
                 )
             )
-            return RecordedWait(position=p, outcome="signal", payload=sig.payload, signal=sig.name)
+            return RecordedWait(
+                position=p,
+                outcome="signal",
+                payload=sig.payload,
+                signal=sig.name,
+                sent_by=sig.sent_by,
+                sender_verified=sig.sender_verified,
+            )
         if self.deadline is not None and now >= self.deadline:
             m.record(
                 WaitCompleted(position=p, key=self.key, outcome="timeout", payload=_NULL, at=now)

@@ -483,7 +483,8 @@ def _projector_families(projectors: list[Any]) -> Iterable[Metric]:
     )
     malformed = CounterMetricFamily(
         "sojourn_projector_malformed",
-        "Inbox messages and dead letters the projector skipped because they could not be read.",
+        "Inbox messages, dead letters and event messages the projector skipped because they "
+        "could not be read.",
         labels=["source"],
     )
     rebuild = GaugeMetricFamily(
@@ -496,7 +497,7 @@ def _projector_families(projectors: list[Any]) -> Iterable[Metric]:
     views.add_metric([], float(sum(p.views_written for p in projectors)))
     changes.add_metric([], float(sum(p.changes_published for p in projectors)))
     rows.add_metric([], float(sum(p.rows_written for p in projectors)))
-    for source in ("inbox", "dlq"):
+    for source in ("inbox", "dlq", "events"):
         malformed.add_metric([source], float(sum(p.malformed[source] for p in projectors)))
     took = [p.rebuild_seconds for p in projectors if p.rebuild_seconds is not None]
     if took:

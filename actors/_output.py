@@ -397,6 +397,13 @@ class OutputReader:
         if not _valid(chunk, self.run_id):
             self.skipped += 1
             return None
+        raw = bytes(chunk.value)
+        if b"\n" in raw or b"\r" in raw:
+            # Whitespace between a forged value's elements (in a string a line break is
+            # escaped): the same value on one line, so a line-oriented reader (an event
+            # stream, ``sojourn stream --json``) gets one line per chunk.
+            flat = msgspec.Raw(raw.replace(b"\r", b" ").replace(b"\n", b" "))
+            chunk = msgspec.structs.replace(chunk, value=flat)
         seen = self._executions.get(chunk.position)
         restarted = (seen is not None and seen != chunk.execution) or (
             seen is None and chunk.index == 0 and chunk.attempt > 1

@@ -39,10 +39,16 @@ from sojourn.broker.schedules import ScheduleStore, fire_headers
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import decode_events, decode_schedule_request, encode
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import ConcurrencyConflict, InvalidName, SojournError
+from sojourn.schemas.errors import (
+    ConcurrencyConflict,
+    HistoryError,
+    InvalidName,
+    SojournError,
+)
 from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed
 from sojourn.schemas.lifecycle import has_work
 from sojourn.schemas.schedules import (
+    JITTER_MAX,
     FireOutcome,
     ScheduleAction,
     ScheduleAnswer,
@@ -70,6 +76,12 @@ CAS_TRIES = 20
 
 FIRES_IN_FLIGHT = 64
 """Fires one worker handles at once, per agent."""
+
+_TIME_MAX = 253_402_300_799.0
+"""9999-12-31T23:59:59Z: the last time a message schedule can be armed for."""
+
+_COUNT_MAX = 2**63
+"""Revisions and counts a record may hold (one more is still a 64-bit integer)."""
 
 KEPT_MAX = 10_000
 """Records, ended runs and calendars one worker keeps in memory (each bounded)."""
@@ -154,15 +166,20 @@ class Scheduler:
         except msgspec.DecodeError as e:
             raise Rejected("invalid_json", f"request is not valid JSON: {e}") from e
         name = inbox.target
-        if req.action == "add":
-            answer = await self._add(msg, name, req, inbox.sender)
-        elif req.action in ("pause", "resume"):
-            answer = await self._toggle(name, pause=req.action == "pause")
-        elif req.action == "delete":
-            answer = await self._delete(name)
-        else:
-            await self._trigger(msg, name)
-            return
+        try:
+            if req.action == "add":
+                answer = await self._add(msg, name, req, inbox.sender)
+            elif req.action in ("pause", "resume"):
+                answer = await self._toggle(name, pause=req.action == "pause")
+            elif req.action == "delete":
+                answer = await self._delete(name)
+            else:
+                await self._trigger(msg, name)
+                return
+        except HistoryError as e:  # the stored record: retrying cannot help, deleting does
+            raise Rejected(
+                "invalid_schedule", f"{e.message}: delete the schedule, then add it again"
+            ) from e
         if answer is None:
             return  # handed back for a worker that serves the agent
         await self.intake.reply(msg, encode(answer))
@@ -203,7 +220,7 @@ class Scheduler:
             return None
         _check_input(agent, spec)
         for _ in range(CAS_TRIES):
-            got = await self.store.get(name)
+            got = await self._get(name)
             old, seq = got if got is not None else (None, 0)
             if old is not None and old.spec == spec:
                 await self._arm_pending(old)  # a redelivery may find it written, not armed
@@ -241,7 +258,7 @@ class Scheduler:
     async def _toggle(self, name: str, *, pause: bool) -> ScheduleAnswer:
         action: ScheduleAction = "pause" if pause else "resume"
         for _ in range(CAS_TRIES):
-            got = await self.store.get(name)
+            got = await self._get(name)
             if got is None:
                 raise Rejected("unknown_schedule", f"there is no schedule named {name!r}")
             old, seq = got
@@ -265,11 +282,58 @@ class Scheduler:
         raise SojournError(f"schedule {name!r} kept changing; try again")
 
     async def _delete(self, name: str) -> ScheduleAnswer:
-        got = await self.store.get(name)
+        try:
+            got = await self._get(name)
+        except HistoryError:  # a record that cannot be read names no agent: every agent's fire
+            await self.store.remove(name, ["*"])
+            return ScheduleAnswer(name=name, action="delete")
         if got is None:
             return ScheduleAnswer(name=name, action="delete", changed=False)
         await self.store.remove(name, [got[0].spec.agent])
         return ScheduleAnswer(name=name, action="delete")
+
+    async def _get(self, name: str) -> tuple[ScheduleRecord, int] | None:
+        """Schedule ``name``'s record and its sequence, or ``None``.
+
+        Raises:
+            HistoryError: the record cannot be read, or holds what no worker writes (see
+                ``_record_fault``): nothing can be done with it but delete it.
+        """
+        got = await self.store.get(name)
+        if got is not None:
+            fault = self._record_fault(got[0], name)
+            if fault is not None:
+                raise HistoryError(f"the record of schedule {name!r} cannot be used: {fault}")
+        return got
+
+    def _record_fault(self, rec: ScheduleRecord, name: str) -> str | None:
+        """Why a stored record cannot be acted on, ``None`` when it can.
+
+        The record is the broker's copy of what a worker wrote, but on a deployment without
+        authentication anyone may publish on its subject: whatever it holds must not make a
+        fire or a request fail on every delivery (a subject or a time it cannot be armed at,
+        a calendar that cannot be read)."""
+        if rec.name != name:
+            return f"it names another schedule ({rec.name[:100]!r})"
+        try:
+            validate_token(rec.spec.agent, "agent name")
+            for run_id in (*rec.last_runs, rec.last_run_id, rec.last_cancelled):
+                if run_id is not None:
+                    validate_token(run_id, "run id")
+            self._calendar(rec.spec)
+        except (InvalidName, ScheduleError) as e:
+            return str(e)
+        if not 0 <= rec.spec.jitter <= JITTER_MAX:
+            return f"jitter {rec.spec.jitter!r} is out of range"
+        times = (rec.next_fire_at, rec.last_fire_at, rec.created_at, rec.updated_at)
+        if any(t is not None and not 0 <= t <= _TIME_MAX for t in times):
+            return "a time is out of range"
+        c = rec.counts
+        if not all(
+            0 <= n < _COUNT_MAX for n in (rec.revision, c.started, c.skipped, c.missed, c.failed)
+        ):
+            return "a count is out of range"
+        return None
 
     async def _arm_pending(self, record: ScheduleRecord) -> None:
         """Make the broker's pending fire what ``record`` says (armed, or none)."""
@@ -282,7 +346,7 @@ class Scheduler:
     async def _trigger(self, msg: Delivery, name: str) -> None:
         """Fire ``name`` now: at the time the inbox stored the request (the same on every
         delivery of it), under the overlap policy, whether paused or not."""
-        got = await self.store.get(name)
+        got = await self._get(name)
         if got is None:
             raise Rejected("unknown_schedule", f"there is no schedule named {name!r}")
         agent = await self._served(msg, got[0].spec.agent)
@@ -315,7 +379,7 @@ class Scheduler:
                 await self.store.put(record, seq)
                 break
             except ConcurrencyConflict:
-                got = await self.store.get(name)
+                got = await self._get(name)
         else:
             raise SojournError(f"schedule {name!r} kept changing; try again")
         if cancel is not None:
@@ -388,6 +452,9 @@ class Scheduler:
         except InvalidName as e:
             await self._refuse(msg, "invalid_trigger", e.message)
             return
+        if msg.header(h.GARBLED):
+            await self._refuse(msg, "invalid_headers", "the header block cannot be read")
+            return
         fire = fire_headers(msg.headers)
         if fire is None or not msg.header(h.SCHEDULER):
             await self._refuse(msg, "invalid_trigger", "not a fire armed by sojourn")
@@ -401,7 +468,14 @@ class Scheduler:
             return
         cached = self._records.get(name)
         for _ in range(CAS_TRIES):
-            got = cached if cached is not None else await self.store.get(name)
+            try:
+                got = cached if cached is not None else await self._get(name)
+            except HistoryError as e:
+                # Handed back, it would come back every second for nothing: kept once, and
+                # the schedule fires no more until it is deleted (and added again).
+                log.error("schedule %s: %s; not fired", name, e.message)
+                await self._refuse(msg, "poison", e.message)
+                return
             fresh = cached is None
             cached = None
             if got is None:

@@ -67,6 +67,10 @@ class OpRecord(msgspec.Struct, frozen=True, kw_only=True):
     children: tuple[str, ...] = ()
     outcome: WaitOutcome | None = None
     detail: str | None = None
+    sent_by: str | None = None
+    """For a wait a signal ended: who sent it, and whether the broker authenticated that
+    (``WaitCompleted.sent_by``, ``sender_verified``)."""
+    sender_verified: bool | None = None
     interrupted: int = 0
     """Attempts in a row at this step that started and never ended before the one recorded
     last (their worker died mid-step): how a step that kills its worker is recognised."""
@@ -80,6 +84,7 @@ class SignalRecord(msgspec.Struct, frozen=True, kw_only=True):
     signal_id: str
     at: float = 0.0
     sent_by: str | None = None
+    sender_verified: bool | None = None
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True):
@@ -311,6 +316,7 @@ def _signal_record(event: SignalReceived) -> SignalRecord:
         signal_id=event.signal_id,
         at=event.at,
         sent_by=event.sent_by,
+        sender_verified=event.sender_verified,
     )
 
 
@@ -562,6 +568,8 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 result=event.payload,
                 outcome=event.outcome,
                 detail=event.signal if event.outcome == "signal" else event.child_status,
+                sent_by=event.sent_by,
+                sender_verified=event.sender_verified,
             )
             if event.signal_id is not None:
                 signals = tuple(r for r in s.signals if r.signal_id != event.signal_id)

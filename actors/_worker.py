@@ -31,7 +31,7 @@ from sojourn.broker.connection import Broker, ConnectOptions, PullConsumer
 from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
 from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
 from sojourn.broker.follow import read_all
-from sojourn.broker.names import Names
+from sojourn.broker.names import Names, validate_token
 from sojourn.broker.progress import ProgressStore
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import (
@@ -45,6 +45,7 @@ from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import decode_worker_beat, encode, peek_run_id
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError, InvalidName, SojournError
+from sojourn.schemas.events import RunStarted
 from sojourn.schemas.health import BEAT_RUNS_MAX, ActiveRun, WedgeRecord, WorkerBeat, vouches
 from sojourn.schemas.wire import DeadLetter
 
@@ -53,7 +54,7 @@ from ._agent import Agent
 from ._callbacks import CallbackKeys
 from ._executor import Activation
 from ._faults import fault, pause
-from ._intake import HANDBACK_MAX_DELAY, Intake, dead_letter
+from ._intake import HANDBACK_MAX_DELAY, Intake, Screened, dead_letter
 from ._interrupt import Interrupts
 from ._membership import Membership
 from ._scheduler import Scheduler
@@ -379,8 +380,8 @@ class Worker:
         b = self._broker_or_fail()
         beats: list[tuple[int, WorkerBeat]] = []
         for m in await read_all(b, self.names.health_stream, self.names.workers_all):
-            with contextlib.suppress(msgspec.DecodeError):
-                beats.append((m.seq, decode_worker_beat(m.data)))
+            with contextlib.suppress(msgspec.MsgspecError, InvalidName):  # any other shape
+                beats.append((m.seq, _checked_beat(decode_worker_beat(m.data))))
         now = time.monotonic()
         blind = self.settings.worker_dead_after / 2
         if (self._looked_at and now - self._looked_at > blind) or now - self._beaten_at > blind:
@@ -445,9 +446,15 @@ class Worker:
                 for msg in msgs:
                     _count_redelivery(msg, "intake")
                     await inflight.acquire()
-                    key = self._order_key(msg)
-                    prev = tails.get(key)
-                    task = asyncio.create_task(self._intake_one(msg, prev, inflight))
+                    screened = self._screen(msg)
+                    if screened is None or screened.rejected is not None:
+                        # Refused by its bytes alone: at once, never behind the messages about
+                        # the same run (it changes nothing about it).
+                        key, prev = f"refused:{id(msg)}", None
+                    else:
+                        key = self._order_key(msg)
+                        prev = tails.get(key)
+                    task = asyncio.create_task(self._intake_one(msg, prev, inflight, screened))
                     tails[key] = task
                     task.add_done_callback(functools.partial(_forget, tails, key))
             except asyncio.CancelledError:
@@ -459,26 +466,49 @@ class Worker:
                 await asyncio.sleep(0.5)
 
     def _order_key(self, m: Delivery) -> str:
-        """Messages about one run are handled in order (a start before its cancel)."""
+        """Messages about one run are handled in order (a start before its cancel). Total:
+        whatever the message, a key (one that cannot be read is handled, and refused, alone)."""
         try:
             inbox = self.names.parse_inbox(m.subject)
-        except InvalidName:
-            return m.subject  # rejected on its own
-        if inbox.kind in ("start", "spawn"):
-            run_id = inbox.name or (
-                peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
-            )
-            return f"run:{run_id}" if run_id else m.subject
-        return f"run:{inbox.target}"
+            if inbox.kind in ("start", "spawn"):
+                run_id = inbox.name or (
+                    peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
+                )
+                return f"run:{run_id}" if run_id else m.subject
+            return f"run:{inbox.target}"
+        except Exception:  # InvalidName, or bytes no peek can read: refused on its own
+            return m.subject
+
+    def _screen(self, m: Delivery) -> Screened | None:
+        """``Intake.screen``; ``None`` when even that failed (the bytes' fault: refused)."""
+        try:
+            return self.intake.screen(m)
+        except Exception:
+            log.exception("intake: cannot screen %r", m.subject[:200])
+            return None
 
     async def _intake_one(
-        self, m: Delivery, after: asyncio.Task[None] | None, inflight: asyncio.Semaphore
+        self,
+        m: Delivery,
+        after: asyncio.Task[None] | None,
+        inflight: asyncio.Semaphore,
+        screened: Screened | None,
     ) -> None:
         try:
             if after is not None:
+                await self._wait_turn(m, after)
+            if screened is None:
+                raise msgspec.DecodeError("the message could not be screened")
+            await self.intake.handle(m, screened)
+        except (msgspec.MsgspecError, RecursionError, UnicodeError) as e:
+            # The bytes' fault, whatever decoder met them first: refused at once, not retried.
+            log.warning("intake: %r cannot be read: %s", m.subject[:200], type(e).__name__)
+            try:
+                await self.intake.refuse_malformed(m, e)
+            except Exception:
+                log.exception("intake: cannot refuse %r; will retry", m.subject[:200])
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(after)
-            await self.intake.handle(m)
+                    await m.nak(delay=1.0)
         except SojournError as e:  # broker trouble: retry the message later
             log.warning("intake: %s; will retry %r", e, m.subject[:200])
             with contextlib.suppress(Exception):
@@ -497,6 +527,18 @@ class Worker:
                 await m.nak(delay=1.0)
         finally:
             inflight.release()
+
+    async def _wait_turn(self, m: Delivery, after: asyncio.Task[None]) -> None:
+        """Wait for the message before ``m`` about the same run, keeping ``m`` alive meanwhile:
+        a run's messages are handled one at a time, and a long line of them (a burst of
+        signals, or of malformed messages each refused in turn) must not outlast the ack wait
+        of those at its end, which would be redelivered while they wait."""
+        keep_alive = max(0.5, self.settings.lease_ttl / 3)
+        while not after.done():
+            await asyncio.wait({after}, timeout=keep_alive)
+            if not after.done():
+                with contextlib.suppress(Exception):
+                    await m.in_progress()
 
     async def _run_new(self, run_id: str, history: list[Decision], msg: Delivery) -> bool:
         """Run a run this worker's intake just created, at once, without a wake round trip.
@@ -834,13 +876,33 @@ class Worker:
             loaded = None
         agent = self._agent_of(history)
         if agent is None:
-            # Not ours (or not created yet): leave it for a worker that serves it.
-            if history:
-                self.misrouted += 1
-                metrics.MISROUTED_WAKES.labels(consumer or "?").inc()
-                await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(times_delivered(wake))))
-            else:
+            if not history:  # not created (yet)
                 await wake.ack()
+                return None
+            started = _started_by(history)
+            if started is None:
+                # Its first message starts nothing: no intake wrote it (on a deployment
+                # without authentication anyone may publish on an event subject). No worker
+                # can execute it; handed back, its wake would come back for hours.
+                raise HistoryError(
+                    f"run {run_id}: its first event message ({history[0].seq}) is not a "
+                    "run.started.v1 naming an agent: the run cannot be executed",
+                    run_id=run_id,
+                    seq=history[0].seq,
+                )
+            if consumer in {self.names.agent_wake_consumer(a) for a in self.agents}:
+                # Routed to an agent that is not the run's (only a stranger publishes such a
+                # wake): no worker pulling this consumer serves the run. Woken where it is
+                # served, rather than handed back here for hours.
+                await publish_wake(
+                    self._broker_or_fail(), self.names, run_id, "rewake", agent=started
+                )
+                await wake.ack()
+                return None
+            # Not ours: leave it for a worker that serves it.
+            self.misrouted += 1
+            metrics.MISROUTED_WAKES.labels(consumer or "?").inc()
+            await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(times_delivered(wake))))
             return None
         agent_name = metrics.agent_label(agent.name)
         t0 = time.perf_counter()
@@ -995,6 +1057,34 @@ def _resume_cause(act: Activation, wake: Delivery, cause: str) -> tuple[str, flo
     except NotADelivery:
         return cause, 0.0
     return cause, max(0.0, now - published)
+
+
+def _checked_beat(beat: WorkerBeat) -> WorkerBeat:
+    """``beat`` if every run it lists is named by tokens (what a worker writes): the runs of a
+    worker that falls silent are woken by their subjects, and one that is no subject token
+    (anyone may publish a beat on a deployment without authentication) would fail that wake,
+    and with it the take-over of every other worker found silent in the same look.
+
+    Raises:
+        InvalidName: a run id, or an agent name other than ``""``, is not a token.
+    """
+    for r in beat.runs:
+        validate_token(r.run_id, "run id")
+        if r.agent:
+            validate_token(r.agent, "agent")
+    return beat
+
+
+def _started_by(history: list[Decision]) -> str | None:
+    """The agent a history's first event starts the run for; ``None`` when that event is not
+    a ``RunStarted`` naming one (the intake writes nothing else first)."""
+    first = history[0].events[0] if history and history[0].events else None
+    if not isinstance(first, RunStarted):
+        return None
+    try:
+        return validate_token(first.agent, "agent")
+    except InvalidName:
+        return None
 
 
 def _forget(tails: dict[str, asyncio.Task[None]], key: str, task: asyncio.Task[None]) -> None:

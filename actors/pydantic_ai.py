@@ -134,7 +134,10 @@ class SojournAgent(Generic[DepsT, OutputT]):
             runs made through this wrapper only).
         prices: what model responses cost (see ``Prices``); tokens are charged without it.
         approvers: who is asked, in turn, to approve a tool that needs approval
-            (``ctx.approval``); each gets ``approval_timeout``.
+            (``ctx.approval``); each gets ``approval_timeout``. Under authentication these are
+            NATS user names: a decision sent by anyone else is refused (and recorded).
+        approval_allowed: names that may decide at any stage as well (``ctx.approval``'s
+            ``allowed``).
         approval_timeout: how long each approver has to answer.
         on_approval_timeout: what happens when nobody answered: ``deny`` (the model is told),
             ``approve``, or ``fail`` (``ApprovalTimeout`` ends the run).
@@ -156,6 +159,7 @@ class SojournAgent(Generic[DepsT, OutputT]):
         approvers: Sequence[str] = ("operator",),
         approval_timeout: Duration = timedelta(days=7),
         on_approval_timeout: Literal["deny", "approve", "fail"] = "deny",
+        approval_allowed: Sequence[str] = (),
         remind: Callable[[str, str], Any] | None = None,
         model_retry: RetryPolicy | None = None,
         tool_retry: RetryPolicy | None = None,
@@ -168,6 +172,9 @@ class SojournAgent(Generic[DepsT, OutputT]):
         self.approvers = tuple(approvers)
         self.approval_timeout = approval_timeout
         self.on_approval_timeout = on_approval_timeout
+        if isinstance(approval_allowed, str):
+            raise TypeError("approval_allowed is a sequence of names, not one string")
+        self.approval_allowed = tuple(approval_allowed)
         self.remind = remind
         self.model_retry = model_retry
         self.tool_retry = tool_retry
@@ -433,6 +440,7 @@ class _Durability(AbstractCapability[Any]):
                 timeout=owner.approval_timeout,
                 remind=owner.remind,
                 on_timeout=owner.on_approval_timeout,
+                allowed=owner.approval_allowed,
             )
             if decision.approved:
                 approvals[call.tool_call_id] = ToolApproved()

@@ -81,7 +81,7 @@ def decode_archive(run_id: str, data: bytes) -> list[Decision]:
     """
     try:
         doc = _archive_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         raise HistoryError(
             f"run {run_id}: the archive cannot be decoded: {e}", run_id=run_id
         ) from e

@@ -9,18 +9,27 @@ Two rules carry the trust boundary:
 
 - a user may publish inbox messages only in the authenticated form naming itself,
   ``<prefix>.as.<user>.<kind>...``: the intake records that token as who sent the message, so
-  no user can speak for another, and the anonymous forms are closed to everyone but admins;
+  no user can speak for another, and the anonymous forms are closed to everyone but admins.
+  The one exception is explicit: a ``client`` user given ``speaks_for`` names (an HTTP gateway,
+  whose callers each have a name in its tokens file) may also start, signal, cancel and send
+  schedule requests as exactly those names, never control messages;
 - run histories (``<prefix>.ev.*``) are written by workers only, and no role but ``admin`` may
   delete a stream, delete a message or update the events stream's configuration (which could
   shorten its retention); only the ``watchdog`` (which runs retention: ended runs' histories
   archived, then removed, ``sojourn.actors._archive``) and ``admin`` may purge the events
   stream.
 
+Replies are private: a restricted user may subscribe to its own inboxes only,
+``_INBOX.<user>.>``, the prefix its connection makes every reply inbox under
+(``names.inbox_prefix``); only workers publish on other users' inboxes (they answer requests).
+
 Print the block for a prefix (users ``client``, ``worker``, ``watchdog``, ``admin`` with
 passwords from ``$SOJOURN_<USER>_PASSWORD``)::
 
     python -m sojourn.broker.auth --prefix sojourn
     python -m sojourn.broker.auth --user client:client --user client2:client   # rotation
+    python -m sojourn.broker.auth --user gateway:client --user worker:worker ... \
+        --speaks-for gateway=alice,bob        # a gateway whose tokens file names alice and bob
 """
 
 from __future__ import annotations
@@ -29,12 +38,13 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sojourn.schemas.auth import ROLES, Role
+from sojourn.schemas.errors import InvalidName
 
-from .names import Names, validate_token
+from .names import REPLY_PREFIX, Names, user_inboxes, validate_token
 
 __all__ = [
     "ACCOUNT",
@@ -65,12 +75,17 @@ class AuthUser:
         role: what the user may do.
         prefix: the deployment whose subjects the role applies to; ``None`` (the default):
             the prefix ``render_accounts`` is given. Several deployments can share a server.
+        speaks_for: other names this user may send inbox messages as (start, signal, cancel,
+            schedule requests; never control messages): the names of an HTTP gateway's callers
+            (its tokens file's NAMEs), so the history records each caller, not the gateway.
+            Only for the ``client`` role. Kept sorted, without repeats or the user's own name.
     """
 
     name: str
     password: str
     role: Role
     prefix: str | None = None
+    speaks_for: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_token(self.name, "user name")
@@ -80,6 +95,20 @@ class AuthUser:
             raise ValueError(f"unknown role {self.role!r}: use one of {', '.join(ROLES)}")
         if not self.password:
             raise ValueError(f"user {self.name!r} needs a password")
+        if isinstance(self.speaks_for, str):
+            raise TypeError("speaks_for is a sequence of names, not one string")
+        names = _speaks_for(self.name, self.speaks_for)
+        if names and self.role != "client":
+            raise ValueError(
+                f"user {self.name!r}: only a client user (an HTTP gateway) may speak for others, "
+                f"not a {self.role} user"
+            )
+        object.__setattr__(self, "speaks_for", names)
+
+
+def _speaks_for(user: str, names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` validated, sorted, without repeats or ``user`` itself (it speaks for itself)."""
+    return tuple(sorted({validate_token(n, "name to speak for") for n in names} - {user}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,28 +236,61 @@ def _snapshot_writing(names: Names) -> list[str]:
     ]
 
 
-def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
+def _client_inbox(names: Names, sender: str) -> list[str]:
+    """What a client sends as ``sender``: starts, signals, cancels and schedule requests (add,
+    pause, resume, trigger, delete); never a control message."""
+    return [
+        names.start("*", sender),
+        names.start("*", sender, "*"),
+        names.signal("*", ">", sender),
+        names.cancel("*", sender),
+        names.schedule("*", sender),
+    ]
+
+
+def permissions_for(
+    names: Names, user: str, role: Role, *, speaks_for: Iterable[str] = ()
+) -> Permissions | None:
     """The permissions of ``user`` with ``role`` in the deployment ``names``; ``None`` for
-    ``admin`` (unrestricted within the account)."""
+    ``admin`` (unrestricted within the account). ``speaks_for``: the other names a client user
+    may send as (``AuthUser.speaks_for``).
+
+    Raises:
+        InvalidName: ``user`` or a name in ``speaks_for`` is not a token.
+        ValueError: ``speaks_for`` names for a role other than ``client``.
+    """
     validate_token(user, "user name")
+    others = _speaks_for(user, speaks_for)
+    if others and role != "client":
+        raise ValueError(f"only a client user may speak for others, not a {role} user")
     p = names.prefix
-    inbox = "_INBOX.>"
+    # Replies come to each user's own inboxes only (``_INBOX.<user>.>``: the prefix its
+    # connection makes its inboxes under, ``names.inbox_prefix``), so no user sees another's
+    # PubAcks, direct-get answers or the intake's answers. Answering is the worker's: it
+    # publishes on any inbox.
+    own_inboxes = user_inboxes(user)
+    any_inbox = f"{REPLY_PREFIX}.>"
     if role == "admin":
         return None
     if role == "client":
         publish = [
-            names.start("*", user),
-            names.start("*", user, "*"),
-            names.signal("*", ">", user),
-            names.cancel("*", user),
-            names.schedule("*", user),  # add, pause, resume, trigger, delete schedules
+            *_client_inbox(names, user),
+            # an HTTP gateway's callers, each recorded under its own name (``speaks_for``)
+            *(s for other in others for s in _client_inbox(names, other)),
             # the HTTP gateway (a client) keeps the callback and webhook requests it refused
             names.dlq("http"),
             *_reading(names),
         ]
         # Clients watch a run with a core subscription on its event subject, its views on
         # the change subjects, its output live on the output subject.
-        subscribe: tuple[str, ...] = (inbox, names.events_all, f"{p}.runs.>", names.outputs_all)
+        subscribe: tuple[str, ...] = (
+            own_inboxes,
+            # the intake answers a message sent as ``other`` only under ``_INBOX.<other>``
+            *(user_inboxes(other) for other in others),
+            names.events_all,
+            f"{p}.runs.>",
+            names.outputs_all,
+        )
         return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     if role == "watchdog":
         publish = [names.wake("*"), names.wake("*", "*"), names.watch("*"), *_reading(names)]
@@ -236,7 +298,7 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
         publish += _snapshot_reading(names)
         purge_events = f"$JS.API.STREAM.PURGE.{names.events_stream}"
         deny = [d for d in _never(names) if d != purge_events]  # retention purges ended runs
-        return Permissions(tuple(publish), tuple(deny), (inbox,))
+        return Permissions(tuple(publish), tuple(deny), (own_inboxes,))
     if role == "worker":
         streams = _streams(names)
         publish = [
@@ -266,7 +328,7 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
             names.changes_all,
             names.outputs_all,
             names.leader("*"),
-            inbox,  # the intake's and the listing service's answers
+            any_inbox,  # the intake's and the listing service's answers, to anyone
             "$JS.API.INFO",
             *(f"$JS.API.STREAM.INFO.{s}" for s in streams),
             # A fresh deployment: the first worker creates the streams. No worker updates
@@ -297,7 +359,7 @@ def permissions_for(names: Names, user: str, role: Role) -> Permissions | None:
         # The listing service listens on its subject (the replies go to the asker's inbox);
         # a projector takes appends on the event subjects as hints to read at once; every
         # worker hears the intake's interrupt notices.
-        subscribe = (inbox, names.query_runs, names.events_all, names.interrupts_all)
+        subscribe = (own_inboxes, names.query_runs, names.events_all, names.interrupts_all)
         return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     raise ValueError(f"unknown role {role!r}")
 
@@ -344,6 +406,19 @@ def render_accounts(
         if u.name in seen:
             raise ValueError(f"two users are named {u.name!r}")
         seen.add(u.name)
+    for u in users:
+        # A name is one identity: a gateway speaking for a user of its own would make that
+        # user's messages and the gateway's caller's indistinguishable in the history.
+        own = u.prefix or prefix
+        clash = [
+            n
+            for n in u.speaks_for
+            if any(v.name == n and (v.prefix or prefix) == own for v in users)
+        ]
+        if clash:
+            raise ValueError(
+                f"user {u.name!r} may not speak for {clash[0]!r}: that is a user of its own"
+            )
     i1, i2, i3, i4, i5, i6 = (indent + "  " * n for n in range(1, 7))
     out = [
         f"{indent}# Users of the sojourn deployment with prefix {prefix!r}, generated by",
@@ -354,10 +429,14 @@ def render_accounts(
         f"{i2}users: [",
     ]
     for u in users:
-        perms = permissions_for(Names(u.prefix) if u.prefix else names, u.name, u.role)
+        perms = permissions_for(
+            Names(u.prefix) if u.prefix else names, u.name, u.role, speaks_for=u.speaks_for
+        )
         out += [
             f"{i3}{{",
-            f"{i4}# role: {u.role}" + (f", prefix {u.prefix!r}" if u.prefix else ""),
+            f"{i4}# role: {u.role}"
+            + (f", prefix {u.prefix!r}" if u.prefix else "")
+            + (f", speaks for {', '.join(u.speaks_for)}" if u.speaks_for else ""),
             f"{i4}user: {_q(u.name)}",
             f"{i4}password: {_password(u.password)}",
         ]
@@ -379,11 +458,26 @@ def password_env_var(user: str) -> str:
     return f"SOJOURN_{validate_token(user, 'user name').upper().replace('-', '_')}_PASSWORD"
 
 
-def default_users(specs: Sequence[tuple[str, Role]] | None = None) -> list[AuthUser]:
+def default_users(
+    specs: Sequence[tuple[str, Role]] | None = None,
+    speaks_for: Mapping[str, Sequence[str]] | None = None,
+) -> list[AuthUser]:
     """Users whose passwords are environment variable references (``password_env_var``);
-    by default one per role, named after it."""
+    by default one per role, named after it. ``speaks_for``: by user name, the other names
+    that (client) user may send as (``AuthUser.speaks_for``).
+
+    Raises:
+        ValueError: ``speaks_for`` names a user that is not among them, or one not a client.
+    """
     pairs = list(specs) if specs is not None else [(r, r) for r in ROLES]
-    return [AuthUser(name, "$" + password_env_var(name), role) for name, role in pairs]
+    extra = dict(speaks_for or {})
+    unknown = sorted(set(extra) - {name for name, _ in pairs})
+    if unknown:
+        raise ValueError(f"--speaks-for names {unknown[0]!r}, which is not one of the users")
+    return [
+        AuthUser(name, "$" + password_env_var(name), role, speaks_for=tuple(extra.get(name, ())))
+        for name, role in pairs
+    ]
 
 
 def _user_spec(text: str) -> tuple[str, Role]:
@@ -392,6 +486,19 @@ def _user_spec(text: str) -> tuple[str, Role]:
         if role == r:
             return validate_token(name, "user name"), r
     raise argparse.ArgumentTypeError(f"{text!r}: use NAME:ROLE, ROLE one of {', '.join(ROLES)}")
+
+
+def _speaks_for_spec(text: str) -> tuple[str, tuple[str, ...]]:
+    user, sep, rest = text.partition("=")
+    names = tuple(n.strip() for n in rest.split(",") if n.strip())
+    if not sep or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: use USER=NAME[,NAME...]")
+    try:
+        return validate_token(user, "user name"), tuple(
+            validate_token(n, "name to speak for") for n in names
+        )
+    except InvalidName as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -409,8 +516,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME:ROLE",
         help="a user (repeat; default: client, worker, watchdog and admin, one per role)",
     )
+    parser.add_argument(
+        "--speaks-for",
+        action="append",
+        type=_speaks_for_spec,
+        default=[],
+        metavar="USER=NAME[,NAME...]",
+        help="names the client USER may also send as: an HTTP gateway's callers, the NAMEs "
+        "of its tokens file (repeat; docs/gateway.md)",
+    )
     args = parser.parse_args(argv)
-    sys.stdout.write(render_accounts(args.prefix, default_users(args.user)))
+    speaks_for: dict[str, list[str]] = {}
+    for user, names in args.speaks_for:
+        speaks_for.setdefault(user, []).extend(names)
+    try:
+        text = render_accounts(args.prefix, default_users(args.user, speaks_for))
+    except ValueError as e:  # InvalidName is one
+        parser.error(str(e))
+    sys.stdout.write(text)
     return 0
 
 

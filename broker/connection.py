@@ -32,7 +32,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import nats
@@ -45,6 +45,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from sojourn.schemas.errors import (
     BrokerUnavailable,
     BrokerVersionError,
+    InvalidName,
     JetStreamError,
     PermissionDenied,
     SojournError,
@@ -53,6 +54,7 @@ from sojourn.schemas.errors import (
 from . import headers as h
 from .delivery import Delivery, OnDelivery, PublishAck, StoredMessage, Subscription
 from .drift import Finding, consumer_finding, stream_finding
+from .names import inbox_prefix
 from .pull import PullConsumer, open_pull
 
 __all__ = [
@@ -266,6 +268,17 @@ def _options(target: str | ConnectOptions | None) -> ConnectOptions:
     return target if isinstance(target, ConnectOptions) else ConnectOptions(url=target)
 
 
+def _inbox_prefix(user: str | None) -> str:
+    """The inbox prefix of a connection as ``user`` (``names.inbox_prefix``): its replies come
+    on ``_INBOX.<user>.<tokens>``, the only inboxes the generated permissions let that user
+    subscribe to. A user name that is not a subject token (a server configured by hand) gets
+    the anonymous ``_INBOX``: it cannot be a sender either."""
+    try:
+        return inbox_prefix(user)
+    except InvalidName:
+        return inbox_prefix(None)
+
+
 _VIOLATION = re.compile(
     r'permissions violation for (publish|subscription)(?: with reply of| to) "(.*)"', re.I
 )
@@ -388,11 +401,31 @@ _STREAM_EXISTS = 10058
 _CONSUMER_NOT_FOUND = 10014
 _CONSUMER_EXISTS = 10148
 
+T = TypeVar("T")
+
 _MISSING = ("404", "503")
 """Direct-get answers meaning "nothing there": no such message, or no such stream yet (a
 deployment prefix nothing has used answers 503, no responders). A 503 from a stream that does
 exist means no replica could answer (a cluster electing a leader): ``_nobody_answered``
 raises ``BrokerUnavailable`` then, never "nothing stored"."""
+
+
+def _status_of(msg: Msg) -> str | None:
+    """The status of a direct get's answer, ``None`` when it carries a stored message.
+
+    A status answer is the server's own and carries no message; an answer that carries one
+    always has its ``Nats-Sequence`` (set by the server), and whatever other headers its
+    publisher stored with it are the message's: a stored ``Status: 500`` or ``Status: 204``
+    header must not end a read (it wedged every follower of the stream at that message)."""
+    headers = msg.headers or {}
+    if h.SEQUENCE in headers:
+        return None
+    return headers.get(h.STATUS)
+
+
+def _code(text: str) -> int:
+    """A status code or count from a header (0 when it is not a number)."""
+    return int(text) if text.isdigit() and len(text) < 19 else 0
 
 
 BROKER_ERRORS: tuple[type[BaseException], ...] = (
@@ -455,6 +488,8 @@ class Broker:
         seen: list[BaseException] = []
         connecting = True
         nc = NATS()
+        _total_headers(nc)
+        _total_subjects(nc)
         attempt: asyncio.Future[None] | None = None
         fatal: list[BaseException] = []
 
@@ -485,6 +520,10 @@ class Broker:
             "reconnect_time_wait": 0.25,
             "error_cb": on_error,
             "pending_size": 64 * 1024 * 1024,
+            # Every reply inbox of the connection (requests, PubAcks, direct gets, pull
+            # requests, the intake's answers) under the user's own prefix: the broker lets a
+            # user subscribe to its own replies only (docs/operations.md, Security).
+            "inbox_prefix": _inbox_prefix(opts.user),
         }
         if tls is not None:
             options["tls"] = tls
@@ -578,9 +617,21 @@ class Broker:
         """The largest message the server accepts, headers included (its ``max_payload``)."""
         return int(self._nc.max_payload)
 
-    def new_inbox(self) -> str:
-        """A fresh request/reply inbox subject (``_INBOX.<unique>``) to subscribe to."""
-        return self._nc.new_inbox()
+    @property
+    def inbox_prefix(self) -> str:
+        """What every reply inbox of this connection starts with: ``_INBOX.<user>`` for a
+        connection with a user name, ``_INBOX`` without one (``names.inbox_prefix``)."""
+        return bytes(self._nc._inbox_prefix).decode()
+
+    def new_inbox(self, owner: str | None = None) -> str:
+        """A fresh request/reply inbox subject (``<inbox_prefix>.<unique>``) to subscribe to.
+
+        ``owner``: the inbox of a message this connection sends as another name (a gateway
+        speaking for its callers): ``_INBOX.<owner>.<unique>``, where the intake answers a
+        message sent as ``owner`` (its permissions must let it subscribe there)."""
+        if owner is None or owner == self.user:
+            return self._nc.new_inbox()
+        return f"{inbox_prefix(owner)}.{uuid.uuid4().hex}"
 
     async def subscribe(
         self, subject: str, *, cb: OnDelivery | None = None, max_msgs: int = 0, queue: str = ""
@@ -850,21 +901,24 @@ class Broker:
     async def _direct_one(
         self, api: str, req: bytes, subject: str, timeout: float
     ) -> StoredMessage | None:
-        try:
-            msg = await self._request(api, req, None, timeout)
-        except NoRespondersError:
-            await self._nobody_answered(api, subject)
-            return None  # the stream does not exist (yet): nothing stored
-        except (NatsTimeoutError, TimeoutError) as e:
-            raise BrokerUnavailable(f"direct get {subject} timed out") from e
-        status = (msg.headers or {}).get(h.STATUS)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Msg] = loop.create_future()
+
+        def on_msg(m: Msg) -> None:
+            if not done.done():
+                done.set_result(m)
+
+        # Not ``nc.request``: it takes any answer with a ``Status: 503`` header for "no
+        # responders", a stored message's own header included.
+        msg = await self._direct_read(api, req, on_msg, done, f"direct get {subject}", timeout)
+        status = _status_of(msg)
         if status == "503":
             await self._nobody_answered(api, subject)
         if status in _MISSING:
             return None
         if status:
             raise JetStreamError(
-                f"direct get {subject}: status {status}", code=int(status), err_code=0
+                f"direct get {subject}: status {status}", code=_code(status), err_code=0
             )
         return StoredMessage.from_nats(msg)
 
@@ -907,17 +961,17 @@ class Broker:
             if done.done():
                 return  # a late answer to a read given up on
             headers = m.headers or {}
-            status = headers.get(h.STATUS)
+            status = _status_of(m)
             if status is not None:
                 nobody[0] = status == "503"
                 if status == "204" or status in _MISSING:
-                    done.set_result(int(headers.get(h.NUM_PENDING, "0") or 0))
+                    done.set_result(_code(headers.get(h.NUM_PENDING, "0")))
                 else:
                     done.set_exception(
                         JetStreamError(
                             f"direct get {subject}: status {status} "
                             f"{headers.get(h.DESCRIPTION, '')}",
-                            code=int(status),
+                            code=_code(status),
                             err_code=0,
                         )
                     )
@@ -925,6 +979,28 @@ class Broker:
             msgs.append(StoredMessage.from_nats(m))
 
         api = f"$JS.API.DIRECT.GET.{stream}"
+        req = json.dumps({"seq": seq, "batch": batch, "next_by_subj": subject}).encode()
+        pending = await self._direct_read(api, req, on_msg, done, f"reading {subject}", timeout)
+        if not msgs and nobody[0]:
+            await self._nobody_answered(api, subject)
+        return msgs, pending
+
+    async def _direct_read(
+        self,
+        api: str,
+        req: bytes,
+        on_msg: Callable[[Msg], None],
+        done: asyncio.Future[T],
+        what: str,
+        timeout: float,
+    ) -> T:
+        """Send a direct get on the shared reads inbox; every answer goes to ``on_msg`` until
+        ``done`` is resolved (by ``on_msg``), which is returned.
+
+        Raises:
+            PermissionDenied: the server refused this user the read.
+            BrokerUnavailable: ``done`` was not resolved within ``timeout`` seconds.
+        """
 
         def on_denied() -> None:
             if not done.done():
@@ -935,18 +1011,14 @@ class Broker:
         self._reads[token] = on_msg
         stop = self._denials.watch(api, on_denied)
         try:
-            req = json.dumps({"seq": seq, "batch": batch, "next_by_subj": subject}).encode()
             await self._nc.publish(api, req, reply=f"{self._reads_prefix}.{token}")
             try:
-                pending = await asyncio.wait_for(done, timeout)
+                return await asyncio.wait_for(done, timeout)
             except TimeoutError as e:
-                raise BrokerUnavailable(f"reading {subject} timed out after {timeout}s") from e
+                raise BrokerUnavailable(f"{what} timed out after {timeout}s") from e
         finally:
             stop()
             self._reads.pop(token, None)
-        if not msgs and nobody[0]:
-            await self._nobody_answered(api, subject)
-        return msgs, pending
 
     async def _reading(self) -> None:
         """Subscribe the direct-get inbox (once; concurrent first reads wait for it)."""
@@ -1106,3 +1178,49 @@ def _publish_result(subject: str, raw: dict[str, Any]) -> PublishAck | JetStream
         seq=int(raw["seq"]),
         duplicate=bool(raw.get("duplicate", False)),
     )
+
+
+def _total_headers(nc: NATS) -> None:
+    """Make ``nc``'s header parsing total. nats-py parses a message's header block inside its
+    read loop, and some malformed blocks (e.g. ``XXXX\\r\\n\\r\\n``, which nats-server
+    passes on as it is) raise there: the read loop then ends without closing the connection,
+    and every later message to this process is silently lost. Any publisher could do that to
+    every subscriber of a subject it may publish on. Instead, such a message arrives with the
+    one header ``Sojourn-Headers-Garbled`` (``headers.GARBLED``), which readers refuse."""
+    parse = nc._process_headers
+
+    async def process(raw: bytes) -> dict[str, str] | None:
+        try:
+            return await parse(raw)
+        except Exception as e:
+            return {h.GARBLED: f"{type(e).__name__}: {len(raw)}-byte header block"}
+
+    nc._process_headers = process  # type: ignore[method-assign,assignment]
+
+
+def _total_subjects(nc: NATS) -> None:
+    """Make ``nc``'s message building total. nats-server passes on any bytes as a subject or
+    a reply subject (``PUB t.wake.\\xff 2``), stores them in a stream whose wildcard matches,
+    and delivers them to every subscriber and consumer; nats-py decodes both as UTF-8 inside
+    its read loop, which then ends on the first that is not, without closing the connection.
+    Instead such a subject arrives with its bytes escaped (``t.wake.\\\\xff``): no valid name
+    or reply subject has a backslash, so every reader refuses it like any malformed subject
+    (and a consumer's delivery can still be acked: its reply, the ack subject, is the
+    server's)."""
+    build = nc._build_message
+
+    def total(
+        sid: int, subject: bytes, reply: bytes, data: bytes, headers: dict[str, str] | None
+    ) -> Msg:
+        try:
+            msg: Msg = build(sid, subject, reply, data, headers)
+        except UnicodeDecodeError:
+            msg = build(sid, _escaped(subject), _escaped(reply), data, headers)
+        return msg
+
+    nc._build_message = total  # type: ignore[method-assign]
+
+
+def _escaped(raw: bytes) -> bytes:
+    """``raw`` as UTF-8 with every byte that is not written ``\\xNN``."""
+    return bytes(raw).decode("utf-8", "backslashreplace").encode()

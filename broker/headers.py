@@ -102,3 +102,8 @@ WAKE_REASON: Final = "Sojourn-Wake-Reason"
 
 DLQ_NOTE: Final = "Sojourn-Dlq-Note"
 """In a dead-letter record's headers: that the original headers were cut to fit."""
+
+GARBLED: Final = "Sojourn-Headers-Garbled"
+"""Set by this process, never by a sender that means well: the message's header block could
+not be parsed (its value says why). Any sojourn reader refuses such a message
+(``invalid_headers``) rather than guess at what it says."""

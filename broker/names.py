@@ -17,12 +17,15 @@ from sojourn.schemas.wire import InboxKind
 __all__ = [
     "CHAIN_RUN_ID",
     "CHILD_RUN_ID",
+    "REPLY_PREFIX",
     "RESERVED_SIGNAL_PREFIX",
     "SCHEDULED_RUN_ID",
     "SCHEDULE_NAME_PATTERN",
     "TOKEN_PATTERN",
     "InboxSubject",
     "Names",
+    "inbox_prefix",
+    "user_inboxes",
     "valid_reply_subject",
     "validate_schedule_name",
     "validate_signal_name",
@@ -97,6 +100,33 @@ _SIGNAL = re.compile(rf"{TOKEN_PATTERN}(\.{TOKEN_PATTERN})*")
 _REPLY = re.compile(rf"{REPLY_PREFIX}(\.{TOKEN_PATTERN})+")
 _REPLY_MAX = 256
 _POSITION = re.compile(r"0|[1-9][0-9]{0,8}")
+
+
+def inbox_prefix(user: str | None) -> str:
+    """The reply inboxes of a connection start with this: ``_INBOX.<user>`` for a connection
+    with a user name, ``_INBOX`` for an anonymous one. Every inbox the connection makes (a
+    request's reply subject, a PubAck's, a direct get's, a pull request's, the
+    ``Sojourn-Reply-To`` the intake answers on) is ``<this>.<tokens>``, so the broker can let
+    each user subscribe to its own replies only (``user_inboxes``), and every one of them is
+    still an ``_INBOX.`` subject the intake answers on (``valid_reply_subject``).
+
+    An anonymous connection's inboxes are ``_INBOX.<nuid>...``, a nuid being 22 random letters
+    and digits: a user name of that shape could in principle equal one, with odds of one in
+    62**22 (about 2**131) per name, and anonymous connections exist only where a connection
+    may have no user name at all.
+
+    Raises:
+        InvalidName: ``user`` is not a subject token.
+    """
+    if user is None:
+        return REPLY_PREFIX
+    return f"{REPLY_PREFIX}.{validate_token(user, 'user name')}"
+
+
+def user_inboxes(user: str) -> str:
+    """What ``user`` may subscribe to for its replies, and no other user may:
+    ``_INBOX.<user>.>`` (``inbox_prefix``)."""
+    return f"{inbox_prefix(user)}.>"
 
 
 def valid_reply_subject(value: str) -> bool:

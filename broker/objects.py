@@ -119,7 +119,7 @@ class ObjectStore:
         try:
             # NATS's object-store JSON (not a sojourn wire body): parsed, then checked by type.
             meta = msgspec.convert(json.loads(m.data), _ObjectMeta)
-        except (ValueError, msgspec.ValidationError) as e:
+        except (ValueError, RecursionError, msgspec.ValidationError) as e:  # any bytes
             raise self._error(name, f"description unreadable: {e}") from e
         if meta.name != name or meta.bucket != self.bucket or not _NUID.fullmatch(meta.nuid):
             raise self._error(name, "description names another object")

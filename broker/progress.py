@@ -52,9 +52,16 @@ class ProgressStore:
         self.worker = worker
 
     async def last(self, run_id: str) -> LeaseHolder | None:
-        """The last progress record of ``run_id`` (``None``: nothing was reported)."""
+        """The last progress record of ``run_id`` (``None``: nothing was reported, or what is
+        there is not a record: anyone may publish on a deployment without authentication, and
+        readers judge such a run as the watchdog does, without a report)."""
         m = await self.broker.direct_get_last(self.names.leases_stream, self.names.lease(run_id))
-        return None if m is None else decode_lease_holder(m.data)
+        if m is None:
+            return None
+        try:
+            return decode_lease_holder(m.data)
+        except msgspec.MsgspecError:
+            return None
 
     async def report(self, run_id: str, owner: str, since: float, progress: Progress) -> None:
         """Record what the activation ``owner`` (begun at ``since``) is doing now."""

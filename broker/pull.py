@@ -80,7 +80,10 @@ class PullConsumer:
         return self
 
     async def _on_message(self, m: Msg) -> None:
-        status = m.headers.get(_STATUS) if m.headers else None
+        # A status comes from the server and has no reply subject; a stored message always has
+        # one (its ack subject), whatever headers its publisher gave it: a ``Status: 503``
+        # header on a message is the message's, never the end of a request.
+        status = m.headers.get(_STATUS) if m.headers and not m.reply else None
         if not status:
             self._ready.append(m)  # whichever request it answers: the next fetch serves it
             self._changed.set()

@@ -12,6 +12,7 @@ No process needs to be alive for a fire to be stored.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 
@@ -39,6 +40,8 @@ FIRE_AT = "Sojourn-Fire-At"
 """On a fire: its nominal time, Unix seconds (a whole number)."""
 REVISION = "Sojourn-Schedule-Revision"
 """On a fire: the schedule's revision it was armed under."""
+
+log = logging.getLogger("sojourn.schedules")
 
 _FENCE_BROKEN = 10071
 
@@ -81,13 +84,20 @@ class ScheduleStore:
         return self._decode(m), m.seq
 
     async def all(self) -> list[ScheduleRecord]:
-        """Every schedule's record, by name."""
+        """Every schedule's record, by name. A record that cannot be read (anyone may publish
+        on a deployment without authentication) is logged and left out: it hides no other
+        schedule, and ``get`` still names it."""
         msgs = await self.broker.direct_get_range(self.stream, self.names.schedule_records_all)
         last: dict[str, StoredMessage] = {}
         for m in msgs:
             if m.data:
                 last[m.subject] = m
-        records = [self._decode(m) for m in last.values()]
+        records = []
+        for m in last.values():
+            try:
+                records.append(self._decode(m))
+            except HistoryError as e:
+                log.warning("%s; left out of the list", e.message)
         return sorted(records, key=lambda r: r.name)
 
     async def put(self, record: ScheduleRecord, expected_seq: int) -> int:

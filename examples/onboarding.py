@@ -133,6 +133,9 @@ async def onboarding(ctx: Context, hire: Hire) -> Onboarded:
         signed = await ctx.wait_for("docs.signed")
     laptop = await ctx.child("it-provision", hire.email, type=Laptop)
     hardware = await ctx.wait_for("hardware.delivered", timeout=hire.hardware_deadline)
+    # Who signed, as the signing service reports it in its callback's body: data about the
+    # documents, not who sent the signal (that is the history's ``sent_by``; an approval,
+    # ``ctx.approval``, decides by the sender instead).
     by = signed.get("by", "?") if isinstance(signed, dict) else "?"
     return Onboarded(
         email=hire.email,

@@ -7,9 +7,11 @@ the answer a ``RunsPage`` or an ``IntakeError``, published on the request's repl
 only on one that is a request/reply inbox (``valid_reply_subject``): a request cannot make the
 service publish anywhere else.
 
-Requests are hostile: one that is not JSON, has unknown fields or values out of range gets an
-error answer and the service goes on. A page that would not fit in one message (the broker's
-``max_payload``) is cut short, with ``next`` naming where the rest starts.
+Requests are hostile: one that is not JSON (or not one every reader reads alike: the checks
+of ``schemas/guard.py``, answered with their codes), has unknown fields or values out of range,
+or whose header block cannot be read gets an error answer and the service goes on. A page
+that would not fit in one message (the broker's ``max_payload``) is cut short, with ``next``
+naming where the rest starts.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from typing import Final
 
 import msgspec
 
+from sojourn.broker import headers as h
 from sojourn.broker.connection import BROKER_ERRORS, Broker
 from sojourn.broker.delivery import Delivery, Subscription
 from sojourn.broker.names import Names, valid_reply_subject
 from sojourn.schemas.codec import decode_runs_query, encode
 from sojourn.schemas.errors import SojournError
+from sojourn.schemas.guard import BodyRefused, check_json
 from sojourn.schemas.views import RunsPage
 from sojourn.schemas.wire import ErrorBody, IntakeError
 
@@ -95,7 +99,11 @@ class ListingService:
             log.debug("listing: request without a valid reply subject ignored")
             return
         try:
-            body = await self.answer(msg.data)
+            if msg.header(h.GARBLED):
+                self.refused += 1
+                body = _error("invalid_headers", "the request's header block cannot be read")
+            else:
+                body = await self.answer(msg.data)
         except Exception:  # never let a request end the service
             log.exception("listing: answering a query failed")
             body = _error(CODE_INTERNAL, "the projector failed to answer; see its log")
@@ -110,7 +118,12 @@ class ListingService:
             self.refused += 1
             return _error(CODE_TOO_LARGE, f"a query is at most {REQUEST_MAX} bytes")
         try:
+            if data.strip():
+                check_json(data, what="the query")
             q = decode_runs_query(data)
+        except BodyRefused as e:  # not UTF-8, too deep, a key twice, a number out of range
+            self.refused += 1
+            return _error(e.code, e.message)
         except msgspec.ValidationError as e:
             self.refused += 1
             return _error(CODE_INVALID_QUERY, f"invalid query: {e}")

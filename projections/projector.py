@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -53,7 +54,7 @@ from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
 from sojourn.broker.delivery import Delivery, PublishAck, StoredMessage, Subscription
 from sojourn.broker.follow import StreamFollower
-from sojourn.broker.names import Names
+from sojourn.broker.names import TOKEN_PATTERN, Names
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas.codec import decode_dead_letter, decode_run_view, encode, from_raw
 from sojourn.schemas.config import Settings
@@ -78,6 +79,7 @@ T = TypeVar("T")
 ROLE = "projector"
 _EXPECT = h.EXPECTED_LAST_SUBJECT_SEQUENCE
 _WRONG_LAST = 10071  # JetStream: wrong last sequence (the fence refused the write)
+_TOKEN = re.compile(TOKEN_PATTERN)  # an agent name: what a change subject can hold
 _HORIZON_AHEAD = 1000
 """How far past a batch the leader moves its horizon, so the leader record is not rewritten
 before every small batch (a new leader checks at most this many more decisions)."""
@@ -178,7 +180,7 @@ class Projector:
         self.views_written = 0
         self.changes_published = 0
         self.rows_written = 0
-        self.malformed = {"inbox": 0, "dlq": 0}
+        self.malformed = {"inbox": 0, "dlq": 0, "events": 0}
         self.rebuild_seconds: float | None = None
         self.snapshots_written = 0
         self.snapshot_position = 0
@@ -497,7 +499,7 @@ class Projector:
             return
         if self._rebuild_until:
             await self._rebuild_part(batch)
-        items = [a for a in batch if a.seq > self.written]
+        items = [a for a in batch if a.seq > self.written and self._writable(a.view)]
         if not items:
             self._advance(batch[-1].seq)
             return
@@ -528,6 +530,17 @@ class Projector:
             if v.liveness == "ended":
                 self._kv.pop(run_id, None)
         self._advance(batch[-1].seq)
+
+    def _writable(self, view: RunView) -> bool:
+        """Whether ``view`` can be written: a view has a change subject only if its agent is
+        a name. A run whose first message names none (a message no intake wrote: not a
+        readable ``RunStarted``, published on an event subject by anyone) has no view; its
+        decisions are counted (``malformed["events"]``) and passed over, and the views of
+        every other run go on being written."""
+        if _TOKEN.fullmatch(view.agent):
+            return True
+        self.malformed["events"] += 1
+        return False
 
     def _advance(self, seq: int) -> None:
         if seq > self.written:

@@ -9,11 +9,12 @@ atomically with a single sequence number (see docs/decisions/0002-one-message-pe
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from .events import HistoryEntry, RunEvent, SpendValue
+from .guard import check_depth
 from .health import WatchClaim, WedgeRecord, WorkerBeat
 from .schedules import ScheduleAnswer, ScheduleRecord, ScheduleRequest
 from .views import RunsQuery, RunView
@@ -59,21 +60,38 @@ __all__ = [
 T = TypeVar("T")
 
 _encoder = msgspec.json.Encoder()
-_events_decoder = msgspec.json.Decoder(list[RunEvent])
-_history_decoder = msgspec.json.Decoder(list[HistoryEntry])
-_start_decoder = msgspec.json.Decoder(StartTrigger)
-_dlq_decoder = msgspec.json.Decoder(DeadLetter)
-_beat_decoder = msgspec.json.Decoder(WorkerBeat)
-_wedge_decoder = msgspec.json.Decoder(WedgeRecord)
-_claim_decoder = msgspec.json.Decoder(WatchClaim)
-_cancel_decoder = msgspec.json.Decoder(CancelBody)
-_resume_decoder = msgspec.json.Decoder(ResumeBody)
-_budget_decoder = msgspec.json.Decoder(BudgetBody)
-_decision_decoder = msgspec.json.Decoder(InDoubtDecision)
-_outcome_decoder = msgspec.json.Decoder(ChildOutcome)
-_schedule_request_decoder = msgspec.json.Decoder(ScheduleRequest)
-_schedule_record_decoder = msgspec.json.Decoder(ScheduleRecord)
-_schedule_answer_decoder = msgspec.json.Decoder(ScheduleAnswer)
+
+
+class _Decoder(Generic[T]):
+    """msgspec's decoder for one type, behind the depth gate: whatever the bytes, it returns a
+    value or raises ``msgspec.DecodeError`` / ``msgspec.ValidationError``, never
+    ``RecursionError`` (``guard.check_depth``, ``RECORD_DEPTH``)."""
+
+    __slots__ = ("_decoder",)
+
+    def __init__(self, type: type[T]) -> None:
+        self._decoder: msgspec.json.Decoder[T] = msgspec.json.Decoder(type)
+
+    def decode(self, data: bytes | memoryview) -> T:
+        check_depth(data)
+        return self._decoder.decode(data)
+
+
+_events_decoder = _Decoder(list[RunEvent])
+_history_decoder = _Decoder(list[HistoryEntry])
+_start_decoder = _Decoder(StartTrigger)
+_dlq_decoder = _Decoder(DeadLetter)
+_beat_decoder = _Decoder(WorkerBeat)
+_wedge_decoder = _Decoder(WedgeRecord)
+_claim_decoder = _Decoder(WatchClaim)
+_cancel_decoder = _Decoder(CancelBody)
+_resume_decoder = _Decoder(ResumeBody)
+_budget_decoder = _Decoder(BudgetBody)
+_decision_decoder = _Decoder(InDoubtDecision)
+_outcome_decoder = _Decoder(ChildOutcome)
+_schedule_request_decoder = _Decoder(ScheduleRequest)
+_schedule_record_decoder = _Decoder(ScheduleRecord)
+_schedule_answer_decoder = _Decoder(ScheduleAnswer)
 
 
 def encode(obj: Any) -> bytes:
@@ -107,11 +125,13 @@ class _RunIdHint(msgspec.Struct):
     run_id: str | None = None
 
 
-_hint_decoder = msgspec.json.Decoder(_RunIdHint)
+_hint_decoder = _Decoder(_RunIdHint)
 
 
 def decode_json(data: bytes) -> Any:
-    """Plain JSON (for signal payloads, whose type only the waiting code knows)."""
+    """Plain JSON (for signal payloads, whose type only the waiting code knows). Raises
+    ``msgspec.DecodeError`` (``guard.BodyRefused`` for a body nested too deep)."""
+    check_depth(data)
     return msgspec.json.decode(data)
 
 
@@ -125,7 +145,7 @@ def peek_run_id(data: bytes) -> str | None:
 
 def decode_intake_reply(data: bytes) -> IntakeOk | IntakeError:
     """Decode the intake's answer; the two shapes are told apart by the ``error`` key."""
-    raw = msgspec.json.decode(data)
+    raw = decode_json(data)
     if isinstance(raw, dict) and "error" in raw:
         return msgspec.convert(raw, IntakeError)
     return msgspec.convert(raw, IntakeOk)
@@ -144,7 +164,7 @@ def decode_schedule_record(data: bytes) -> ScheduleRecord:
 
 def decode_schedule_answer(data: bytes) -> ScheduleAnswer | IntakeError:
     """Decode the intake's answer to a schedule request (told apart by the ``error`` key)."""
-    raw = msgspec.json.decode(data)
+    raw = decode_json(data)
     if isinstance(raw, dict) and "error" in raw:
         return msgspec.convert(raw, IntakeError)
     return _schedule_answer_decoder.decode(data)
@@ -186,7 +206,7 @@ def decode_watch_claim(data: bytes) -> WatchClaim:
     return _claim_decoder.decode(data)
 
 
-_lease_decoder = msgspec.json.Decoder(LeaseHolder)
+_lease_decoder = _Decoder(LeaseHolder)
 
 
 def decode_lease_holder(data: bytes) -> LeaseHolder:
@@ -201,7 +221,9 @@ def to_raw(value: Any) -> msgspec.Raw:
 
 def from_raw(raw: msgspec.Raw | bytes, type: type[T] | Any = Any) -> T:
     """Decode raw JSON from an event field into ``type`` (``Any`` gives plain JSON values)."""
-    return msgspec.json.decode(bytes(raw), type=type)
+    data = bytes(raw)
+    check_depth(data)
+    return msgspec.json.decode(data, type=type)
 
 
 def decode_spend(raw: msgspec.Raw | bytes) -> SpendValue | None:

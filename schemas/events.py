@@ -61,6 +61,11 @@ class TriggerInfo(msgspec.Struct, frozen=True, kw_only=True):
     inbox_seq: int = 0
     msg_id: str | None = None
     received_at: float = 0.0
+    sent_by: str | None = None
+    """Who started the run: the ``as.<sender>`` token of the start's subject, as for signals
+    (``SignalReceived.sent_by``): under authentication the broker's user, or a caller an HTTP
+    gateway speaks for; a child run's, its parent's worker; ``None`` for an anonymous start,
+    a schedule's fire or a continued run."""
 
 
 BUDGET_LIMIT_MAX = 1e15
@@ -388,6 +393,12 @@ class WaitCompleted(Event, tag="wait.completed.v1", frozen=True, kw_only=True):
     """For ``outcome == "child"``: the child's ``ChildStatus`` (``completed``, ``failed`` or
     ``cancelled`` so far). A plain string, not the Literal: it was shipped as one, and a narrower
     type would make a newer status a poison history for older readers (decision 0001)."""
+    sent_by: str | None = None
+    """For ``outcome == "signal"``: the signal's ``SignalReceived.sent_by``, copied when the wait
+    took it, so that a replay knows who sent what the code received (``ctx.approval`` decides
+    by it)."""
+    sender_verified: bool | None = None
+    """For ``outcome == "signal"``: the signal's ``SignalReceived.sender_verified``, copied."""
 
 
 class SignalReceived(Event, tag="signal.received.v1", frozen=True, kw_only=True):
@@ -397,6 +408,13 @@ class SignalReceived(Event, tag="signal.received.v1", frozen=True, kw_only=True)
     payload: msgspec.Raw
     signal_id: str
     sent_by: str | None = None
+    """The ``<sender>`` token of the subject the signal came on (``None``: the anonymous form)."""
+    sender_verified: bool | None = None
+    """Whether the broker authenticated ``sent_by``: ``True`` when the intake that recorded the
+    signal connects with a user name (the deployment runs with users, and the broker lets each
+    publish only under the sender names its permissions give it) and the subject names a
+    sender; ``False`` when ``sent_by`` is a claim (no authentication, or no sender); ``None`` in
+    histories written before sojourn recorded this (read as a claim, by the rules of then)."""
 
 
 class ChildStarted(Event, tag="child.started.v1", frozen=True, kw_only=True):

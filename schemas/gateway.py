@@ -64,6 +64,11 @@ PROBLEM_TYPE: Final = "https://sojourn.dev/problems/"
 HTTP_STATUS: Final[dict[str, int]] = {
     # the intake's reject codes
     "invalid_json": 400,
+    "invalid_encoding": 400,
+    "too_deep": 400,
+    "duplicate_key": 400,
+    "out_of_range": 400,
+    "invalid_headers": 400,
     "invalid_trigger": 400,
     "invalid_input": 422,
     "invalid_run_id": 400,

@@ -110,7 +110,7 @@ def decode_snapshot(data: bytes, summary: type[S]) -> ModelSnapshot[S]:
     """
     try:
         fmt = _format_decoder.decode(data).format
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         raise SnapshotUnreadable(f"not a model snapshot: {e}") from e
     if not 1 <= fmt <= SNAPSHOT_FORMAT:
         raise SnapshotUnreadable(
@@ -121,7 +121,7 @@ def decode_snapshot(data: bytes, summary: type[S]) -> ModelSnapshot[S]:
         decoder = _decoders[summary] = msgspec.msgpack.Decoder(ModelSnapshot[summary])  # type: ignore[valid-type]
     try:
         snap: ModelSnapshot[S] = decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         raise SnapshotUnreadable(f"the model snapshot cannot be decoded: {e}") from e
     if snap.position < 0 or snap.ended < 0:
         raise SnapshotUnreadable("the model snapshot has a negative position or count")

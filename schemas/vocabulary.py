@@ -88,11 +88,12 @@ ChildStatus = Literal["completed", "failed", "cancelled", "rejected"]
 or ``rejected`` (the intake refused the child's trigger: it never ran)."""
 CHILD_STATUSES: tuple[ChildStatus, ...] = get_args(ChildStatus)
 
-ValueKind = Literal["now", "uuid", "random", "spend", "patch", "callback"]
+ValueKind = Literal["now", "uuid", "random", "spend", "patch", "callback", "refusal"]
 """What ``ValueRecorded.kind`` holds today: ``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``,
-``ctx.spend()``, a ``ctx.patched`` marker (``patch``, the value is the change id), and a
-``ctx.callback`` token (``callback``, the value is the token). The event field stays a plain
-string, like ``RunSuspended.reason``."""
+``ctx.spend()``, a ``ctx.patched`` marker (``patch``, the value is the change id), a
+``ctx.callback`` token (``callback``, the value is the token), and a decision ``ctx.approval``
+refused (``refusal``, the value is an ``ApprovalRefused``: who sent it, the approval, the stage
+and why). The event field stays a plain string, like ``RunSuspended.reason``."""
 VALUE_KINDS: tuple[ValueKind, ...] = get_args(ValueKind)
 
 BudgetLimit = Literal[

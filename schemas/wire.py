@@ -88,6 +88,11 @@ class StartTrigger(
 
 RejectCode = Literal[
     "invalid_json",
+    "invalid_encoding",
+    "too_deep",
+    "duplicate_key",
+    "out_of_range",
+    "invalid_headers",
     "invalid_trigger",
     "invalid_input",
     "invalid_run_id",

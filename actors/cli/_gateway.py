@@ -34,7 +34,7 @@ from ._common import (
 )
 from ._render import out
 
-__all__ = ["add_gateway_arguments", "cmd_gateway", "describe", "gateway_config"]
+__all__ = ["add_gateway_arguments", "callers", "cmd_gateway", "describe", "gateway_config"]
 
 TOKENS_ENV = "SOJOURN_GATEWAY_TOKENS"
 
@@ -61,8 +61,9 @@ def add_gateway_arguments(p: argparse.ArgumentParser, *, dev: bool = False) -> N
         "--tokens",
         metavar="FILE",
         default=None,
-        help=f"bearer tokens, one 'TOKEN ROLE' per line, ROLE client or admin (default: "
-        f"${TOKENS_ENV}" + ("; sojourn dev makes DATA_DIR/gateway-tokens)" if dev else ")"),
+        help=f"bearer tokens, one 'TOKEN ROLE NAME' per line, ROLE client or admin, NAME who "
+        f"the history records as the caller (default: ${TOKENS_ENV}"
+        + ("; sojourn dev makes DATA_DIR/gateway-tokens)" if dev else ")"),
     )
     g.add_argument(
         "--callback-keys",
@@ -112,7 +113,7 @@ def gateway_config(args: argparse.Namespace, max_payload: int) -> GatewayConfig:
     tokens_path = args.tokens or os.environ.get(TOKENS_ENV)
     if not tokens_path:
         raise UsageError(
-            f"--tokens FILE (or ${TOKENS_ENV}) is required: one 'TOKEN ROLE' per line; "
+            f"--tokens FILE (or ${TOKENS_ENV}) is required: one 'TOKEN ROLE NAME' per line; "
             "every endpoint but callbacks needs a bearer token"
         )
     try:
@@ -160,12 +161,22 @@ def gateway_config(args: argparse.Namespace, max_payload: int) -> GatewayConfig:
     )
 
 
+def callers(config: GatewayConfig, limit: int = 10) -> str:
+    """The callers' names, the first ``limit`` of them: ``alice, bob`` or ``a, b ... (12)``."""
+    names = sorted(config.tokens.names)
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} ... ({len(names)})"
+
+
 def describe(config: GatewayConfig) -> str:
     """One line on what a gateway accepts (no secrets)."""
+    tokens = config.tokens
     parts = [
-        f"{len(config.tokens)} bearer tokens",
+        f"{len(tokens)} bearer tokens",
         "callbacks " + ("on" if config.callback_keys else "off (no --callback-keys)"),
     ]
+    if tokens.unnamed:
+        parts.append(f"{tokens.unnamed} without a name (sent as the gateway's own user)")
     if config.webhooks:
         parts.append(f"webhooks {', '.join(sorted(config.webhooks))}")
     if config.policy.admin_only:
@@ -202,6 +213,17 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
         PROCESS_HEALTH.refresh()
         out(f"gateway: {url} (nats {opts.display_url}, prefix {settings.prefix})")
         out(f"  {describe(config)}")
+        if config.tokens.names:
+            user = opts.user
+            out(
+                f"  sends as its callers: {callers(config)}"
+                + (
+                    f" (NATS user {user!r} must speak for them: python -m sojourn.broker.auth "
+                    f"--speaks-for {user}=NAME,...)"
+                    if user
+                    else ""
+                )
+            )
         out("ready; press Ctrl-C to stop")
         try:
             await stopper.wait()

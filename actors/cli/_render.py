@@ -82,7 +82,8 @@ def describe_event(e: RunEvent) -> tuple[str, str]:
     match e:
         case RunStarted():
             version = f" version={e.code_version}" if e.code_version else ""
-            detail = f"agent={e.agent}{version} input={short(e.input)}"
+            by = f" by={e.trigger.sent_by}" if e.trigger.sent_by else ""
+            detail = f"agent={e.agent}{version}{by} input={short(e.input)}"
             if e.previous_run_id:
                 detail += f" continues={e.previous_run_id} generation={e.generation}"
         case StepStarted():
@@ -97,6 +98,8 @@ def describe_event(e: RunEvent) -> tuple[str, str]:
                 f"{e.name} pos={e.position} attempt={e.attempt} took={e.duration:.3f}s"
                 f" error={e.error.type}: {one_line(e.error.message)}"
             )
+        case ValueRecorded() if e.kind == "refusal":  # a decision ctx.approval refused
+            detail = f"refused pos={e.position}: {short(e.value, 160)}"
         case ValueRecorded():
             detail = f"ctx.{e.kind}() pos={e.position} = {short(e.value, 40)}"
         case RunCompleted():

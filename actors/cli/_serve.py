@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from .._health import PROCESS_HEALTH, Phase, watchdog_check, worker_check
 from .._metrics import stop_metrics
 from .._watchdog import Watchdog
 from .._worker import Worker
-from ..gateway import GatewayServer, create_app
+from ..gateway import GatewayConfig, GatewayServer, create_app
 from ._common import (
     EXIT_OK,
     StopSignal,
@@ -38,7 +39,7 @@ from ._common import (
     settings_from,
     start_metrics,
 )
-from ._gateway import describe, gateway_config
+from ._gateway import callers, describe, gateway_config
 from ._projector import running_projector
 from ._read import age_seconds
 from ._render import liveness_line, out
@@ -49,9 +50,11 @@ DEV_AUTH_DIR = "auth"
 DEV_PASSWORDS = "passwords.json"
 
 
-def _dev_users(data_dir: str) -> tuple[Path, list[AuthUser]]:
+def _dev_users(data_dir: str, speaks_for: Iterable[str] = ()) -> tuple[Path, list[AuthUser]]:
     """One user per role, named after it, with a random password made once per data dir and
-    kept in ``<data_dir>/auth/passwords.json`` (mode 0600), so a restart keeps them."""
+    kept in ``<data_dir>/auth/passwords.json`` (mode 0600), so a restart keeps them. The
+    ``client`` user, which the dev gateway connects as, speaks for ``speaks_for`` (its
+    callers' names)."""
     auth_dir = Path(data_dir).absolute() / DEV_AUTH_DIR
     auth_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     auth_dir.chmod(0o700)
@@ -69,7 +72,11 @@ def _dev_users(data_dir: str) -> tuple[Path, list[AuthUser]]:
         for role in ROLES:
             passwords.setdefault(role, secrets.token_urlsafe(24))
         write_private(path, json.dumps(passwords, indent=2) + "\n")
-    return auth_dir, [AuthUser(role, passwords[role], role) for role in ROLES]
+    names = tuple(speaks_for)
+    return auth_dir, [
+        AuthUser(role, passwords[role], role, speaks_for=names if role == "client" else ())
+        for role in ROLES
+    ]
 
 
 def _write_dev_urls(server: EmbeddedServer, auth_dir: Path) -> None:
@@ -80,16 +87,18 @@ def _write_dev_urls(server: EmbeddedServer, auth_dir: Path) -> None:
 
 
 def _dev_gateway_files(data_dir: str) -> tuple[Path, Path]:
-    """``DATA_DIR/gateway-tokens`` (a client and an admin bearer token) and
-    ``DATA_DIR/callback-keys``, made once per data dir (mode 0600) and kept after."""
+    """``DATA_DIR/gateway-tokens`` (a client and an admin bearer token, their callers named
+    ``http-client`` and ``http-admin``) and ``DATA_DIR/callback-keys``, made once per data dir
+    (mode 0600) and kept after."""
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     tokens, keys = root / "gateway-tokens", root / "callback-keys"
     if not tokens.exists():
         write_private(
             tokens,
-            "# sojourn dev's bearer tokens: TOKEN ROLE\n"
-            f"{secrets.token_urlsafe(24)} client\n{secrets.token_urlsafe(24)} admin\n",
+            "# sojourn dev's bearer tokens: TOKEN ROLE NAME (NAME: who the history records)\n"
+            f"{secrets.token_urlsafe(24)} client http-client\n"
+            f"{secrets.token_urlsafe(24)} admin http-admin\n",
         )
     if not keys.exists():
         write_private(
@@ -98,14 +107,21 @@ def _dev_gateway_files(data_dir: str) -> tuple[Path, Path]:
     return tokens, keys
 
 
-async def _dev_gateway(
-    args: argparse.Namespace, opts: ConnectOptions, settings: Settings, tokens: Path, keys: Path
-) -> GatewayServer | None:
-    """The gateway of ``sojourn dev`` on 127.0.0.1 (``None`` with --no-gateway, or when its
-    port is taken: dev goes on without it, saying so)."""
+def _dev_gateway_config(args: argparse.Namespace, settings: Settings) -> GatewayConfig:
+    """The dev gateway's configuration: ``--tokens`` and ``--callback-keys``, else the files
+    ``_dev_gateway_files`` makes (read before the server starts: with ``--auth`` the client
+    user speaks for the tokens' names)."""
+    tokens, keys = _dev_gateway_files(args.data_dir)
     args.tokens = args.tokens or str(tokens)
     args.callback_keys = args.callback_keys or str(keys)
-    config = gateway_config(args, settings.max_payload)
+    return gateway_config(args, settings.max_payload)
+
+
+async def _dev_gateway(
+    args: argparse.Namespace, opts: ConnectOptions, settings: Settings, config: GatewayConfig
+) -> GatewayServer | None:
+    """The gateway of ``sojourn dev`` on 127.0.0.1 (``None`` when its port is taken: dev goes
+    on without it, saying so)."""
 
     async def connect() -> Client:
         return await Client.connect(opts, settings=settings)
@@ -116,7 +132,8 @@ async def _dev_gateway(
         out(f"gateway: not started ({e}; choose another with --gateway-port)")
         return None
     url = await server.start()
-    out(f"gateway: {url} (bearer tokens in {args.tokens}; {describe(config)})")
+    sends = f"; sends as its callers {callers(config)}" if config.tokens.names else ""
+    out(f"gateway: {url} (bearer tokens in {args.tokens}; {describe(config)}{sends})")
     return server
 
 
@@ -136,6 +153,7 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
     auth = dev and args.auth
     if auth and args.nats is not None:
         raise UsageError("--auth configures the local server: it cannot be used with --nats")
+    gw_config = _dev_gateway_config(args, settings) if dev and not args.no_gateway else None
     stopper = StopSignal()
     server: EmbeddedServer | None = None
     metrics_server = None
@@ -144,13 +162,17 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
     try:
         metrics_server = start_metrics(args)
         if dev and args.nats is None:
-            auth_dir, users = _dev_users(args.data_dir) if auth else (Path(), [])
-            server = EmbeddedServer(
-                store_dir=args.data_dir,
-                port=args.port,
-                auth=users or None,
-                auth_prefix=settings.prefix,
-            )
+            names = gw_config.tokens.names if gw_config is not None else frozenset[str]()
+            auth_dir, users = _dev_users(args.data_dir, names) if auth else (Path(), [])
+            try:
+                server = EmbeddedServer(
+                    store_dir=args.data_dir,
+                    port=args.port,
+                    auth=users or None,
+                    auth_prefix=settings.prefix,
+                )
+            except ValueError as e:  # a caller named like a user: one name, one identity
+                raise UsageError(f"--auth: {e} (rename it in {args.tokens})") from None
             await server.start()
             version = ".".join(map(str, server.version or ()))
             out(f"nats: {server.url}")
@@ -172,11 +194,8 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
             if dev:
                 out(f"nats: {opts.display_url}")
         keys: CallbackKeys | None = None
-        gateway_files = None
-        if dev and not args.no_gateway:
-            gateway_files = _dev_gateway_files(args.data_dir)
-            if not os.environ.get(CALLBACK_KEYS_ENV):
-                keys = CallbackKeys.load(args.callback_keys or gateway_files[1])
+        if gw_config is not None and not os.environ.get(CALLBACK_KEYS_ENV):
+            keys = CallbackKeys.load(args.callback_keys)
         worker = Worker(
             app.agents,
             nats=opts,
@@ -193,12 +212,13 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
                 watchdog = await Watchdog(nats=watch_opts, settings=settings).start()
                 PROCESS_HEALTH.add("watchdog", watchdog_check(watchdog))
             async with contextlib.AsyncExitStack() as stack:
-                if gateway_files is not None:
-                    # The gateway is a client of the deployment (the client role, with --auth).
+                if gw_config is not None:
+                    # The gateway is a client of the deployment (the client role, with --auth,
+                    # speaking for its callers' names).
                     gw_opts = (
                         ConnectOptions(url=server.url_for("client")) if auth and server else opts
                     )
-                    gateway = await _dev_gateway(args, gw_opts, settings, *gateway_files)
+                    gateway = await _dev_gateway(args, gw_opts, settings, gw_config)
                     if gateway is not None:
                         stack.push_async_callback(gateway.stop)
                 projector = None

@@ -12,6 +12,10 @@ one ``Client``, so any number of gateways may run behind a load balancer. The ro
 - ``POST /v1/callbacks/{token}`` and ``POST /v1/webhooks/{route}/{token}``: the only routes
   without a bearer token; a signed callback token delivers one signal to one run, once;
 - ``GET /v1/openapi.json``, ``GET /healthz``.
+
+What a caller starts, signals and cancels is sent as the name its bearer token has in the
+tokens file (``<prefix>.as.<name>...``), so the history records the caller; callbacks and
+webhooks, and tokens without a name, are sent as the gateway's own NATS user.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from sojourn.schemas.errors import (
     CallbackTokenInvalid,
     InvalidName,
     PayloadTooLarge,
+    PermissionDenied,
     RunNotFound,
     SojournError,
     UnknownAgent,
@@ -64,7 +69,7 @@ from .._client import Client, TriggerRejected
 from .._listing import list_runs
 from .._reports import history_report, status_report
 from .._watching import presence
-from ._auth import BearerTokens, Policy
+from ._auth import BearerTokens, Caller, Policy
 from ._deadletters import DeadLetters
 from ._http import (
     HttpProblem,
@@ -123,6 +128,9 @@ def create_app(connect: Callable[[], Awaitable[Client]], config: GatewayConfig) 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         gw.client = await connect()
+        # The callers' names: what the client may send as besides its own user (the broker's
+        # permissions decide; AuthUser.speaks_for, docs/decisions/0029).
+        gw.client.speaks_for = gw.client.speaks_for | config.tokens.names
         gw.dead_letters = DeadLetters(gw.client)
         app.state.client = gw.client
         try:
@@ -175,6 +183,18 @@ def _answers(handler: Callable[[Any, Request], Awaitable[Response]]) -> Any:
             response = problem_response(p)
         except BrokerUnavailable as e:
             response = problem_response(HttpProblem("unavailable", str(e)))
+        except PermissionDenied as e:
+            # The deployment's configuration, not the caller: most likely the gateway's NATS
+            # user was not given the caller's name to speak for.
+            log.error(
+                "%s %s: %s (is the gateway's NATS user allowed to speak for every NAME of its "
+                "tokens file? python -m sojourn.broker.auth --speaks-for USER=NAME,...; "
+                "docs/gateway.md)",
+                request.method,
+                request.url.path,
+                e.message,
+            )
+            response = problem_response(HttpProblem("internal", "the gateway failed; see its log"))
         except Exception:
             log.exception("%s %s failed", request.method, request.url.path)
             response = problem_response(HttpProblem("internal", "the gateway failed; see its log"))
@@ -197,16 +217,18 @@ class _Gateway:
 
     # --- who is asking --------------------------------------------------------------------
 
-    def _authorize(self, request: Request, action: GatewayAction) -> None:
-        role = self.config.tokens.role_of(request.headers.get("authorization"))
-        if role is None:
+    def _authorize(self, request: Request, action: GatewayAction) -> Caller:
+        """Who is asking (its bearer token's role and name), allowed to take ``action``."""
+        caller = self.config.tokens.caller_of(request.headers.get("authorization"))
+        if caller is None:
             raise HttpProblem(
                 "unauthorized",
                 "a bearer token is required (Authorization: Bearer TOKEN)",
                 headers={"WWW-Authenticate": 'Bearer realm="sojourn"'},
             )
-        if not self.config.policy.allows(role, action):
+        if not self.config.policy.allows(caller.role, action):
             raise HttpProblem("forbidden", f"{action} needs a token with the admin role")
+        return caller
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -234,7 +256,7 @@ class _Gateway:
 
     @_answers
     async def start(self, request: Request) -> Response:
-        self._authorize(request, "start")
+        caller = self._authorize(request, "start")
         agent = str(request.path_params["agent"])
         try:
             validate_token(agent, "agent name")
@@ -253,7 +275,12 @@ class _Gateway:
         value = require_json(request, body)
         try:
             receipt = await self.client.trigger(
-                agent, value, run_id=run_id, wait=True, timeout=self.config.start_wait
+                agent,
+                value,
+                run_id=run_id,
+                wait=True,
+                timeout=self.config.start_wait,
+                sender=caller.name,
             )
         except UnknownAgent as e:
             raise HttpProblem("unknown_agent", e.message) from None
@@ -318,7 +345,7 @@ class _Gateway:
 
     @_answers
     async def signal(self, request: Request) -> Response:
-        self._authorize(request, "signal")
+        caller = self._authorize(request, "signal")
         run_id = self._run_id(request)
         name = str(request.path_params["name"])
         try:
@@ -333,13 +360,22 @@ class _Gateway:
         body = await read_body(request, self.config.max_body)
         value = require_json(request, body)
         await self._exists(run_id)
-        sid = await self._signal(run_id, name, value, signal_id)
+        sid = await self._signal(run_id, name, value, signal_id, caller.name)
         return json_response(SignalAnswer(run_id=run_id, signal=name, signal_id=sid), 202)
 
-    async def _signal(self, run_id: str, name: str, value: Any, signal_id: str | None) -> str:
+    async def _signal(
+        self, run_id: str, name: str, value: Any, signal_id: str | None, sender: str | None
+    ) -> str:
+        """Send the signal as ``sender`` (``None``: as the gateway's own user)."""
         try:
             return await self.client.signal(
-                run_id, name, value, signal_id=signal_id, wait=True, timeout=self.config.start_wait
+                run_id,
+                name,
+                value,
+                signal_id=signal_id,
+                sender=sender,
+                wait=True,
+                timeout=self.config.start_wait,
             )
         except TriggerRejected as e:
             raise self._rejected(e, run_id) from None
@@ -350,7 +386,7 @@ class _Gateway:
 
     @_answers
     async def cancel(self, request: Request) -> Response:
-        self._authorize(request, "cancel")
+        caller = self._authorize(request, "cancel")
         run_id = self._run_id(request)
         body = await read_body(request, self.config.max_body)
         value = require_json(request, body)
@@ -372,7 +408,9 @@ class _Gateway:
                 run_id=run_id,
             )
         try:
-            await self.client.cancel(run_id, reason, wait=True, timeout=self.config.start_wait)
+            await self.client.cancel(
+                run_id, reason, by=caller.name, wait=True, timeout=self.config.start_wait
+            )
         except TriggerRejected as e:
             raise self._rejected(e, run_id) from None
         return json_response(CancelAnswer(run_id=run_id), 202)
@@ -519,7 +557,8 @@ class _Gateway:
         self, request: Request, claims: CallbackClaims, body: bytes | None = None
     ) -> Response:
         """The claims' one signal, with the body as its payload, under the claims' signal id:
-        a repeat is the same signal, answered the same."""
+        a repeat is the same signal, answered the same. Sent as the gateway's own user: the
+        signed token is the credential, and it names no caller."""
         if body is None:
             body = await self._bounded(request)
         try:
@@ -528,7 +567,9 @@ class _Gateway:
             await self.dead_letters.keep(request, body, p.code, p.detail)
             raise
         try:
-            sid = await self._signal(claims.run_id, claims.signal, payload, claims.signal_id)
+            sid = await self._signal(
+                claims.run_id, claims.signal, payload, claims.signal_id, sender=None
+            )
         except HttpProblem as p:
             if p.status != 503:
                 await self.dead_letters.keep(request, body, p.code, p.detail)

@@ -17,8 +17,9 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sojourn.schemas.codec import decode_json, encode
+from sojourn.schemas.codec import encode
 from sojourn.schemas.gateway import HTTP_STATUS, PROBLEM_TYPE, Problem, problem_title
+from sojourn.schemas.guard import BodyRefused, check_json
 
 __all__ = [
     "HttpProblem",
@@ -134,9 +135,9 @@ def require_json(request: Request, body: bytes) -> msgspec.Raw | None:
 
 def _json(body: bytes) -> msgspec.Raw:
     try:
-        decode_json(body)
-    except msgspec.DecodeError as e:
-        raise HttpProblem("invalid_json", f"the body is not valid JSON: {e}") from None
+        check_json(body, what="the body")
+    except BodyRefused as e:  # invalid_json, invalid_encoding, too_deep, duplicate_key ...
+        raise HttpProblem(e.code, e.message) from None
     return msgspec.Raw(body)
 
 

@@ -28,7 +28,13 @@ _QUEUED: Final = 64
 
 
 def encode_event(event: str, event_id: int | None, data: bytes) -> bytes:
-    """One event. ``data`` is compact JSON (no newlines), so it is a single ``data:`` line."""
+    """One event: ``data`` (JSON) as a single ``data:`` line. What sojourn encodes is compact,
+    but a stored value is copied as it was written (a forged chunk's ``value`` may hold line
+    breaks between its elements), and a line break would end the event there. Outside strings
+    a line break in JSON is only whitespace (inside one it is escaped), so each becomes a
+    space: the same value, on one line."""
+    if b"\n" in data or b"\r" in data:
+        data = data.replace(b"\r", b" ").replace(b"\n", b" ")
     head = f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "")
     return head.encode() + b"data: " + data + b"\n\n"
 

@@ -23,8 +23,7 @@ import pytest_asyncio
 
 from sojourn.actors import Client, RunCancelledError, Worker
 from sojourn.broker import Broker, EmbeddedServer, Names
-from sojourn.broker.auth import AuthUser
-from sojourn.schemas.auth import ROLES
+from sojourn.schemas.auth import ROLES, Role
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import PermissionDenied
 from sojourn.schemas.events import CancelRequested, SignalReceived
@@ -32,25 +31,24 @@ from tests.actors.test_cli import sojourn
 from tests.apps.cli_agents import cli_echo, cli_slow
 from tests.apps.waits import gated_kid, guardian, napper
 from tests.conftest import PYTHON, ROOT, subprocess_env, wait_for
+from tests.deployments import authenticated_server
 
 PREFIX = "authe2e"
 SETTINGS = Settings(prefix=PREFIX, lease_ttl=2.0)
 NAMES = Names(PREFIX)
-PASSWORDS = {role: secrets.token_urlsafe(18) for role in ROLES}
+PASSWORDS: dict[str, str] = {role: secrets.token_urlsafe(18) for role in ROLES}
 DEADLINE = 60.0
 
 
 @pytest_asyncio.fixture(scope="module")
-async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedServer]:
-    users = [AuthUser(role, PASSWORDS[role], role) for role in ROLES]
-    srv = EmbeddedServer(
-        store_dir=tmp_path_factory.mktemp("nats-e2e"), port=0, auth=users, auth_prefix=PREFIX
-    )
-    await srv.start()
-    try:
+async def server(
+    processes: None, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[EmbeddedServer]:
+    users: dict[str, Role] = {role: role for role in ROLES}
+    async with authenticated_server(
+        tmp_path_factory.mktemp("nats-e2e"), users, PASSWORDS, PREFIX
+    ) as srv:
         yield srv
-    finally:
-        await srv.stop()
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -229,7 +227,7 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-async def test_dev_auth(tmp_path: Path) -> None:
+async def test_dev_auth(processes: None, tmp_path: Path) -> None:
     data = tmp_path / "data"
     auth = data / "auth"
     async with Dev(data) as dev:

@@ -254,9 +254,14 @@ async def test_hostile_budgets_are_refused_before_anything_is_recorded(
         # and a budget change on a live run with nothing in it, or a wrong body
         run_id = await client.start("capped", 5, wait=True)
         await suspension(client, run_id)
-        for body in (b"{}", b'{"steps": "many"}', b"not json", b'{"wall_seconds": NaN}'):
+        for body, code in (
+            (b"{}", "invalid_trigger"),
+            (b'{"steps": "many"}', "invalid_trigger"),
+            (b"not json", "invalid_json"),  # refused before any decoder, with its own code
+            (b'{"wall_seconds": NaN}', "invalid_json"),
+        ):
             answer = await send_raw(client.broker, client.names.budget(run_id, "ops"), body)
-            assert answer["error"]["code"] == "invalid_trigger", (body, answer)  # type: ignore[index]
+            assert answer["error"]["code"] == code, (body, answer)  # type: ignore[index]
         assert (await client.state(run_id)).status == "suspended"
         with pytest.raises(ValueError):
             await client.set_budget(run_id, Budget())

@@ -39,6 +39,7 @@ async def expense(ctx: Context, amount: int) -> dict[str, Any]:
     return {
         "approved": d.approved,
         "by": d.by,
+        "verified": d.verified,
         "via": d.via,
         "stage": d.stage,
         "at": d.at.isoformat(),
@@ -72,7 +73,8 @@ async def test_approval_deadline_escalation_then_decision(
             sender="bob-ui",
         )
         out = await client.result(run_id, timeout=30)
-    assert out["approved"] is True and out["by"] == "bob"
+    # Without authentication the payload's claim stands, and says it is one.
+    assert out["approved"] is True and out["by"] == "bob" and out["verified"] is False
     assert out["via"] == "decision" and out["stage"] == 1  # decided after the escalation
     # The audit: requests and reminders to alice, the escalation, the request to bob.
     assert audit[0] == ("remind", "alice", "expense")
@@ -84,6 +86,7 @@ async def test_approval_deadline_escalation_then_decision(
     history = await events(client, run_id)
     signal = [e for e in history if isinstance(e, SignalReceived)]
     assert len(signal) == 1 and signal[0].sent_by == "bob-ui"
+    assert signal[0].sender_verified is False  # the server has no users: a claim
     assert b'"by":"bob"' in bytes(signal[0].payload)  # the decider is in the history
     steps = [e.name for e in history if isinstance(e, StepCompleted)]
     assert steps.count("escalate") == 1 and steps.count("remind") >= 3
@@ -102,6 +105,24 @@ async def test_approval_final_policy_applies_when_nobody_decides(
         run_id = await client.start("silent", None, wait=True)
         out = await client.result(run_id, timeout=30)
     assert out["approved"] is True and out["via"] == "policy" and out["by"] == "policy"
+
+
+async def test_approval_without_by_is_the_senders_claim(
+    nats_server: EmbeddedServer, settings: Settings, client: Client
+) -> None:
+    """Without authentication a payload that names nobody is decided by the signal's sender,
+    a claim too (``verified`` is false)."""
+
+    @agent("unnamed")
+    async def unnamed(ctx: Context, _: None) -> ApprovalDecision:
+        return await ctx.approval("x", approvers=["a"], timeout=120)
+
+    async with Worker([unnamed], nats=nats_server.url, settings=settings):
+        run_id = await client.start("unnamed", None, wait=True)
+        await client.signal(run_id, "approval.x", {"approve": False}, sender="carol-ui")
+        out = await client.result(run_id, timeout=30)
+    assert out["approved"] is False and out["via"] == "decision" and out["stage"] == 0
+    assert out["by"] == "carol-ui" and out["verified"] is False
 
 
 class JobService:

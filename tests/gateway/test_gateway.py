@@ -265,6 +265,31 @@ async def test_refusals_are_problem_documents(
     problem(await http.post(f"/v1/runs/{run_id}/signals/go", json=2), "run_ended")
 
 
+async def test_hostile_json_bodies_are_refused_with_their_reason(
+    http: httpx.AsyncClient, worker: Worker, gateway: GatewayProc
+) -> None:
+    """The gateway reads a body as the intake does (one gate, ``schemas.guard``): whatever the
+    bytes, a problem naming why, and the gateway carries on."""
+    json_type = {"Content-Type": "application/json"}
+    for body, code in [
+        (b"\xff\xfe{", "invalid_encoding"),
+        (b'{"v": "\\ud800"}', "invalid_encoding"),
+        (b"[" * 100_000 + b"]" * 100_000, "too_deep"),
+        (b"[" * 65 + b"]" * 65, "too_deep"),
+        (b'{"v": 1, "v": 2}', "duplicate_key"),
+        (b'{"v": 1e400}', "out_of_range"),
+        (b'{"v": 99999999999999999999999}', "out_of_range"),
+        (b'{"v": NaN}', "invalid_json"),
+    ]:
+        r = await http.post("/v1/agents/echo-wait/runs", content=body, headers=json_type)
+        problem(r, code)
+    ok = await http.post("/v1/agents/echo-wait/runs", content=b"[" * 64 + b"]" * 64)
+    assert ok.status_code == 201, ok.text
+    run_id = ok.json()["run_id"]
+    deep = b'{"a":' * 65 + b"1" + b"}" * 65
+    problem(await http.post(f"/v1/runs/{run_id}/signals/go", content=deep), "too_deep")
+
+
 async def test_the_openapi_document_names_every_route_and_resolves_every_ref(
     gateway: GatewayProc,
 ) -> None:
