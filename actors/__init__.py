@@ -1,7 +1,8 @@
 """sojourn.actors: write durable agents and run them.
 
-Everything public is exported here (``__all__``); the modules behind it are private (``_name``)
-and may change. ``sojourn.actors.cli`` is the ``sojourn`` command.
+Everything public is exported here (``__all__``); the modules behind it live in rooms by role
+(``core``, ``agents``, ``history``, ``worker``, ``client``, ``ops``, ``integrations``;
+docs/architecture.md) and may change. ``sojourn.actors.cli`` is the ``sojourn`` command.
 
 Example:
     >>> import msgspec
@@ -39,18 +40,9 @@ from sojourn.schemas.errors import (
 from sojourn.schemas.events import Budget, Usage
 from sojourn.schemas.schedules import ScheduleAnswer, ScheduleRecord
 
-from ._agent import Agent, agent
-from ._app import load_app
-from ._callbacks import CallbackClaims, CallbackKeys
-from ._client import (
-    Client,
-    PendingRun,
-    RunCancelledError,
-    RunFailedError,
-    StartReceipt,
-    TriggerRejected,
-)
-from ._context import (
+from .agents.agent import Agent, agent
+from .agents.callbacks import CallbackClaims, CallbackKeys
+from .agents.context import (
     ChildHandle,
     Context,
     GatherError,
@@ -60,14 +52,23 @@ from ._context import (
     heartbeat,
     idempotency_headers,
 )
-from ._cron import ScheduleError
-from ._metrics import serve_metrics, stop_metrics
-from ._output import OutputChunk, OutputReader, read_output
-from ._patterns import ApprovalDecision, ApprovalRefused, ApprovalTimeout, PollTimeout
-from ._retry import NOT_DONE, RetryPolicy, step
-from ._state import RunState, evolve, fold
-from ._watchdog import Watchdog
-from ._worker import Worker
+from .agents.patterns import ApprovalDecision, ApprovalRefused, ApprovalTimeout, PollTimeout
+from .client.client import (
+    Client,
+    PendingRun,
+    RunCancelledError,
+    RunFailedError,
+    StartReceipt,
+    TriggerRejected,
+)
+from .client.output import OutputChunk, OutputReader, read_output
+from .core.cron import ScheduleError
+from .core.retry import NOT_DONE, RetryPolicy, step
+from .core.state import RunState, evolve, fold
+from .ops.metrics import serve_metrics, stop_metrics
+from .ops.watchdog import Watchdog
+from .worker.app import load_app
+from .worker.worker import Worker
 
 __all__ = [
     "NOT_DONE",

@@ -17,8 +17,8 @@ It starts, all on 127.0.0.1 and all its own:
   (``bench/chaos_agents.py``: M steps, each one effect, a durable sleep between steps, random
   transient failures retried by a ``RetryPolicy``), with a short lease, and with
   ``SOJOURN_FAULTS``/``SOJOURN_FAULT_RATE`` arming the runtime's named seams
-  (``sojourn.actors._faults``): a worker SIGKILLs itself there at random. A worker that dies, by
-  a seam or by the harness, is replaced at once, so K stay up.
+  (``sojourn.actors.worker.faults``): a worker SIGKILLs itself there at random. A worker that
+  dies, by a seam or by the harness, is replaced at once, so K stay up.
 
 Then it starts N runs (at random times over the fault window, ``--faults x --fault-gap``
 seconds) and injects F faults at random times in it, each one of: SIGKILL a worker; SIGSTOP a

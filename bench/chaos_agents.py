@@ -25,10 +25,10 @@ is ``Settings.replicas``, what the harness's own ``Settings`` say, so that strea
 creates or checks for drift agree with the cluster's R3.
 
 It prints ``ready <pid>`` once it takes work. While ``$SOJOURN_FAULTS`` arms seams it also
-prints ``seam <name>`` each time it reaches an armed seam, just before ``sojourn.actors._faults``
-decides whether to SIGKILL the process there; so the last such line of a worker that died by
-SIGKILL names the seam that killed it. (The line is written and flushed before the decision; the
-decision itself is the runtime's own code, unchanged.)
+prints ``seam <name>`` each time it reaches an armed seam, just before
+``sojourn.actors.worker.faults`` decides whether to SIGKILL the process there; so the last
+such line of a worker that died by SIGKILL names the seam that killed it. (The line is written
+and flushed before the decision; the decision itself is the runtime's own code, unchanged.)
 """
 
 from __future__ import annotations
@@ -137,9 +137,9 @@ def _trace_seams() -> None:
     armed = {s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s}
     if not armed:
         return
-    import sojourn.actors._context as context_mod
-    import sojourn.actors._intake as intake_mod
-    import sojourn.actors._worker as worker_mod
+    import sojourn.actors.agents.context as context_mod
+    import sojourn.actors.worker.intake as intake_mod
+    import sojourn.actors.worker.worker as worker_mod
 
     out = sys.stdout
 

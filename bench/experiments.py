@@ -34,8 +34,8 @@ import uuid
 from typing import Any
 
 from sojourn.actors import Client, Worker
-from sojourn.actors._executor import Activation
-from sojourn.actors._replay import replay_run
+from sojourn.actors.core.replay import replay_run
+from sojourn.actors.worker.activation import Activation
 from sojourn.broker import Broker, EmbeddedServer
 from sojourn.broker.connection import PullConsumer
 from sojourn.broker.eventstore import Decision

@@ -87,9 +87,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
 
 
 def load_before(rev: str) -> tuple[types.ModuleType, types.ModuleType] | None:
-    """``actors/_state.py`` and ``projections/summary.py`` at ``rev``, as fresh modules."""
+    """``actors/core/state.py`` and ``projections/summary.py`` at ``rev``, as fresh modules."""
     mods = []
-    for path in ("actors/_state.py", "projections/summary.py"):
+    for path in ("actors/core/state.py", "projections/summary.py"):
         try:
             src = subprocess.run(
                 ["git", "-C", str(ROOT), "show", f"{rev}:{path}"],

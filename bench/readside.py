@@ -77,8 +77,8 @@ import aiosqlite
 import nats
 
 from sojourn.actors import Client, Context, agent
-from sojourn.actors._listing import list_runs
-from sojourn.actors._output import read_output
+from sojourn.actors.client.listing import list_runs
+from sojourn.actors.client.output import read_output
 from sojourn.broker import Broker, EmbeddedServer, find_nats_server
 from sojourn.broker import headers as h
 from sojourn.broker.eventstore import EventStore

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.liveness import fill
-from sojourn.actors._watchdog import Watchdog
+from sojourn.actors.ops.watchdog import Watchdog
 from sojourn.broker import Broker, EmbeddedServer, Names
 from sojourn.broker.topology import ensure_topology
 from sojourn.projections.model import read_snapshot, write_snapshot

@@ -66,7 +66,7 @@ from typing import Any
 import msgspec
 
 from sojourn.actors import Client, Context, Worker, agent, fold
-from sojourn.actors._executor import Activation
+from sojourn.actors.worker.activation import Activation
 from sojourn.broker import Broker, Delivery, EmbeddedServer, Subscription, find_nats_server
 from sojourn.broker.headers import EXPECTED_LAST_SUBJECT_SEQUENCE, MSG_ID, SCHEDULER
 from sojourn.broker.names import Names

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.actors._executor import Activation
+from sojourn.actors.worker.activation import Activation
 from sojourn.broker import Broker, EmbeddedServer, find_nats_server
 from sojourn.broker import headers as h
 from sojourn.broker.eventstore import EventStore

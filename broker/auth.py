@@ -16,7 +16,7 @@ Two rules carry the trust boundary:
 - run histories (``<prefix>.ev.*``) are written by workers only, and no role but ``admin`` may
   delete a stream, delete a message or update the events stream's configuration (which could
   shorten its retention); only the ``watchdog`` (which runs retention: ended runs' histories
-  archived, then removed, ``sojourn.actors._archive``) and ``admin`` may purge the events
+  archived, then removed, ``sojourn.actors.ops.archive``) and ``admin`` may purge the events
   stream.
 
 Replies are private: a restricted user may subscribe to its own inboxes only,

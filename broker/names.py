@@ -372,7 +372,7 @@ class Names:
         """The stream behind ``snapshots_bucket``."""
         return f"OBJ_{self.snapshots_bucket}"
 
-    # large values by reference (content-addressed pieces, ``sojourn.actors._values``)
+    # large values by reference (content-addressed pieces, ``sojourn.actors.history.values``)
     @property
     def values_stream(self) -> str:
         """The stream of value pieces: one message per piece, on ``value(<sha256>)``."""

@@ -176,7 +176,7 @@ class Projector:
         self._owns_broker = broker is None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        # counters (exported by ``sojourn.actors._metrics``)
+        # counters (exported by ``sojourn.actors.ops.metrics``)
         self.views_written = 0
         self.changes_published = 0
         self.rows_written = 0

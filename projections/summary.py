@@ -1,6 +1,6 @@
 """A compact run summary folded from a run's events: what liveness and dashboards need.
 
-The full run state (``sojourn.actors._state``) keeps every operation so replay can hand results
+The full run state (``sojourn.actors.core.state``) keeps every operation so replay can hand results
 back to the code; a watchdog that follows every run of a deployment needs far less: status,
 what the run waits for and until when, the signals it has not consumed yet, its current step
 and a few counters. This fold keeps exactly that, in constant space per run, and like the full
@@ -103,7 +103,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     """The budget ``RunStarted`` recorded (per grant), ``None`` without one."""
     budget_grants: int = 1
     """How many times the budget was granted: once at the start, and again by each resume of
-    a ``budget`` suspension (what ``actors/_state.py`` counts as ``budget_resumes``)."""
+    a ``budget`` suspension (what ``actors/core/state.py`` counts as ``budget_resumes``)."""
     children: tuple[str, ...] = ()
     """The first ``CHILDREN_SHOWN`` child run ids, in the order they were started."""
     children_count: int = 0

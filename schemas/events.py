@@ -165,7 +165,7 @@ class ValueRef(msgspec.Struct, frozen=True, kw_only=True):
     ``size`` are the whole value's: a reader checks every piece and the whole against them.
     Pieces are content-addressed and shared by every value (and run) that holds them: a value
     that grows a little from step to step stores only its new pieces. See
-    ``sojourn.actors._values``.
+    ``sojourn.actors.history.values``.
     """
 
     sha256: str

@@ -1,7 +1,7 @@
 """A run's lifecycle rules, pure and in one place: which event moves a run to which status, what
 a run refuses (an anomaly), and what a parked run waits on.
 
-Two folds apply them: the full run state (``sojourn.actors._state``, what replay reads) and the
+Two folds apply them: the full run state (``sojourn.actors.core.state``, what replay reads) and the
 compact run summary (``sojourn.projections.summary``, what the watchdog reads). Each keeps its
 own fields, but neither decides a status or a wait by itself, so the two cannot drift apart.
 No I/O, no clock.
@@ -78,7 +78,7 @@ def out_of_place(status: RunStatus, event: RunEvent) -> str | None:
 
     An ended run takes nothing more (a cancel request after the end is no anomaly: it is
     ignored); a run starts once; only a suspended run is resumed. The full fold also refuses
-    operation events that do not fit its operation index (``sojourn.actors._state``)."""
+    operation events that do not fit its operation index (``sojourn.actors.core.state``)."""
     if status in TERMINAL:
         if isinstance(event, CancelRequested):
             return None

@@ -57,7 +57,7 @@ from sojourn.schemas.vocabulary import (
 from sojourn.schemas.wire import CHILD_SIGNAL, BudgetBody, child_signal
 
 if TYPE_CHECKING:
-    from sojourn.actors._state import OpRecord, SignalRecord
+    from sojourn.actors.core.state import OpRecord, SignalRecord
 # The full fold's records are imported where the valid histories are built, not here: the
 # schema tests use this module too, and must not need the actor layer to import.
 
@@ -159,7 +159,7 @@ def waiting_on(
 
 
 def signal_record(e: SignalReceived) -> SignalRecord:
-    from sojourn.actors._state import SignalRecord
+    from sojourn.actors.core.state import SignalRecord
 
     return SignalRecord(
         name=e.name, payload=e.payload, signal_id=e.signal_id, at=e.at, sent_by=e.sent_by
@@ -193,7 +193,7 @@ class Expected:
 @st.composite
 def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
     """A history a correct worker could have written, and the state it must fold to."""
-    from sojourn.actors._state import OpRecord
+    from sojourn.actors.core.state import OpRecord
 
     events: list[RunEvent] = []
 

@@ -9,7 +9,8 @@ re-exports a nats-py name (a direct get's answer is a ``StoredMessage``, not nat
 pure modules (every module of ``schemas``, the fold, the journal, the replay machine, retry
 policies and the projections' judgements) do no I/O: they import neither ``asyncio`` nor
 ``sojourn.broker`` nor ``nats``, so they can be tested, and reasoned about, without a server or
-an event loop.
+an event loop. Every module under ``actors/core/`` is pure. The client side (``actors/client/``)
+imports nothing from the worker (``actors/worker/``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ CODEC = "schemas/codec.py"
 # reason; the test fails on any new one and on an entry that no longer applies.
 DECODER_ALLOWED = {
     # The agent's input type is a user annotation, only known to the actor layer.
-    "actors/_agent.py",
+    "actors/agents/agent.py",
 }
 
 # Folders whose code may not import nats-py (only broker/ may).
@@ -44,15 +45,14 @@ NATS_ALLOWED = {
     "broker/pull.py, measured beside the façade's",
 }
 
-# Modules that do no I/O (checked on their own imports). Every module under schemas/ is pure
-# too. A listed module that does not exist fails the test: a rename must update the list.
+# Folders whose every module does no I/O (checked on its own imports): schemas/ and the actors'
+# pure core (the fold, the journal, the replay machine, retry policies, membership, schedule
+# fire times).
+PURE_FOLDERS = ("schemas", "actors/core")
+
+# Modules outside the pure folders that do no I/O. A listed module that does not exist fails
+# the test: a rename must update the list.
 PURE_MODULES = (
-    "actors/_state.py",
-    "actors/_journal.py",
-    "actors/_machine.py",
-    "actors/_replay.py",
-    "actors/_retry.py",
-    "actors/_membership.py",
     "projections/summary.py",
     "projections/views.py",
     "projections/anomaly.py",
@@ -63,12 +63,20 @@ IMPURE = ("asyncio", "nats", "sojourn.broker")
 
 # Known impure imports of pure modules, (file, imported name) -> reason; the test fails on any
 # new one and on an entry that no longer applies.
-IMPURE_ALLOWED: dict[tuple[str, str], str] = {}
+IMPURE_ALLOWED: dict[tuple[str, str], str] = {
+    ("actors/core/schedules.py", "sojourn.broker.names.SCHEDULED_RUN_ID"): "a constant (the "
+    "run id template of a scheduled start), no I/O: the scheduler carries the decisions out",
+}
+
+# The client side never imports the host: a program that only starts and watches runs loads
+# no worker code.
+CLIENT_FOLDER = "actors/client"
+WORKER_PACKAGE = "sojourn.actors.worker"
 
 
 @dataclass(frozen=True)
 class Imported:
-    file: str  # relative to the project root, e.g. "actors/_state.py"
+    file: str  # relative to the project root, e.g. "actors/core/state.py"
     line: int
     target: str  # absolute dotted name: "sojourn.schemas.events.RunEvent", "msgspec", ...
     level: int  # 0 for an absolute import
@@ -265,8 +273,14 @@ def test_the_broker_reexports_no_nats_name() -> None:
 
 
 def _pure_sources() -> list[str]:
+    for folder in PURE_FOLDERS:  # a moved folder would otherwise pass vacuously
+        assert (ROOT / folder / "__init__.py").exists(), f"no package at {ROOT / folder}"
     return [
-        *(p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "schemas").rglob("*.py"))),
+        *(
+            p.relative_to(ROOT).as_posix()
+            for folder in PURE_FOLDERS
+            for p in sorted((ROOT / folder).rglob("*.py"))
+        ),
         *PURE_MODULES,
     ]
 
@@ -289,6 +303,36 @@ def test_the_impure_allow_list_names_pure_modules() -> None:
     assert {file for (file, _) in IMPURE_ALLOWED} - pure == set()
 
 
+def worker_imports(rel: str, source: str) -> list[str]:
+    """What ``rel`` imports from the worker package (``sojourn.actors.worker``)."""
+    return [
+        f"{imp.file}:{imp.line} imports {imp.target}"
+        for imp in imports_in(rel, source)
+        if within(imp.target, WORKER_PACKAGE)
+    ]
+
+
+def test_the_client_imports_nothing_of_the_worker() -> None:
+    client = files_in((CLIENT_FOLDER,))
+    bad = [v for rel, src in client.items() for v in worker_imports(rel, src)]
+    assert bad == [], "the client side loads no worker code: move what it needs out of worker/"
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("from ..worker.intake import Intake\n", True),
+        ("from ..worker import activation\n", True),
+        ("from .. import worker\n", True),
+        ("if TYPE_CHECKING:\n    from sojourn.actors.worker.worker import Worker\n", True),
+        ("from ..history.pending import PendingRun\n", False),
+        ("from sojourn.actors.core.state import RunState\n", False),
+    ],
+)
+def test_worker_imports_are_caught(source: str, found: bool) -> None:
+    assert bool(worker_imports("actors/client/x.py", source)) is found
+
+
 # --- the checker itself can fail --------------------------------------------------------------
 
 
@@ -296,13 +340,13 @@ def test_the_impure_allow_list_names_pure_modules() -> None:
     ("rel", "source"),
     [
         ("schemas/events.py", "from sojourn.broker import names\n"),
-        ("schemas/events.py", "import sojourn.actors._state\n"),
+        ("schemas/events.py", "import sojourn.actors.core.state\n"),
         ("schemas/sub/x.py", "from ...actors import state\n"),  # relative, escaping schemas
         ("schemas/x.py", "from .. import actors\n"),
-        ("broker/eventstore.py", "from sojourn.actors._state import fold\n"),
+        ("broker/eventstore.py", "from sojourn.actors.core.state import fold\n"),
         ("broker/eventstore.py", "from sojourn.projections import x\n"),
         ("broker/x.py", "def f():\n    from sojourn.actors import state\n"),
-        ("projections/x.py", "from sojourn.actors._client import Client\n"),
+        ("projections/x.py", "from sojourn.actors.client.client import Client\n"),
         ("projections/x.py", "from ..actors import client\n"),
         ("projections/x.py", "if TYPE_CHECKING:\n    import sojourn.actors\n"),
         ("actors/x.py", "import schemas\n"),
@@ -375,14 +419,14 @@ def test_nats_reexports_are_caught(source: str, leaks: bool) -> None:
 @pytest.mark.parametrize(
     ("rel", "source"),
     [
-        ("actors/_state.py", "import asyncio\n"),
-        ("actors/_machine.py", "from asyncio import sleep\n"),
+        ("actors/core/state.py", "import asyncio\n"),
+        ("actors/core/machine.py", "from asyncio import sleep\n"),
         ("schemas/x.py", "import asyncio.subprocess\n"),
-        ("actors/_journal.py", "from sojourn.broker.names import Names\n"),
-        ("actors/_replay.py", "if TYPE_CHECKING:\n    from sojourn.broker import Broker\n"),
+        ("actors/core/journal.py", "from sojourn.broker.names import Names\n"),
+        ("actors/core/replay.py", "if TYPE_CHECKING:\n    from sojourn.broker import Broker\n"),
         ("projections/summary.py", "from ..broker import leases\n"),
         ("projections/liveness.py", "from sojourn import broker\n"),
-        ("actors/_retry.py", "def f():\n    import nats\n"),
+        ("actors/core/retry.py", "def f():\n    import nats\n"),
     ],
 )
 def test_impure_imports_are_caught(rel: str, source: str) -> None:
@@ -392,10 +436,10 @@ def test_impure_imports_are_caught(rel: str, source: str) -> None:
 @pytest.mark.parametrize(
     ("rel", "source"),
     [
-        ("actors/_state.py", "import msgspec\nfrom sojourn.schemas.events import RunEvent\n"),
+        ("actors/core/state.py", "import msgspec\nfrom sojourn.schemas.events import RunEvent\n"),
         ("projections/liveness.py", "from sojourn.schemas.wire import LeaseHolder\n"),
-        ("actors/_retry.py", "import random\nfrom collections.abc import Awaitable\n"),
-        ("actors/_journal.py", "from .state import OpRecord\nimport asyncio_extras\n"),
+        ("actors/core/retry.py", "import random\nfrom collections.abc import Awaitable\n"),
+        ("actors/core/journal.py", "from .state import OpRecord\nimport asyncio_extras\n"),
     ],
 )
 def test_pure_imports_pass(rel: str, source: str) -> None:

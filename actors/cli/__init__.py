@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from sojourn.broker import BROKER_ERRORS
 from sojourn.schemas.errors import SojournError
 
-from .._client import TriggerRejected
+from ..client.client import TriggerRejected
 from ._common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Handler, UsageError
 from ._parser import build_parser
 from ._render import describe_event, one_line

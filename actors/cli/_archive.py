@@ -9,7 +9,7 @@ import argparse
 from sojourn.schemas.codec import encode
 from sojourn.schemas.config import ARCHIVE_POLICIES, ArchivePolicy
 
-from .._archive import Archiver, ArchiveReport
+from ..ops.archive import Archiver, ArchiveReport
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, connect_client
 from ._read import age_seconds
 from ._render import out, stamp

@@ -11,7 +11,7 @@ from sojourn.broker.names import validate_token
 from sojourn.schemas.events import BUDGET_LIMIT_MAX, Budget
 from sojourn.schemas.vocabulary import BUDGET_LIMITS
 
-from .._client import PendingRun
+from ..client.client import PendingRun
 from ._common import EXIT_OK, UsageError, cli_sender, connect_client, require_deployment
 from ._render import out, public_status, spending
 

@@ -23,8 +23,8 @@ from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import BrokerUnavailable, RunNotFound, SojournError
 
-from .._client import Client
-from .._metrics import serve_metrics
+from ..client.client import Client
+from ..ops.metrics import serve_metrics
 from ._render import out
 
 __all__ = [

@@ -7,10 +7,8 @@ import os
 
 from sojourn.schemas.codec import encode
 
-from .._callbacks import CALLBACK_KEYS_ENV, CallbackKeys
-from .._client import Client
-from .._health import PROCESS_HEALTH, Phase, gateway_check
-from .._metrics import stop_metrics
+from ..agents.callbacks import CALLBACK_KEYS_ENV, CallbackKeys
+from ..client.client import Client
 from ..gateway import (
     BearerTokens,
     GatewayConfig,
@@ -22,6 +20,8 @@ from ..gateway import (
     parse_actions,
     parse_route,
 )
+from ..ops.health import PROCESS_HEALTH, Phase, gateway_check
+from ..ops.metrics import stop_metrics
 from ._common import (
     EXIT_OK,
     StopSignal,

@@ -18,8 +18,8 @@ from sojourn.projections.projector import Projector
 from sojourn.projections.sqlite import SqliteModel
 from sojourn.schemas.config import Settings
 
-from .._health import PROCESS_HEALTH, Phase, projector_check
-from .._metrics import stop_metrics, track_projector
+from ..ops.health import PROCESS_HEALTH, Phase, projector_check
+from ..ops.metrics import stop_metrics, track_projector
 from ._common import (
     EXIT_OK,
     StopSignal,

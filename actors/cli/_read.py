@@ -14,7 +14,7 @@ from sojourn.schemas.health import LIVENESS_STATES, LivenessState
 from sojourn.schemas.views import QUERY_LIMIT_MAX, RunView
 from sojourn.schemas.vocabulary import RUN_STATUSES, RunStatus
 
-from .._listing import list_runs
+from ..client.listing import list_runs
 from ._common import EXIT_OK, UsageError, connect_client
 from ._render import one_line, out
 

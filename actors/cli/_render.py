@@ -29,9 +29,9 @@ from sojourn.schemas.events import (
 from sojourn.schemas.health import Liveness
 from sojourn.schemas.vocabulary import BUDGET_LIMITS
 
-from .._intake import PendingRun
-from .._reports import iso, pending_json, public_status, status_json
-from .._state import RunState
+from ..client.reports import iso, pending_json, public_status, status_json
+from ..core.state import RunState
+from ..history.pending import PendingRun
 
 __all__ = [
     "clock",

@@ -17,14 +17,14 @@ from sojourn.schemas.errors import RunNotFound, SojournError, UnknownAgent
 from sojourn.schemas.events import RunEvent, RunStarted
 from sojourn.schemas.export import export_schemas
 
-from .._agent import Agent
-from .._app import load_app
-from .._client import Client, PendingRun, TriggerRejected
-from .._replay import Divergence, decode_history_file, replay_run
-from .._reports import history_report, lookup, status_report
-from .._state import RunState
-from .._values import values_for
-from .._watchdog import Watchdog
+from ..agents.agent import Agent
+from ..client.client import Client, PendingRun, TriggerRejected
+from ..client.reports import history_report, lookup, status_report
+from ..core.replay import Divergence, decode_history_file, replay_run
+from ..core.state import RunState
+from ..history.values import values_for
+from ..ops.watchdog import Watchdog
+from ..worker.app import load_app
 from ._budget import budget_from_args
 from ._common import (
     EXIT_ERROR,

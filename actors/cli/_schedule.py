@@ -13,7 +13,7 @@ import msgspec
 from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.schedules import CATCH_UPS, OVERLAPS, ScheduleRecord
 
-from .._client import Client, schedule_spec
+from ..client.client import Client, schedule_spec
 from ._budget import add_budget_arguments, budget_from_args
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, cli_sender, connect_client, parse_input
 from ._render import out, stamp

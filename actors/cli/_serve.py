@@ -21,14 +21,14 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import Liveness
 
-from .._app import load_app
-from .._callbacks import CALLBACK_KEYS_ENV, CallbackKeys, generate_key_file_text
-from .._client import Client
-from .._health import PROCESS_HEALTH, Phase, watchdog_check, worker_check
-from .._metrics import stop_metrics
-from .._watchdog import Watchdog
-from .._worker import Worker
+from ..agents.callbacks import CALLBACK_KEYS_ENV, CallbackKeys, generate_key_file_text
+from ..client.client import Client
 from ..gateway import GatewayConfig, GatewayServer, create_app
+from ..ops.health import PROCESS_HEALTH, Phase, watchdog_check, worker_check
+from ..ops.metrics import stop_metrics
+from ..ops.watchdog import Watchdog
+from ..worker.app import load_app
+from ..worker.worker import Worker
 from ._common import (
     EXIT_OK,
     StopSignal,
@@ -344,6 +344,6 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
 async def cmd_demo(args: argparse.Namespace) -> int:
     # Imported here, not at the top: the demo uses this package's rendering helpers, and only
     # this command needs the demo.
-    from .._demo import run_demo
+    from ._demo import run_demo
 
     return await run_demo(nats=args.nats, prefix=args.prefix, keep=args.keep)

@@ -17,7 +17,7 @@ from sojourn.broker.names import validate_token
 from sojourn.schemas.codec import encode
 from sojourn.schemas.errors import RunNotFound
 
-from .._output import OutputChunk, read_output
+from ..client.output import OutputChunk, read_output
 from ._common import EXIT_OK, UsageError, connect_client, require_deployment
 
 __all__ = ["cmd_stream"]

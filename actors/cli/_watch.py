@@ -28,7 +28,7 @@ from sojourn.schemas.events import (
     WaitStarted,
 )
 
-from .._watching import follow_history, presence
+from ..client.watching import follow_history, presence
 from ._common import EXIT_OK, connect_client, require_deployment
 from ._render import clock, describe_event, iso, one_line, out, short
 

@@ -62,13 +62,13 @@ from sojourn.schemas.views import QUERY_LIMIT_MAX
 from sojourn.schemas.vocabulary import RUN_STATUSES
 from sojourn.schemas.wire import RESERVED_SIGNAL_PREFIX
 
-from .. import _metrics
-from .._callbacks import CallbackClaims, CallbackKeys
-from .._chain import continued_as
-from .._client import Client, TriggerRejected
-from .._listing import list_runs
-from .._reports import history_report, status_report
-from .._watching import presence
+from ..agents.callbacks import CallbackClaims, CallbackKeys
+from ..client.client import Client, TriggerRejected
+from ..client.listing import list_runs
+from ..client.reports import history_report, status_report
+from ..client.watching import presence
+from ..history.chain import continued_as
+from ..ops import metrics as _metrics
 from ._auth import BearerTokens, Caller, Policy
 from ._deadletters import DeadLetters
 from ._http import (

@@ -10,8 +10,9 @@ for exactly those names (``AuthUser.speaks_for``, docs/decisions/0029). A line w
 
 A token is looked up by its SHA-256 digest, so a request's token is never compared byte by
 byte with a stored one, and the file's tokens are not kept in memory as they are. Callback and
-webhook URLs need no bearer token: their own signed token is the credential (``_callbacks``,
-``_webhooks``), and what they deliver is sent as the gateway's own user.
+webhook URLs need no bearer token: their own signed token is the credential
+(``agents/callbacks.py``, ``_webhooks.py``), and what they deliver is sent as the gateway's own
+user.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from starlette.requests import Request
 from sojourn.schemas.codec import encode
 from sojourn.schemas.wire import DeadLetter
 
-from .. import _metrics
-from .._client import Client
+from ..client.client import Client
+from ..ops import metrics as _metrics
 
 __all__ = ["DeadLetters"]
 

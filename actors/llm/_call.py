@@ -20,13 +20,13 @@ import msgspec
 from sojourn.schemas.errors import RetryableError
 from sojourn.schemas.events import Usage
 
-from .._retry import RetryPolicy, step
-from .._steps import current_step
+from ..agents.steps import current_step
+from ..core.retry import RetryPolicy, step
 from ._prices import PriceTable
 from ._types import Message, Model, ModelRequest, ModelResponse, OnToken, Tool
 
 if TYPE_CHECKING:
-    from .._context import Context
+    from ..agents.context import Context
 
 __all__ = ["LLM_RETRY", "call_model", "model_request", "priced"]
 

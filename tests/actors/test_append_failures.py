@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sojourn.actors import Agent, Context, StepError, agent
-from sojourn.actors import _executor as executor_module
-from sojourn.actors._executor import Activation, fit_prefix
-from sojourn.actors._state import fold
+from sojourn.actors.core.state import fold
+from sojourn.actors.worker import activation as executor_module
+from sojourn.actors.worker.activation import Activation, fit_prefix
 from sojourn.broker import Broker, EventStore, Names
 from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision

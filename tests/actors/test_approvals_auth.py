@@ -22,9 +22,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sojourn.actors import ApprovalRefused, Client, Context, Worker, agent
-from sojourn.actors._patterns import Accepted, judge
-from sojourn.actors._replay import replay_run
-from sojourn.actors._state import fold
+from sojourn.actors.agents.patterns import Accepted, judge
+from sojourn.actors.core.replay import replay_run
+from sojourn.actors.core.state import fold
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas.auth import Role
 from sojourn.schemas.codec import from_raw, to_raw

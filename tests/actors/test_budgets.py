@@ -23,7 +23,7 @@ from sojourn.actors import (
     current_step,
     step,
 )
-from sojourn.actors._state import RunState
+from sojourn.actors.core.state import RunState
 from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound

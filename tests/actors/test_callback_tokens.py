@@ -1,4 +1,5 @@
-"""Callback tokens (``_callbacks.py``), pure: what a token lets its holder do, and nothing more.
+"""Callback tokens (``actors/agents/callbacks.py``), pure: what a token lets its holder do, and
+nothing more.
 
 Written as an attacker holding one genuine token would probe the verifier: alter it, cut it,
 pad it, re-sign claims with a key of their own, send garbage; and as an operator would get a
@@ -29,7 +30,7 @@ from sojourn.actors import (
     CallbackTokenInvalid,
     InvalidName,
 )
-from sojourn.actors._callbacks import (
+from sojourn.actors.agents.callbacks import (
     CALLBACK_KEYS_ENV,
     KEYS_MAX,
     TOKEN_MAX,

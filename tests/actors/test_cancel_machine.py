@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sojourn.actors._machine import (
+from sojourn.actors.core.machine import (
     Limits,
     Return,
     RunCancelledInterrupt,

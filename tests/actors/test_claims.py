@@ -20,8 +20,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.actors._membership import Membership
-from sojourn.actors._tenancy import held_step
+from sojourn.actors.core.membership import Membership
+from sojourn.actors.worker.tenancy import held_step
 from sojourn.broker import EmbeddedServer, publish_wake
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.follow import read_all

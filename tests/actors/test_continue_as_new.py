@@ -16,9 +16,9 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import Agent, Client, RunCancelledError, Worker
-from sojourn.actors._chain import chain_run_id, current_run
-from sojourn.actors._watching import follow_history
 from sojourn.actors.cli._projector import running_projector
+from sojourn.actors.client.watching import follow_history
+from sojourn.actors.history.chain import chain_run_id, current_run
 from sojourn.broker import EmbeddedServer
 from sojourn.broker.connection import ConnectOptions
 from sojourn.broker.names import CHAIN_RUN_ID, reserved_run_id

@@ -1,5 +1,5 @@
 """Fire times of recurring schedules (issue 14): the ``every`` and ``cron`` calendars of
-``sojourn.actors._cron``, the DST rule, and the limits of what is accepted.
+``sojourn.actors.core.cron``, the DST rule, and the limits of what is accepted.
 
 The cron engine searches wall times field by field; the oracle here walks INSTANTS minute by
 minute instead, reads each one's wall clock and applies the DST rule as stated (first occurrence
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors._cron import (
+from sojourn.actors.core.cron import (
     HORIZON,
     Cron,
     Every,

@@ -29,7 +29,7 @@ from sojourn.actors import (
     Worker,
     agent,
 )
-from sojourn.actors._callbacks import CALLBACK_KEYS_ENV
+from sojourn.actors.agents.callbacks import CALLBACK_KEYS_ENV
 from sojourn.broker import EmbeddedServer
 from sojourn.broker import headers as h
 from sojourn.schemas import RunEvent, SignalReceived, ValueRecorded

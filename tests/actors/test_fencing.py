@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.actors import Agent, Client, Context, agent
-from sojourn.actors._executor import Activation
-from sojourn.actors._state import fold
+from sojourn.actors.core.state import fold
+from sojourn.actors.worker.activation import Activation
 from sojourn.broker import Broker, Delivery, EmbeddedServer, EventStore, Names
 from sojourn.broker import headers as h
 from sojourn.broker.topology import ensure_topology

@@ -33,10 +33,10 @@ from sojourn.actors import (
     Worker,
     step,
 )
-from sojourn.actors._journal import Journal
-from sojourn.actors._machine import Machine, Park, Parked
-from sojourn.actors._replay import replay_run
-from sojourn.actors._state import fold
+from sojourn.actors.core.journal import Journal
+from sojourn.actors.core.machine import Machine, Park, Parked
+from sojourn.actors.core.replay import replay_run
+from sojourn.actors.core.state import fold
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas.codec import to_raw
 from sojourn.schemas.config import Settings

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from sojourn.actors import Agent
-from sojourn.actors._replay import ReplayResult, decode_history_file, replay_run
-from sojourn.actors._state import fold
+from sojourn.actors.core.replay import ReplayResult, decode_history_file, replay_run
+from sojourn.actors.core.state import fold
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 FILES = sorted(GOLDEN.glob("*.json"))

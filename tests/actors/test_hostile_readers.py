@@ -26,11 +26,11 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.actors._client import TriggerRejected
-from sojourn.actors._watchdog import Watchdog
-from sojourn.actors._watching import follow_history, watch_run
+from sojourn.actors.client.client import TriggerRejected
+from sojourn.actors.client.watching import follow_history, watch_run
 from sojourn.actors.gateway import BearerTokens, GatewayConfig, GatewayServer, create_app
 from sojourn.actors.gateway._sse import encode_event
+from sojourn.actors.ops.watchdog import Watchdog
 from sojourn.broker import EmbeddedServer, Names
 from sojourn.broker import headers as h
 from sojourn.broker.archive import decode_archive

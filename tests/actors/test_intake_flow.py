@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.actors._worker import HELD_TRIGGERS_MAX
+from sojourn.actors.worker.worker import HELD_TRIGGERS_MAX
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas.config import Settings
 from tests.conftest import wait_for

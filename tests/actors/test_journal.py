@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sojourn.actors._journal import (
+from sojourn.actors.core.journal import (
     Execute,
     Journal,
     OpenWait,
@@ -18,7 +18,7 @@ from sojourn.actors._journal import (
     RecordedFailure,
     RecordedWait,
 )
-from sojourn.actors._state import OpRecord, fold
+from sojourn.actors.core.state import OpRecord, fold
 from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import (
     ChildStarted,

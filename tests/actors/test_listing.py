@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from sojourn.actors._listing import _page, list_runs
+from sojourn.actors.client.listing import _page, list_runs
 from sojourn.broker import EmbeddedServer
 from sojourn.broker.connection import Broker
 from sojourn.broker.names import Names

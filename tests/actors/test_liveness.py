@@ -393,8 +393,8 @@ async def test_a_run_whose_activations_keep_failing_is_wedged_until_its_history_
     watchers: list[Watchdog],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import sojourn.actors._worker as worker_module
-    from sojourn.actors._executor import Activation  # what the worker module runs
+    import sojourn.actors.worker.worker as worker_module
+    from sojourn.actors.worker.activation import Activation  # what the worker module runs
 
     class Broken(Activation):
         async def run(self) -> Any:

@@ -10,7 +10,7 @@ import contextlib
 import pytest
 
 from sojourn.actors import Budget, Client, Context, StepError, Worker, agent
-from sojourn.actors._replay import replay_run
+from sojourn.actors.core.replay import replay_run
 from sojourn.actors.llm import (
     Message,
     ModelRateLimited,

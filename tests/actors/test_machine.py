@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors._journal import RecordedWait, ReplayFrontier
-from sojourn.actors._machine import (
+from sojourn.actors.core.journal import RecordedWait, ReplayFrontier
+from sojourn.actors.core.machine import (
     Attempt,
     Backoff,
     ChildStart,
@@ -34,8 +34,8 @@ from sojourn.actors._machine import (
     WaitTurn,
     child_run_id,
 )
-from sojourn.actors._retry import RetryPolicy
-from sojourn.actors._state import RunState, fold
+from sojourn.actors.core.retry import RetryPolicy
+from sojourn.actors.core.state import RunState, fold
 from sojourn.schemas.codec import encode, to_raw
 from sojourn.schemas.errors import (
     NondeterminismError,

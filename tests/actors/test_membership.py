@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors._membership import Membership
+from sojourn.actors.core.membership import Membership
 from sojourn.schemas.health import ActiveRun, WorkerBeat, lease_covered
 from sojourn.schemas.wire import LeaseHolder
 

@@ -23,9 +23,9 @@ import pytest_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-import sojourn.actors._intake as intake_module
+import sojourn.actors.worker.intake as intake_module
 from sojourn.actors import Budget, Client, Context, RunCancelledError, Worker, agent
-from sojourn.actors._state import RunState, fold
+from sojourn.actors.core.state import RunState, fold
 from sojourn.broker import Broker, EmbeddedServer, Names
 from sojourn.broker import headers as h
 from sojourn.schemas import decode_dead_letter

@@ -24,8 +24,8 @@ from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolRetu
 from pydantic_ai.usage import RequestUsage
 
 from sojourn.actors import Budget, Client, Worker
-from sojourn.actors._replay import replay_run
-from sojourn.actors.pydantic_ai import (
+from sojourn.actors.core.replay import replay_run
+from sojourn.actors.integrations.pydantic_ai import (
     Price,
     SojournAgent,
     approval_name,
@@ -399,8 +399,8 @@ def test_a_price_table_or_function_prices_a_response() -> None:
 
 
 def test_sojourns_control_flow_is_unwrapped_from_task_groups() -> None:
-    from sojourn.actors._machine import Parked
-    from sojourn.actors.pydantic_ai import _control
+    from sojourn.actors.core.machine import Parked
+    from sojourn.actors.integrations.pydantic_ai import _control
 
     parked = Parked()
     group = BaseExceptionGroup("tools", [ValueError("x"), BaseExceptionGroup("inner", [parked])])

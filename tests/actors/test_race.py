@@ -7,8 +7,8 @@ from collections import Counter
 from typing import Any
 
 from sojourn.actors import Agent, Context, Worker, agent
-from sojourn.actors._executor import Activation
-from sojourn.actors._state import fold
+from sojourn.actors.core.state import fold
+from sojourn.actors.worker.activation import Activation
 from sojourn.broker import Broker, EmbeddedServer, EventStore, Names, publish_wake
 from sojourn.schemas import RunCompleted, RunEvent, RunStarted, StepCompleted, StepStarted, to_raw
 from sojourn.schemas.config import Settings

@@ -8,7 +8,7 @@ import asyncio
 import msgspec
 
 from sojourn.actors import Context, agent
-from sojourn.actors._replay import replay_run
+from sojourn.actors.core.replay import replay_run
 from sojourn.schemas.codec import to_raw
 from sojourn.schemas.events import (
     CancelRequested,

@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import Client, Watchdog
-from sojourn.actors._archive import Archiver, RetentionUnavailable
+from sojourn.actors.ops.archive import Archiver, RetentionUnavailable
 from sojourn.broker import Broker, EmbeddedServer, Names
 from sojourn.broker.archive import ArchiveStore
 from sojourn.broker.auth import AuthUser

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY, generate_latest
 
-from sojourn.actors import _metrics
-from sojourn.actors._metrics import BoundedLabel, schedule_fired, schedule_run_ended
+from sojourn.actors.ops import metrics as _metrics
+from sojourn.actors.ops.metrics import BoundedLabel, schedule_fired, schedule_run_ended
 from sojourn.schemas.schedules import FIRE_OUTCOMES
 from sojourn.schemas.vocabulary import TerminalStatus
 

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.actors._client import TriggerRejected
-from sojourn.actors._cron import Every, ScheduleError
-from sojourn.actors._schedules import ON_TIME, fire_time_of, jitter_of, plan_fire, run_id_for
+from sojourn.actors.client.client import TriggerRejected
+from sojourn.actors.core.cron import Every, ScheduleError
+from sojourn.actors.core.schedules import ON_TIME, fire_time_of, jitter_of, plan_fire, run_id_for
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, JetStreamError
 from sojourn.broker.names import Names

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors._metrics import SpendWindow
+from sojourn.actors.ops.metrics import SpendWindow
 
 T0 = 1_800_000_000.0
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors._state import TERMINAL, OpRecord, RunState, SignalRecord, evolve, fold
+from sojourn.actors.core.state import TERMINAL, OpRecord, RunState, SignalRecord, evolve, fold
 from sojourn.schemas.events import (
     BudgetChanged,
     CancelRequested,

@@ -20,7 +20,7 @@ from sojourn.actors import (
     current_step,
     step,
 )
-from sojourn.actors._interrupt import StepGuard, StepInterrupted
+from sojourn.actors.worker.interrupt import StepGuard, StepInterrupted
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas import RunEvent, StepCompleted, StepFailed, StepTimeout
 from sojourn.schemas.config import Settings

@@ -1,4 +1,5 @@
-"""Sticky activations and fold snapshots (``actors/_sticky.py``, ``actors/_snapshots.py``).
+"""Sticky activations and fold snapshots (``actors/worker/sticky.py``,
+``actors/history/snapshots.py``).
 
 A worker keeps the activation of a run that parks on a wait resting there; the next wake of
 the run on that worker goes on from the kept code (no load, no fold, no replay) when only
@@ -21,11 +22,11 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.actors._executor import Activation
-from sojourn.actors._machine import Parked
-from sojourn.actors._snapshots import Snapshot, fold_history
-from sojourn.actors._state import fold
-from sojourn.actors._sticky import Body, StickyRuns
+from sojourn.actors.core.machine import Parked
+from sojourn.actors.core.state import fold
+from sojourn.actors.history.snapshots import Snapshot, fold_history
+from sojourn.actors.worker.activation import Activation
+from sojourn.actors.worker.sticky import Body, StickyRuns
 from sojourn.broker import Broker, EmbeddedServer
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.schemas import RunEvent, SignalReceived, StepStarted, WaitStarted

@@ -21,8 +21,9 @@ from typing import Any
 
 import msgspec
 
-from sojourn.actors import Agent, Client, Context, Worker, _timers, agent
-from sojourn.actors._timers import InProcessTimers
+from sojourn.actors import Agent, Client, Context, Worker, agent
+from sojourn.actors.worker import timers as _timers
+from sojourn.actors.worker.timers import InProcessTimers
 from sojourn.broker import EmbeddedServer
 from sojourn.broker import headers as h
 from sojourn.schemas import WaitCompleted, WaitStarted

@@ -16,7 +16,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from sojourn.actors import Agent, Client, Worker
-from sojourn.actors._values import PIECE_HARD_MAX, Values, split
+from sojourn.actors.history.values import PIECE_HARD_MAX, Values, split
 from sojourn.broker import EmbeddedServer
 from sojourn.broker.values import PieceStore, digest_of
 from sojourn.schemas import RunCompleted, RunStarted, StepCompleted

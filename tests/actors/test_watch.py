@@ -25,13 +25,13 @@ from sojourn.actors import (
     Context,
     RetryPolicy,
     Worker,
-    _watching,
     agent,
     current_step,
     fold,
     step,
 )
-from sojourn.actors._watching import ViewOrder, decode_change, watch_run
+from sojourn.actors.client import watching as _watching
+from sojourn.actors.client.watching import ViewOrder, decode_change, watch_run
 from sojourn.broker import EmbeddedServer, Names
 from sojourn.projections.projector import Projector
 from sojourn.schemas.codec import encode, to_raw

@@ -28,7 +28,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from sojourn.actors import Context, agent, current_step
-from sojourn.actors.pydantic_ai import Price, SojournAgent
+from sojourn.actors.integrations.pydantic_ai import Price, SojournAgent
 
 
 def log(event: str) -> None:

@@ -80,7 +80,7 @@ def exported_metrics() -> set[str]:
     ``_bucket``/``_sum``/``_count`` on histograms)."""
     import prometheus_client
 
-    import sojourn.actors._metrics  # noqa: F401  (registers every collector with REGISTRY)
+    import sojourn.actors.ops.metrics  # noqa: F401  (registers every collector with REGISTRY)
 
     text = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
     names: set[str] = set()

@@ -22,12 +22,12 @@ import pytest
 import yaml
 
 from sojourn.actors import CallbackKeys, Worker
-from sojourn.actors._callbacks import CALLBACK_KEYS_ENV
-from sojourn.actors._health import Health, ProbeApp
+from sojourn.actors.agents.callbacks import CALLBACK_KEYS_ENV
 from sojourn.actors.cli._gateway import TOKENS_ENV
 from sojourn.actors.cli._parser import build_parser
 from sojourn.actors.gateway import BearerTokens
 from sojourn.actors.gateway._server import GRACE
+from sojourn.actors.ops.health import Health, ProbeApp
 from tests.conftest import ROOT
 
 SYSTEMD = ROOT / "deploy" / "systemd"

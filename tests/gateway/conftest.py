@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import Agent, CallbackKeys, Worker
-from sojourn.actors._callbacks import generate_key_file_text
+from sojourn.actors.agents.callbacks import generate_key_file_text
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas.config import Settings
 from tests.conftest import PYTHON, ROOT, subprocess_env

@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import Agent, Client, Context, RunCancelledError, Worker, agent
-from sojourn.actors._callbacks import generate_key_file_text
+from sojourn.actors.agents.callbacks import generate_key_file_text
 from sojourn.broker import Broker, EmbeddedServer, Names
 from sojourn.broker.auth import AuthUser
 from sojourn.schemas.codec import from_raw

@@ -17,7 +17,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from sojourn.actors import Client, Worker
-from sojourn.actors._watching import read_view
+from sojourn.actors.client.watching import read_view
 from sojourn.broker import EmbeddedServer, Names
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker

@@ -19,7 +19,7 @@ import msgspec
 import pytest_asyncio
 
 from sojourn.actors import Client, Context, RetryPolicy, Worker, agent, step
-from sojourn.actors._metrics import _projector_families
+from sojourn.actors.ops.metrics import _projector_families
 from sojourn.broker import EmbeddedServer, Names
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker

@@ -21,7 +21,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from sojourn.actors import Client
-from sojourn.actors._watchdog import Watchdog
+from sojourn.actors.ops.watchdog import Watchdog
 from sojourn.broker import EmbeddedServer, Names
 from sojourn.broker import headers as h
 from sojourn.broker.auth import AuthUser

@@ -9,7 +9,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors._state import fold
+from sojourn.actors.core.state import fold
 from sojourn.projections.summary import (
     PendingSignal,
     RunSummary,

@@ -71,7 +71,8 @@ def test_parsing_a_wait_key_is_total_and_lossless(text: str) -> None:
 def test_wait_keys_are_the_text_writers_stored_before_the_type(
     name: str, names: list[str], run_id: str
 ) -> None:
-    # The f-strings of actors/_context.py and actors/_patterns.py, spelled out: the same bytes.
+    # The f-strings of actors/agents/context.py and actors/agents/patterns.py, spelled out: the
+    # same bytes.
     assert WaitKey.sleep().format() == "sleep"
     assert WaitKey.poll().format() == POLL_WAIT == "poll"
     assert WaitKey.signal(name).format() == f"signal:{name}"
@@ -147,7 +148,7 @@ def test_statuses() -> None:
 
 
 def _sources(folder: str) -> str:
-    return "\n".join(p.read_text() for p in sorted((ROOT / folder).glob("*.py")))
+    return "\n".join(p.read_text() for p in sorted((ROOT / folder).rglob("*.py")))
 
 
 def test_every_suspension_reason_the_code_writes_is_in_the_vocabulary() -> None:

@@ -1,0 +1,1 @@
+"""Bridges to other agent frameworks (Pydantic AI)."""

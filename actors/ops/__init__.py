@@ -1,0 +1,1 @@
+"""Operations: the watchdog, archive retention, health probes and metrics."""
