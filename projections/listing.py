@@ -24,10 +24,11 @@ import msgspec
 from sojourn.broker import headers as h
 from sojourn.broker.connection import BROKER_ERRORS, Broker
 from sojourn.broker.delivery import Delivery, Subscription
-from sojourn.broker.names import Names, valid_reply_subject
+from sojourn.broker.names import Names
 from sojourn.schemas.codec import decode_runs_query, encode
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.guard import BodyRefused, check_json
+from sojourn.schemas.names import valid_reply_subject
 from sojourn.schemas.views import RunsPage
 from sojourn.schemas.wire import ErrorBody, IntakeError
 

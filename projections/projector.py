@@ -54,13 +54,14 @@ from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
 from sojourn.broker.delivery import Delivery, PublishAck, StoredMessage, Subscription
 from sojourn.broker.follow import StreamFollower
-from sojourn.broker.names import TOKEN_PATTERN, Names
+from sojourn.broker.names import Names
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas.codec import decode_dead_letter, decode_run_view, encode, from_raw
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import BrokerUnavailable, InvalidName, SojournError
 from sojourn.schemas.events import RunEvent
 from sojourn.schemas.health import LeaderRecord, LivenessState
+from sojourn.schemas.names import TOKEN_PATTERN
 from sojourn.schemas.snapshot import ModelSnapshot
 from sojourn.schemas.views import RunView
 

@@ -41,11 +41,11 @@ from typing import Any, Final, Literal, NamedTuple, get_args
 import aiosqlite
 import msgspec
 
-from sojourn.broker.names import TOKEN_PATTERN, validate_schedule_name, validate_token
 from sojourn.schemas.codec import decode_run_view, encode
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import RunEvent, StepCompleted, StepFailed, StepStarted
 from sojourn.schemas.health import LIVENESS_STATES, LivenessState
+from sojourn.schemas.names import TOKEN_PATTERN, validate_schedule_name, validate_token
 from sojourn.schemas.views import (
     ERROR_MESSAGE_MAX,
     QUERY_LIMIT_MAX,

@@ -24,5 +24,5 @@ ROLES: Final[tuple[Role, ...]] = ("client", "worker", "watchdog", "admin")
 
 SENDER_PATTERN: Final = r"[A-Za-z0-9_-]{1,128}"
 """A user name, and any name a message is sent as: one NATS subject token, the ``<sender>`` of
-``<prefix>.as.<sender>...`` (the rule of every name token, ``sojourn.broker.names.TOKEN_PATTERN``;
+``<prefix>.as.<sender>...`` (the rule of every name token, ``sojourn.schemas.names.TOKEN_PATTERN``;
 a test keeps the two equal). The gateway's callers are named by it too."""

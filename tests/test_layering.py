@@ -10,7 +10,8 @@ pure modules (every module of ``schemas``, the fold, the journal, the replay mac
 policies and the projections' judgements) do no I/O: they import neither ``asyncio`` nor
 ``sojourn.broker`` nor ``nats``, so they can be tested, and reasoned about, without a server or
 an event loop. Every module under ``actors/core/`` is pure. The client side (``actors/client/``)
-imports nothing from the worker (``actors/worker/``).
+imports nothing from the worker (``actors/worker/``). The name rules are ``schemas/names.py``:
+the CLI, the gateway and the core take them from there, never from the broker.
 """
 
 from __future__ import annotations
@@ -63,10 +64,13 @@ IMPURE = ("asyncio", "nats", "sojourn.broker")
 
 # Known impure imports of pure modules, (file, imported name) -> reason; the test fails on any
 # new one and on an entry that no longer applies.
-IMPURE_ALLOWED: dict[tuple[str, str], str] = {
-    ("actors/core/schedules.py", "sojourn.broker.names.SCHEDULED_RUN_ID"): "a constant (the "
-    "run id template of a scheduled start), no I/O: the scheduler carries the decisions out",
-}
+IMPURE_ALLOWED: dict[tuple[str, str], str] = {}
+
+# The name rules (token patterns, validators, reserved run ids) live in schemas/names.py: these
+# folders validate names without importing the broker for a regex (``Names``, the subjects and
+# streams of a deployment, stays in broker/names.py).
+NAME_RULES = "schemas/names.py"
+NAME_RULE_USERS = ("actors/cli", "actors/gateway", "actors/core")
 
 # The client side never imports the host: a program that only starts and watches runs loads
 # no worker code.
@@ -310,6 +314,57 @@ def worker_imports(rel: str, source: str) -> list[str]:
         for imp in imports_in(rel, source)
         if within(imp.target, WORKER_PACKAGE)
     ]
+
+
+def name_rules() -> frozenset[str]:
+    """The names ``schemas/names.py`` exports (its ``__all__``, read with ``ast``)."""
+    tree = ast.parse((ROOT / NAME_RULES).read_text(), filename=NAME_RULES)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return frozenset(ast.literal_eval(node.value))
+    raise AssertionError(f"{NAME_RULES} has no __all__")
+
+
+def broker_name_rule_imports(rel: str, source: str, rules: frozenset[str]) -> list[str]:
+    """What ``rel`` imports of the name rules from the broker (``sojourn.broker.names.<rule>``,
+    ``sojourn.broker.<rule>``, or the ``sojourn.broker.names`` module to reach one through)."""
+    bad = []
+    for imp in imports_in(rel, source):
+        head, _, name = imp.target.rpartition(".")
+        if (head in ("sojourn.broker.names", "sojourn.broker") and name in rules) or (
+            imp.target == "sojourn.broker.names"
+        ):
+            bad.append(f"{imp.file}:{imp.line} imports {imp.target}")
+    return bad
+
+
+def test_name_rules_come_from_schemas() -> None:
+    rules = name_rules()
+    assert {"validate_token", "TOKEN_PATTERN", "reserved_run_id", "SCHEDULED_RUN_ID"} <= rules
+    users = files_in(NAME_RULE_USERS)
+    bad = [v for rel, src in users.items() for v in broker_name_rule_imports(rel, src, rules)]
+    assert bad == [], "import the name rules from sojourn.schemas.names, not from the broker"
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("from sojourn.broker.names import validate_token\n", True),
+        ("from sojourn.broker.names import Names, TOKEN_PATTERN\n", True),
+        ("from sojourn.broker import validate_token\n", True),
+        ("from sojourn.broker import names\n", True),
+        ("import sojourn.broker.names\n", True),
+        ("def f():\n    from ...broker.names import reserved_run_id\n", True),
+        ("from sojourn.broker.names import Names\n", False),
+        ("from sojourn.schemas.names import validate_token, SCHEDULED_RUN_ID\n", False),
+        ("from sojourn.broker import Broker\n", False),
+    ],
+)
+def test_broker_name_rule_imports_are_caught(source: str, found: bool) -> None:
+    found_here = broker_name_rule_imports("actors/cli/x.py", source, name_rules())
+    assert bool(found_here) is found
 
 
 def test_the_client_imports_nothing_of_the_worker() -> None:

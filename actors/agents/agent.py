@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import msgspec
 
-from sojourn.broker.names import validate_token
 from sojourn.schemas.events import Budget
 from sojourn.schemas.guard import check_depth
+from sojourn.schemas.names import validate_token
 
 from ..core.retry import RetryPolicy
 

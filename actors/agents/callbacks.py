@@ -33,9 +33,9 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from sojourn.broker.names import RESERVED_SIGNAL_PREFIX, validate_signal_name, validate_token
 from sojourn.schemas.codec import encode, from_raw
 from sojourn.schemas.errors import CallbackTokenExpired, CallbackTokenInvalid, InvalidName
+from sojourn.schemas.names import RESERVED_SIGNAL_PREFIX, validate_signal_name, validate_token
 
 __all__ = [
     "CALLBACK_KEYS_ENV",

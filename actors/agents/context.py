@@ -26,15 +26,25 @@ import uuid as _uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, ParamSpec, Protocol, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    NoReturn,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    cast,
+    overload,
+)
 
 import msgspec
 
-from sojourn.broker.names import validate_signal_name
 from sojourn.schemas import wire as _wire
 from sojourn.schemas.codec import encode, from_raw, to_raw
 from sojourn.schemas.errors import CallbackKeysMissing, ChildRunError, PayloadTooLarge
 from sojourn.schemas.events import RunEvent, RunSuspended, Usage
+from sojourn.schemas.names import validate_signal_name
 from sojourn.schemas.vocabulary import WaitKey
 from sojourn.schemas.wire import ChildOutcome, child_signal
 
@@ -62,10 +72,15 @@ from ..ops import metrics as _metrics
 from ..worker.faults import fault
 from ..worker.interrupt import StepGuard, StepInterrupted, run_step
 from . import gather as _gather
-from . import patterns as _patterns
 from .callbacks import CALLBACK_KEYS_ENV, CallbackKeys, check_callback_signal, check_ttl
 from .gather import ChildCall, ChildResult, GatherError
-from .patterns import ApprovalDecision
+from .patterns import (
+    ApprovalDecision,
+    ApprovalRefused,
+    ApprovalTimeout,
+    PollTimeout,
+    judge,
+)
 from .steps import (
     StepInfo,
     UsageMeter,
@@ -784,7 +799,7 @@ class Context:
         wait goes on to the same deadline. Without authentication ``by`` is the payload's claim
         (else the signal's ``sent_by``), unchecked: ``ApprovalDecision.verified`` tells which.
         """
-        return await _patterns.approval(
+        return await _approval(
             self,
             name,
             approvers=approvers,
@@ -818,7 +833,7 @@ class Context:
         Raises:
             PollTimeout: ``timeout`` passed before the job finished.
         """
-        return await _patterns.poll(
+        return await _poll(
             self,
             check,
             *args,
@@ -912,6 +927,129 @@ class Context:
 
         token: str = self._value("callback", issue, str)
         return token
+
+
+def _journal_refusal(ctx: Context, refused: ApprovalRefused) -> None:
+    """Record a refused decision in the run's history (a ``refusal`` value), for the audit."""
+    ctx._value("refusal", lambda: refused, ApprovalRefused)
+
+
+async def _approval(
+    ctx: Context,
+    name: str,
+    *,
+    approvers: Sequence[str],
+    timeout: Duration,
+    remind: Callable[[str, str], Any] | None = None,
+    remind_every: Duration | None = None,
+    escalate: Callable[[str, str | None, str], Any] | None = None,
+    on_timeout: Literal["deny", "approve", "fail"] = "deny",
+    allowed: Sequence[str] = (),
+) -> ApprovalDecision:
+    """Ask ``approvers`` in turn; see ``Context.approval``. (Here rather than in
+    ``patterns``, which then needs nothing of this module: no import circle.)"""
+    if not approvers:
+        raise ValueError("an approval needs at least one approver")
+    if isinstance(allowed, str):
+        raise TypeError("allowed is a sequence of names, not one string")
+    anyone = frozenset(allowed)
+    signal = f"approval.{name}"
+    for stage, approver in enumerate(approvers):
+        if remind is not None:
+            await ctx.step(remind, approver, name)  # the request itself
+        stage_deadline = ctx.now() + timedelta(seconds=_seconds(timeout))
+        next_remind: datetime | None = None  # kept when an answer is ignored or refused
+        while True:
+            now = ctx.now()
+            until = stage_deadline
+            if remind_every is not None and remind is not None:
+                if next_remind is None:
+                    next_remind = now + timedelta(seconds=_seconds(remind_every))
+                until = min(until, next_remind)
+            got = await ctx._receive(signal, timeout=max((until - now).total_seconds(), 0.0))
+            if got is not None:
+                verdict = judge(
+                    from_raw(got.payload, Any),
+                    got.sent_by,
+                    got.sender_verified,
+                    name=name,
+                    stage=stage,
+                    approver=approver,
+                    allowed=anyone,
+                )
+                if verdict is None:
+                    continue  # keep waiting, to the same deadline
+                if isinstance(verdict, ApprovalRefused):
+                    _journal_refusal(ctx, verdict)
+                    continue  # keep waiting, to the same deadline
+                return ApprovalDecision(
+                    approved=verdict.approve,
+                    by=verdict.by,
+                    at=ctx.now(),
+                    note=verdict.note,
+                    via="decision",
+                    stage=stage,
+                    verified=verdict.verified,
+                )
+            if ctx.now() >= stage_deadline:
+                break
+            assert remind is not None
+            await ctx.step(remind, approver, name)  # a reminder
+            next_remind = None
+        nxt = approvers[stage + 1] if stage + 1 < len(approvers) else None
+        if escalate is not None:
+            await ctx.step(escalate, approver, nxt, name)
+    if on_timeout == "fail":
+        raise ApprovalTimeout(
+            f"approval '{name}' got no decision from {list(approvers)}", run_id=ctx.run_id
+        )
+    return ApprovalDecision(
+        approved=on_timeout == "approve",
+        by="policy",
+        at=ctx.now(),
+        note=f"no decision before the last deadline: {on_timeout}",
+        via="policy",
+        stage=len(approvers) - 1,
+    )
+
+
+async def _poll(
+    ctx: Context,
+    check: Callable[..., Awaitable[R | None]] | Callable[..., R | None],
+    *args: Any,
+    every: Duration,
+    backoff: float = 2.0,
+    max_interval: Duration | None = None,
+    timeout: Duration | None = None,
+    **kwargs: Any,
+) -> R:
+    """Check until done; see ``Context.poll``."""
+    if backoff < 1.0:
+        raise ValueError("backoff must be >= 1.0")
+    interval = _seconds(every)
+    cap_interval = None if max_interval is None else _seconds(max_interval)
+    deadline = None if timeout is None else ctx.now() + timedelta(seconds=_seconds(timeout))
+    while True:
+        await ctx._count_poll(getattr(check, "__name__", "check"))
+        result: Any = await ctx.step(check, *args, **kwargs)
+        if result is not None:
+            return cast(R, result)
+        if not ctx.replaying:
+            _metrics.IDLE_POLLS.labels(_metrics.agent_label(ctx.agent)).inc()
+        if deadline is not None:
+            left = (deadline - ctx.now()).total_seconds()
+            if left <= 0:
+                raise PollTimeout(
+                    f"poll of {getattr(check, '__name__', 'check')} timed out", run_id=ctx.run_id
+                )
+            pause = min(interval, left)
+        else:
+            pause = interval
+        # Its own wait key, so that history (and the watchdog) can count idle polls.
+        await ctx._wait(WaitKey.poll(), timeout=pause)
+        interval *= backoff
+        if cap_interval is not None:
+            interval = min(interval, cap_interval)
 
 
 class ChildHandle:

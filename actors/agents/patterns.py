@@ -14,21 +14,14 @@ claim, taken as it stands.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from datetime import datetime
+from typing import Any, Literal
 
 import msgspec
 
-from sojourn.schemas.codec import from_raw
 from sojourn.schemas.errors import SojournError
-from sojourn.schemas.vocabulary import WaitKey
-
-from ..ops.metrics import IDLE_POLLS, agent_label
-
-if TYPE_CHECKING:
-    from .context import Context, Duration
 
 __all__ = [
     "Accepted",
@@ -37,12 +30,8 @@ __all__ = [
     "ApprovalRequest",
     "ApprovalTimeout",
     "PollTimeout",
-    "approval",
     "judge",
-    "poll",
 ]
-
-R = TypeVar("R")
 
 
 class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,10 +91,6 @@ class PollTimeout(SojournError):
     """``ctx.poll`` did not see the job finish within its ``timeout``."""
 
 
-def _seconds(d: Duration) -> float:
-    return d.total_seconds() if isinstance(d, timedelta) else float(d)
-
-
 def judge(
     payload: Any,
     sent_by: str | None,
@@ -146,125 +131,3 @@ def judge(
     if by is None:
         return None
     return Accepted(approve=req.approve, by=by, note=req.note, verified=False)
-
-
-def _journal_refusal(ctx: Context, refused: ApprovalRefused) -> None:
-    """Record a refused decision in the run's history (a ``refusal`` value), for the audit."""
-    ctx._value("refusal", lambda: refused, ApprovalRefused)
-
-
-async def approval(
-    ctx: Context,
-    name: str,
-    *,
-    approvers: Sequence[str],
-    timeout: Duration,
-    remind: Callable[[str, str], Any] | None = None,
-    remind_every: Duration | None = None,
-    escalate: Callable[[str, str | None, str], Any] | None = None,
-    on_timeout: Literal["deny", "approve", "fail"] = "deny",
-    allowed: Sequence[str] = (),
-) -> ApprovalDecision:
-    """Ask ``approvers`` in turn; see ``Context.approval``."""
-    if not approvers:
-        raise ValueError("an approval needs at least one approver")
-    if isinstance(allowed, str):
-        raise TypeError("allowed is a sequence of names, not one string")
-    anyone = frozenset(allowed)
-    signal = f"approval.{name}"
-    for stage, approver in enumerate(approvers):
-        if remind is not None:
-            await ctx.step(remind, approver, name)  # the request itself
-        stage_deadline = ctx.now() + timedelta(seconds=_seconds(timeout))
-        next_remind: datetime | None = None  # kept when an answer is ignored or refused
-        while True:
-            now = ctx.now()
-            until = stage_deadline
-            if remind_every is not None and remind is not None:
-                if next_remind is None:
-                    next_remind = now + timedelta(seconds=_seconds(remind_every))
-                until = min(until, next_remind)
-            got = await ctx._receive(signal, timeout=max((until - now).total_seconds(), 0.0))
-            if got is not None:
-                verdict = judge(
-                    from_raw(got.payload, Any),
-                    got.sent_by,
-                    got.sender_verified,
-                    name=name,
-                    stage=stage,
-                    approver=approver,
-                    allowed=anyone,
-                )
-                if verdict is None:
-                    continue  # keep waiting, to the same deadline
-                if isinstance(verdict, ApprovalRefused):
-                    _journal_refusal(ctx, verdict)
-                    continue  # keep waiting, to the same deadline
-                return ApprovalDecision(
-                    approved=verdict.approve,
-                    by=verdict.by,
-                    at=ctx.now(),
-                    note=verdict.note,
-                    via="decision",
-                    stage=stage,
-                    verified=verdict.verified,
-                )
-            if ctx.now() >= stage_deadline:
-                break
-            assert remind is not None
-            await ctx.step(remind, approver, name)  # a reminder
-            next_remind = None
-        nxt = approvers[stage + 1] if stage + 1 < len(approvers) else None
-        if escalate is not None:
-            await ctx.step(escalate, approver, nxt, name)
-    if on_timeout == "fail":
-        raise ApprovalTimeout(
-            f"approval '{name}' got no decision from {list(approvers)}", run_id=ctx.run_id
-        )
-    return ApprovalDecision(
-        approved=on_timeout == "approve",
-        by="policy",
-        at=ctx.now(),
-        note=f"no decision before the last deadline: {on_timeout}",
-        via="policy",
-        stage=len(approvers) - 1,
-    )
-
-
-async def poll(
-    ctx: Context,
-    check: Callable[..., Awaitable[R | None]] | Callable[..., R | None],
-    *args: Any,
-    every: Duration,
-    backoff: float = 2.0,
-    max_interval: Duration | None = None,
-    timeout: Duration | None = None,
-    **kwargs: Any,
-) -> R:
-    """Check until done; see ``Context.poll``."""
-    if backoff < 1.0:
-        raise ValueError("backoff must be >= 1.0")
-    interval = _seconds(every)
-    cap_interval = None if max_interval is None else _seconds(max_interval)
-    deadline = None if timeout is None else ctx.now() + timedelta(seconds=_seconds(timeout))
-    while True:
-        await ctx._count_poll(getattr(check, "__name__", "check"))
-        result: Any = await ctx.step(check, *args, **kwargs)
-        if result is not None:
-            return cast(R, result)
-        if not ctx.replaying:
-            IDLE_POLLS.labels(agent_label(ctx.agent)).inc()
-        if deadline is not None:
-            left = (deadline - ctx.now()).total_seconds()
-            if left <= 0:
-                raise PollTimeout(
-                    f"poll of {getattr(check, '__name__', 'check')} timed out", run_id=ctx.run_id
-                )
-            pause = min(interval, left)
-        else:
-            pause = interval
-        # Its own wait key, so that history (and the watchdog) can count idle polls.
-        await ctx._wait(WaitKey.poll(), timeout=pause)
-        interval *= backoff
-        if cap_interval is not None:
-            interval = min(interval, cap_interval)

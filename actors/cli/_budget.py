@@ -7,12 +7,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sojourn.broker.names import validate_token
 from sojourn.schemas.events import BUDGET_LIMIT_MAX, Budget
+from sojourn.schemas.names import validate_token
 from sojourn.schemas.vocabulary import BUDGET_LIMITS
 
 from ..client.client import PendingRun
-from ._common import EXIT_OK, UsageError, cli_sender, connect_client, require_deployment
+from ._common import (
+    EXIT_OK,
+    UsageError,
+    cli_sender,
+    connect_client,
+    lookup_current,
+    require_deployment,
+)
 from ._render import out, public_status, spending
 
 __all__ = ["add_budget_arguments", "budget_from_args", "cmd_budget"]
@@ -72,8 +79,6 @@ async def cmd_budget(args: argparse.Namespace) -> int:
         raise UsageError("name at least one limit, e.g. `sojourn budget RUN --usd 5`")
     async with await connect_client(args) as client:
         await require_deployment(client, args.run_id)
-        from ._runs import lookup_current  # _runs imports this module's flags
-
         args.run_id, state = await lookup_current(client, args.run_id)
         if isinstance(state, PendingRun):
             raise UsageError(

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
-from sojourn.broker.names import validate_token
 from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import BrokerUnavailable, RunNotFound, SojournError
+from sojourn.schemas.names import validate_token
 
-from ..client.client import Client
+from ..client.client import Client, PendingRun
+from ..client.reports import lookup
+from ..core.state import RunState
 from ..ops.metrics import serve_metrics
 from ._render import out
 
@@ -42,6 +44,7 @@ __all__ = [
     "configure_logging",
     "connect_client",
     "has_deployment",
+    "lookup_current",
     "options_from",
     "parse_input",
     "probe",
@@ -211,3 +214,15 @@ def start_metrics(args: argparse.Namespace) -> Any:
     host, port = server.server_address[:2]
     out(f"metrics: http://{host}:{port}/metrics")
     return server
+
+
+async def lookup_current(client: Client, run_id: str) -> tuple[str, RunState | PendingRun]:
+    """Like ``lookup``, for commands sent to a run: a run that continued as new is followed to
+    its chain's current run (where the intake would forward the message too), said on stdout."""
+    state = await lookup(client, run_id)
+    if isinstance(state, RunState) and state.continued_as:
+        current = await client.current_run(run_id)
+        if current != run_id:
+            out(f"run {run_id} continued as new: its chain's current run is {current}")
+            return current, await lookup(client, current)
+    return run_id, state

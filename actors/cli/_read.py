@@ -8,9 +8,9 @@ import time
 from datetime import UTC, datetime
 from typing import Final
 
-from sojourn.broker.names import validate_token
 from sojourn.schemas.codec import encode
 from sojourn.schemas.health import LIVENESS_STATES, LivenessState
+from sojourn.schemas.names import validate_token
 from sojourn.schemas.views import QUERY_LIMIT_MAX, RunView
 from sojourn.schemas.vocabulary import RUN_STATUSES, RunStatus
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sojourn.broker.names import validate_token
 from sojourn.schemas.codec import encode
 from sojourn.schemas.errors import RunNotFound, SojournError, UnknownAgent
 from sojourn.schemas.events import RunEvent, RunStarted
 from sojourn.schemas.export import export_schemas
+from sojourn.schemas.names import validate_token
 
 from ..agents.agent import Agent
 from ..client.client import Client, PendingRun, TriggerRejected
@@ -33,6 +33,7 @@ from ._common import (
     cli_sender,
     connect_client,
     has_deployment,
+    lookup_current,
     parse_input,
     require_deployment,
 )
@@ -59,7 +60,6 @@ __all__ = [
     "cmd_start",
     "cmd_status",
     "cmd_terminate",
-    "lookup_current",
 ]
 
 INTAKE_WAIT = 2.0
@@ -121,18 +121,6 @@ async def cmd_start(args: argparse.Namespace) -> int:
             ) from None
         out(f"output: {encode(result).decode()}")
     return EXIT_OK
-
-
-async def lookup_current(client: Client, run_id: str) -> tuple[str, RunState | PendingRun]:
-    """Like ``_lookup``, for commands sent to a run: a run that continued as new is followed to
-    its chain's current run (where the intake would forward the message too), said on stdout."""
-    state = await lookup(client, run_id)
-    if isinstance(state, RunState) and state.continued_as:
-        current = await client.current_run(run_id)
-        if current != run_id:
-            out(f"run {run_id} continued as new: its chain's current run is {current}")
-            return current, await lookup(client, current)
-    return run_id, state
 
 
 def _queued(pending: PendingRun) -> str:

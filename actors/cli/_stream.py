@@ -13,9 +13,9 @@ import asyncio
 import sys
 from typing import TextIO
 
-from sojourn.broker.names import validate_token
 from sojourn.schemas.codec import encode
 from sojourn.schemas.errors import RunNotFound
+from sojourn.schemas.names import validate_token
 
 from ..client.output import OutputChunk, read_output
 from ._common import EXIT_OK, UsageError, connect_client, require_deployment

@@ -15,7 +15,7 @@ from typing import Any
 
 from sojourn.broker.connection import Broker
 from sojourn.broker.drift import Finding
-from sojourn.broker.names import Names, validate_token
+from sojourn.broker.names import Names
 from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.topology import (
     agent_wake_consumer_config,
@@ -24,6 +24,7 @@ from sojourn.broker.topology import (
     fix_command,
     inspect_topology,
 )
+from sojourn.schemas.names import validate_token
 
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, bounded, options_from, settings_from
 from ._render import out

@@ -15,7 +15,6 @@ import argparse
 import sys
 from typing import Any
 
-from sojourn.broker.names import validate_token
 from sojourn.schemas.codec import encode
 from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.events import (
@@ -27,6 +26,7 @@ from sojourn.schemas.events import (
     WaitCompleted,
     WaitStarted,
 )
+from sojourn.schemas.names import validate_token
 
 from ..client.watching import follow_history, presence
 from ._common import EXIT_OK, connect_client, require_deployment

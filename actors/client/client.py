@@ -25,14 +25,7 @@ from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.follow import read_all
-from sojourn.broker.names import (
-    RESERVED_SIGNAL_PREFIX,
-    Names,
-    reserved_run_id,
-    validate_schedule_name,
-    validate_signal_name,
-    validate_token,
-)
+from sojourn.broker.names import Names
 from sojourn.broker.progress import ProgressStore
 from sojourn.broker.schedules import ScheduleStore
 from sojourn.broker.topology import ensure_topology
@@ -67,6 +60,13 @@ from sojourn.schemas.events import (
     RunStarted,
 )
 from sojourn.schemas.health import Liveness
+from sojourn.schemas.names import (
+    RESERVED_SIGNAL_PREFIX,
+    reserved_run_id,
+    validate_schedule_name,
+    validate_signal_name,
+    validate_token,
+)
 from sojourn.schemas.schedules import (
     CatchUp,
     Overlap,

@@ -31,12 +31,13 @@ import msgspec
 from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
-from sojourn.broker.names import TOKEN_PATTERN, Names, validate_token
+from sojourn.broker.names import Names
 from sojourn.schemas.codec import decode_events, decode_run_view
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed, RunStarted
 from sojourn.schemas.health import LivenessState
+from sojourn.schemas.names import TOKEN_PATTERN, validate_token
 from sojourn.schemas.views import RunView
 from sojourn.schemas.vocabulary import is_terminal
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sojourn.broker.names import SCHEDULED_RUN_ID
+from sojourn.schemas.names import SCHEDULED_RUN_ID
 from sojourn.schemas.schedules import CATCH_UP_MAX, JITTER_MAX, CatchUp, ScheduleSpec
 
 from .cron import Calendar, ScheduleError, calendar

@@ -35,7 +35,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from sojourn.broker.names import reserved_run_id, validate_signal_name, validate_token
 from sojourn.schemas.codec import decode_events, encode, from_raw
 from sojourn.schemas.errors import (
     BrokerUnavailable,
@@ -58,6 +57,7 @@ from sojourn.schemas.gateway import (
     StartAnswer,
 )
 from sojourn.schemas.lifecycle import end_status
+from sojourn.schemas.names import reserved_run_id, validate_signal_name, validate_token
 from sojourn.schemas.views import QUERY_LIMIT_MAX
 from sojourn.schemas.vocabulary import RUN_STATUSES
 from sojourn.schemas.wire import RESERVED_SIGNAL_PREFIX

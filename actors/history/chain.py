@@ -32,7 +32,7 @@ from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import StoredMessage
 from sojourn.broker.eventstore import EventStore
 from sojourn.broker.headers import MSG_ID, SIGNAL_ID
-from sojourn.broker.names import RESERVED_SIGNAL_PREFIX, Names, validate_token
+from sojourn.broker.names import Names
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import decode_events, encode
 from sojourn.schemas.errors import ConcurrencyConflict, HistoryError, InvalidName, SojournError
@@ -44,6 +44,7 @@ from sojourn.schemas.events import (
     SignalReceived,
     TriggerInfo,
 )
+from sojourn.schemas.names import RESERVED_SIGNAL_PREFIX, validate_token
 from sojourn.schemas.wire import CancelBody
 
 from ..core.state import RunState

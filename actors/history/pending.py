@@ -12,9 +12,10 @@ import msgspec
 
 from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import StoredMessage
-from sojourn.broker.names import Names, reserved_run_id
+from sojourn.broker.names import Names
 from sojourn.schemas.codec import decode_start
 from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.names import reserved_run_id
 
 __all__ = ["INBOX_SCAN", "PendingRun", "find_pending", "scan_inbox"]
 

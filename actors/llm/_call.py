@@ -12,8 +12,8 @@ the run's budget and ``sojourn_spend_total`` all see the same figures.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -24,9 +24,6 @@ from ..agents.steps import current_step
 from ..core.retry import RetryPolicy, step
 from ._prices import PriceTable
 from ._types import Message, Model, ModelRequest, ModelResponse, OnToken, Tool
-
-if TYPE_CHECKING:
-    from ..agents.context import Context
 
 __all__ = ["LLM_RETRY", "call_model", "model_request", "priced"]
 
@@ -128,8 +125,18 @@ class _ModelStep:
         return msgspec.structs.replace(response, usage=usage)
 
 
+class StepContext(Protocol):
+    """What ``call_model`` needs of its run's ``Context`` (``sojourn.actors.agents.context``),
+    named structurally so that this module imports nothing of the agents' context (which
+    imports it): no import circle."""
+
+    async def step(self, fn: Callable[[], Awaitable[ModelResponse]], /) -> ModelResponse: ...
+
+    async def stream(self, text: str) -> int: ...
+
+
 async def call_model(
-    ctx: Context,
+    ctx: StepContext,
     model: Model,
     messages: str | Message | Sequence[Message],
     *,

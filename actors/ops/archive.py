@@ -43,7 +43,7 @@ from sojourn.broker.archive import ArchiveStore, decode_archive, encode_archive
 from sojourn.broker.connection import Broker, JetStreamError
 from sojourn.broker.delivery import PublishAck, StoredMessage
 from sojourn.broker.eventstore import Decision
-from sojourn.broker.names import Names, validate_token
+from sojourn.broker.names import Names
 from sojourn.projections.retention import Verdict, cutoff, judge, select
 from sojourn.projections.summary import RunSummary, summarize_all
 from sojourn.schemas.codec import decode_events, decode_run_view, encode, from_raw
@@ -51,6 +51,7 @@ from sojourn.schemas.config import ArchivePolicy, Settings
 from sojourn.schemas.errors import InvalidName, SojournError
 from sojourn.schemas.health import LeaderRecord
 from sojourn.schemas.lifecycle import TERMINAL_EVENTS
+from sojourn.schemas.names import validate_token
 from sojourn.schemas.views import RunView
 
 from .metrics import ARCHIVE_ERRORS, ARCHIVED_RUNS

@@ -31,15 +31,7 @@ from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, header
 from sojourn.broker.delivery import Delivery, StoredMessage
 from sojourn.broker.eventstore import Decision, EventStore
-from sojourn.broker.names import (
-    RESERVED_SIGNAL_PREFIX,
-    InboxSubject,
-    Names,
-    inbox_prefix,
-    reserved_run_id,
-    valid_reply_subject,
-    validate_token,
-)
+from sojourn.broker.names import InboxSubject, Names
 from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.codec import (
@@ -70,6 +62,13 @@ from sojourn.schemas.events import (
     TriggerInfo,
 )
 from sojourn.schemas.guard import BodyRefused, check_json
+from sojourn.schemas.names import (
+    RESERVED_SIGNAL_PREFIX,
+    inbox_prefix,
+    reserved_run_id,
+    valid_reply_subject,
+    validate_token,
+)
 from sojourn.schemas.wire import (
     CHILD_SIGNAL,
     DECIDE_SIGNAL,

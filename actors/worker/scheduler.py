@@ -28,12 +28,7 @@ from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision
-from sojourn.broker.names import (
-    InboxSubject,
-    Names,
-    validate_schedule_name,
-    validate_token,
-)
+from sojourn.broker.names import InboxSubject, Names
 from sojourn.broker.registry import AgentRegistry
 from sojourn.broker.schedules import ScheduleStore, fire_headers
 from sojourn.broker.wake import publish_wake
@@ -47,6 +42,7 @@ from sojourn.schemas.errors import (
 )
 from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed
 from sojourn.schemas.lifecycle import has_work
+from sojourn.schemas.names import validate_schedule_name, validate_token
 from sojourn.schemas.schedules import (
     JITTER_MAX,
     FireOutcome,

@@ -31,7 +31,7 @@ from sojourn.broker.connection import Broker, ConnectOptions, PullConsumer
 from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
 from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
 from sojourn.broker.follow import read_all
-from sojourn.broker.names import Names, validate_token
+from sojourn.broker.names import Names
 from sojourn.broker.progress import ProgressStore
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import (
@@ -47,6 +47,7 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError, InvalidName, SojournError
 from sojourn.schemas.events import RunStarted
 from sojourn.schemas.health import BEAT_RUNS_MAX, ActiveRun, WedgeRecord, WorkerBeat, vouches
+from sojourn.schemas.names import validate_token
 from sojourn.schemas.wire import DeadLetter
 
 from ..agents.agent import Agent

@@ -21,11 +21,11 @@ from sojourn.actors.client.watching import follow_history
 from sojourn.actors.history.chain import chain_run_id, current_run
 from sojourn.broker import EmbeddedServer
 from sojourn.broker.connection import ConnectOptions
-from sojourn.broker.names import CHAIN_RUN_ID, reserved_run_id
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas import RunCompleted, RunStarted, SignalReceived, WaitCompleted
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.names import CHAIN_RUN_ID, reserved_run_id
 from tests.actors.test_waits import events_of, until_state
 from tests.apps import chains
 from tests.conftest import PYTHON, ROOT, subprocess_env, wait_for

@@ -26,7 +26,6 @@ from sojourn.broker import Broker, Delivery, EmbeddedServer, Names
 from sojourn.broker import headers as h
 from sojourn.broker.auth import default_users, permissions_for, render_accounts
 from sojourn.broker.connection import _inbox_prefix
-from sojourn.broker.names import inbox_prefix, user_inboxes, valid_reply_subject
 from sojourn.projections.listing import ListingService
 from sojourn.projections.sqlite import SqliteModel
 from sojourn.schemas import decode_dead_letter
@@ -34,6 +33,7 @@ from sojourn.schemas.auth import Role
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import InvalidName
 from sojourn.schemas.events import SignalReceived
+from sojourn.schemas.names import inbox_prefix, user_inboxes, valid_reply_subject
 from tests.apps.cli_agents import cli_echo
 from tests.apps.waits import gated_kid
 from tests.conftest import wait_for

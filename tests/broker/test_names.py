@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.broker.names import (
+from sojourn.broker.names import Names
+from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.names import (
     CHILD_RUN_ID,
     TOKEN_PATTERN,
-    Names,
     valid_reply_subject,
     validate_signal_name,
     validate_token,
 )
-from sojourn.schemas.errors import InvalidName
 
 NAMES = Names("sojourn")
 TOKEN = re.compile(TOKEN_PATTERN)

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sojourn.actors.gateway import BearerTokens, Caller, Policy, parse_actions
-from sojourn.broker.names import TOKEN_PATTERN
 from sojourn.schemas.auth import SENDER_PATTERN
 from sojourn.schemas.gateway import GATEWAY_ACTIONS, GATEWAY_ROLES, GatewayRole
+from sojourn.schemas.names import TOKEN_PATTERN
 
 CLIENT = "c" * 20
 ADMIN = "Admin.Token_~+/=-0123"
