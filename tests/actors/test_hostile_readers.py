@@ -48,6 +48,9 @@ from sojourn.schemas.wire import DeadLetter
 from tests.conftest import wait_for
 from tests.hostile import nested
 
+DEADLINE = 60.0
+"""How long a test waits for what a loaded machine may take seconds to do."""
+
 # --- what a stranger writes ------------------------------------------------------------------
 
 BODIES: list[bytes] = [
@@ -228,7 +231,7 @@ async def parked_run(w: World, run_id: str) -> int:
     async def waiting() -> bool:
         return (await w.client.status(run_id)) == "waiting"
 
-    await wait_for(waiting, 10, what=f"{run_id} waiting")
+    await wait_for(waiting, DEADLINE, what=f"{run_id} waiting")
     return await w.client.store.last_seq(run_id)
 
 
@@ -261,14 +264,14 @@ async def test_subjects_that_are_not_utf8_or_not_names_are_refused_and_the_worke
     async def all_refused() -> bool:
         return len([d for d in await w.dead_letters() if d.subject in shown]) >= len(shown)
 
-    await wait_for(all_refused, 10, what="a dead letter for each")
+    await wait_for(all_refused, DEADLINE, what="a dead letter for each")
     for stream, consumer in (
         (n.wake_stream, n.wake_consumer),
         (n.wake_stream, n.agent_wake_consumer("echo")),
         (n.schedules_stream, n.fire_consumer("echo")),
         (n.inbox_stream, n.intake_consumer),
     ):
-        await wait_for(functools.partial(w.settled, stream, consumer), 10, what=consumer)
+        await wait_for(functools.partial(w.settled, stream, consumer), DEADLINE, what=consumer)
     letters = [d for d in await w.dead_letters() if d.subject in shown]
     assert sorted(d.subject for d in letters) == sorted(shown), letters  # one each
     for d in letters:
@@ -295,8 +298,8 @@ async def test_a_wake_with_any_body_or_headers_is_a_hint_that_changes_nothing(wo
     await w.publish(n.wake("nobody", "echo"), nested(100_000))  # a run that does not exist
     nobody = await w.mark(n.wake("nobody", "echo"))
     consumer = n.agent_wake_consumer("parked")
-    await wait_for(lambda: w.acked(n.wake_stream, consumer, last), 10, what="the wakes acked")
-    await wait_for(lambda: w.acked(n.wake_stream, n.agent_wake_consumer("echo"), nobody), 10)
+    await wait_for(lambda: w.acked(n.wake_stream, consumer, last), DEADLINE, what="the wakes acked")
+    await wait_for(lambda: w.acked(n.wake_stream, n.agent_wake_consumer("echo"), nobody), DEADLINE)
     assert await w.client.status("victim") == "waiting"
     assert await w.client.store.last_seq("victim") == before  # nothing appended
     assert await w.client.store.last_seq("nobody") == 0  # nothing created
@@ -314,9 +317,9 @@ async def test_a_wake_for_a_history_no_intake_wrote_gives_the_run_up_not_back(
     w, n = world, world.names
     await w.publish(n.events("junk"), b"[]")
     await w.publish(n.wake("junk", "echo"), b"")
-    await wait_for(lambda: w.settled(n.wake_stream, n.agent_wake_consumer("echo")), 10)
+    await wait_for(lambda: w.settled(n.wake_stream, n.agent_wake_consumer("echo")), DEADLINE)
     await w.publish(n.wake("junk"), b"")  # unrouted, too (after: two at once would queue)
-    await wait_for(lambda: w.settled(n.wake_stream, n.wake_consumer), 10)
+    await wait_for(lambda: w.settled(n.wake_stream, n.wake_consumer), DEADLINE)
     letters = [d for d in await w.dead_letters() if d.subject == n.events("junk")]
     assert letters and {d.code for d in letters} == {"poison"}, letters
     wedge = await w.client.broker.direct_get_last(n.health_stream, n.wedge("junk"))
@@ -338,8 +341,8 @@ async def test_a_wake_routed_to_another_agent_is_passed_on_not_handed_back(world
         m = await w.client.broker.direct_get_last(n.wake_stream, n.wake("elsewhere", "other"))
         return m is not None and m.header(h.WAKE_REASON) == "rewake"
 
-    await wait_for(moved, 10, what="the wake passed on")
-    await wait_for(lambda: w.settled(n.wake_stream, n.agent_wake_consumer("echo")), 10)
+    await wait_for(moved, DEADLINE, what="the wake passed on")
+    await wait_for(lambda: w.settled(n.wake_stream, n.agent_wake_consumer("echo")), DEADLINE)
     assert await w.client.store.last_seq("elsewhere") == 1  # nothing appended
     assert w.worker.misrouted == 0
 
@@ -351,17 +354,19 @@ async def test_a_fire_with_a_garbled_header_block_or_no_fire_headers_is_refused_
     world: World,
 ) -> None:
     w, n = world, world.names
-    subject = n.schedule_fire("echo", "nightly").encode()
+    # Three schedules' subjects: the stream keeps one fire per schedule, so three fires of one
+    # schedule published faster than the worker takes them would replace one another.
+    subject = n.schedule_fire("echo", "nightly1").encode()
     await w.send(hpub(subject, b"XXXX\r\n\r\n", b"forged 1"))
-    await w.publish(n.schedule_fire("echo", "nightly"), b"forged 2", STATUSES[0])
-    await w.publish(n.schedule_fire("echo", "nightly"), nested(100_000))
+    await w.publish(n.schedule_fire("echo", "nightly2"), b"forged 2", STATUSES[0])
+    await w.publish(n.schedule_fire("echo", "nightly3"), nested(100_000))
 
     async def refused() -> bool:
         return len(await w.dead_letters()) >= 3
 
-    await wait_for(refused, 10, what="three dead letters")
+    await wait_for(refused, DEADLINE, what="three dead letters")
     consumer = n.fire_consumer("echo")
-    await wait_for(lambda: w.settled(n.schedules_stream, consumer), 10, what="the fires settled")
+    await wait_for(lambda: w.settled(n.schedules_stream, consumer), DEADLINE, what="fires settled")
     codes = sorted(d.code for d in await w.dead_letters())
     assert codes == ["invalid_headers", "invalid_trigger", "invalid_trigger"], codes
     assert await w.client.schedules() == []
@@ -393,8 +398,8 @@ async def test_a_schedule_whose_record_was_replaced_by_garbage_dead_letters_its_
     async def poisoned() -> bool:
         return any(d.code == "poison" for d in await w.dead_letters())
 
-    await wait_for(poisoned, 10, what="the fire's dead letter")
-    await wait_for(lambda: w.settled(n.schedules_stream, n.fire_consumer("echo")), 10)
+    await wait_for(poisoned, DEADLINE, what="the fire's dead letter")
+    await wait_for(lambda: w.settled(n.schedules_stream, n.fire_consumer("echo")), DEADLINE)
     [letter] = [d for d in await w.dead_letters() if d.code == "poison"]
     assert letter.subject == n.schedule_fire("echo", "every1") and "every1" in letter.message
     listed = [r.name for r in await w.client.schedules()]  # an unreadable one is left out
@@ -417,7 +422,7 @@ async def test_interrupt_notices_a_stranger_sends_interrupt_nothing(world: World
     the worker still hears the real notice, and a cancel interrupts the step at once."""
     w, n = world, world.names
     await w.client.start("stuck", None, run_id="busy", wait=True)
-    await wait_for(lambda: _true("busy" in STEP_BEGAN), 10, what="the step to begin")
+    await wait_for(lambda: _true("busy" in STEP_BEGAN), DEADLINE, what="the step to begin")
     subject = n.interrupt("busy")
     for body in BODIES:
         await w.notice(subject, body)
@@ -436,7 +441,7 @@ async def test_interrupt_notices_a_stranger_sends_interrupt_nothing(world: World
     await w.client.cancel("busy")
     await wait_for(lambda: _true("busy" in INTERRUPTED), 5, what="the step interrupted")
     assert time.perf_counter() - t0 < 1.5  # the notice, not the 2 s backup look
-    await wait_for(lambda: _status_is(w.client, "busy", "cancelled"), 10, what="cancelled")
+    await wait_for(lambda: _status_is(w.client, "busy", "cancelled"), DEADLINE, what="cancelled")
 
 
 # --- heartbeats, the registry, progress records ---------------------------------------------
@@ -499,7 +504,7 @@ async def test_a_beat_listing_runs_that_are_not_names_does_not_stop_takeovers(
         m = await w.client.broker.direct_get_last(n.wake_stream, n.wake("orphan", "echo"))
         return m is not None and m.header(h.WAKE_REASON) == "takeover"
 
-    await wait_for(taken_over, 10, what="the silent worker's run woken")
+    await wait_for(taken_over, DEADLINE, what="the silent worker's run woken")
     assert not w.worker.membership.known("bad") and not w.worker.membership.known("bad2")
 
 
