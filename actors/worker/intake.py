@@ -870,10 +870,13 @@ class Intake:
         except Exception as e:  # an answer is a courtesy: it must not block the trigger
             log.warning("cannot answer on %r: %s", reply_to, e)
 
-    async def refuse_malformed(self, msg: Delivery, error: BaseException) -> None:
+    async def refuse_malformed(
+        self, msg: Delivery, error: BaseException, screened: Screened | None
+    ) -> None:
         """Refuse a message whose bytes made a decoder fail where no check caught it first (a
         decode error, ``RecursionError``, a ``UnicodeError``): the message's fault, so it is
-        dead-lettered and answered on its first delivery, never retried."""
+        dead-lettered and answered on its first delivery (where ``screen`` said it may be:
+        ``None``, nowhere), never retried."""
         if isinstance(error, BodyRefused):
             code: RejectCode = error.code
         elif isinstance(error, RecursionError):
@@ -882,13 +885,11 @@ class Intake:
             code = "invalid_encoding"
         else:
             code = "invalid_json"
-        try:
-            kind = _DLQ_KINDS.get(self.names.parse_inbox(msg.subject).kind, "other")
-        except InvalidName:
-            kind = "other"
+        inbox = screened.inbox if screened is not None else None
+        kind = _DLQ_KINDS.get(inbox.kind, "other") if inbox is not None else "other"
         message = f"the message cannot be read: {type(error).__name__}: {str(error)[:500]}"
-        reply_to = msg.header(REPLY_HEADER)
-        await self._reject(msg, kind, code, message, not reply_to or valid_reply_subject(reply_to))
+        answer = screened is not None and screened.answerable
+        await self._reject(msg, kind, code, message, answer)
 
     async def _reject(
         self, msg: Delivery, kind: DlqKind, code: RejectCode, message: str, answer: bool = True

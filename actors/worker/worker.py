@@ -31,7 +31,7 @@ from sojourn.broker.connection import Broker, ConnectOptions, PullConsumer
 from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
 from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
 from sojourn.broker.follow import read_all
-from sojourn.broker.names import Names
+from sojourn.broker.names import InboxSubject, Names
 from sojourn.broker.progress import ProgressStore
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import (
@@ -453,7 +453,7 @@ class Worker:
                         # the same run (it changes nothing about it).
                         key, prev = f"refused:{id(msg)}", None
                     else:
-                        key = self._order_key(msg)
+                        key = self._order_key(msg, screened.inbox)
                         prev = tails.get(key)
                     task = asyncio.create_task(self._intake_one(msg, prev, inflight, screened))
                     tails[key] = task
@@ -466,19 +466,18 @@ class Worker:
                 log.exception("intake loop error; continuing")
                 await asyncio.sleep(0.5)
 
-    def _order_key(self, m: Delivery) -> str:
-        """Messages about one run are handled in order (a start before its cancel). Total:
-        whatever the message, a key (one that cannot be read is handled, and refused, alone)."""
-        try:
-            inbox = self.names.parse_inbox(m.subject)
-            if inbox.kind in ("start", "spawn"):
-                run_id = inbox.name or (
-                    peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
-                )
-                return f"run:{run_id}" if run_id else m.subject
-            return f"run:{inbox.target}"
-        except Exception:  # InvalidName, or bytes no peek can read: refused on its own
+    def _order_key(self, m: Delivery, inbox: InboxSubject | None) -> str:
+        """Messages about one run are handled in order (a start before its cancel); ``inbox``
+        is the subject as ``screen`` parsed it. Total: whatever the message, a key (one that
+        names no run is handled alone)."""
+        if inbox is None:
             return m.subject
+        if inbox.kind in ("start", "spawn"):
+            run_id = inbox.name or (
+                peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
+            )
+            return f"run:{run_id}" if run_id else m.subject
+        return f"run:{inbox.target}"
 
     def _screen(self, m: Delivery) -> Screened | None:
         """``Intake.screen``; ``None`` when even that failed (the bytes' fault: refused)."""
@@ -505,7 +504,7 @@ class Worker:
             # The bytes' fault, whatever decoder met them first: refused at once, not retried.
             log.warning("intake: %r cannot be read: %s", m.subject[:200], type(e).__name__)
             try:
-                await self.intake.refuse_malformed(m, e)
+                await self.intake.refuse_malformed(m, e, screened)
             except Exception:
                 log.exception("intake: cannot refuse %r; will retry", m.subject[:200])
                 with contextlib.suppress(Exception):
