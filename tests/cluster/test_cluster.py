@@ -39,9 +39,18 @@ STEPS = 8
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    c = LocalCluster(tmp_path / "cluster")
+    # Its ports are picked free, then bound when the nodes start: in a parallel run another
+    # test's process may take one in between ("address already in use"). Fresh ports then.
+    for attempt in range(3):
+        c = LocalCluster(tmp_path / f"cluster{attempt}")
+        try:
+            await c.start()
+            break
+        except AssertionError as e:
+            c.stop()
+            if "address already in use" not in str(e) or attempt == 2:
+                raise
     try:
-        await c.start()
         yield c
     finally:
         c.stop()
