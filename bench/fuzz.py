@@ -4,7 +4,7 @@ The same two targets as the CI tests, with a larger budget and a seed of your ch
 
 - **the gate and the codec** (tests/schemas/test_guard.py): every codec decoder and
   ``check_json`` on generated hostile bodies: a value or a refusal, never another exception;
-- **the intake** (tests/actors/test_fuzz_intake.py): generated bodies and headers on every
+- **the intake** (tests/actors/worker/test_fuzz_intake.py): generated bodies and headers on every
   inbox subject, against a real worker on an embedded nats-server; each message answered within
   5 s, none delivered twice, the worker serving a good start at the end.
 

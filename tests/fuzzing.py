@@ -1,5 +1,5 @@
 """A worker to fuzz: a real worker and an attacker's raw NATS connection on an event loop in a
-thread of their own, driven synchronously (by Hypothesis in tests/actors/test_fuzz_intake.py,
+thread of their own, driven synchronously (by Hypothesis in tests/actors/worker/test_fuzz_intake.py,
 by ``python -m bench.fuzz`` for the long run)."""
 
 from __future__ import annotations
@@ -123,8 +123,8 @@ class FuzzTarget:
         inbox = self._nc.new_inbox()
         sub = await self._nc.subscribe(inbox, max_msgs=1)
         try:
-            # The reply header is ours (a wrong one is tests/actors/test_trust.py's); the rest
-            # are the fuzzer's, "Nats-Msg-Id" included (a repeat is deduplicated: no answer).
+            # The reply header is ours (a wrong one is tests/actors/worker/test_trust.py's); the
+            # rest are the fuzzer's, "Nats-Msg-Id" included (a repeat is deduplicated: no answer).
             given = {k: v for k, v in headers.items() if k not in (h.REPLY_TO, h.MSG_ID)}
             await self._nc.publish(subject, body, headers={**given, h.REPLY_TO: inbox})
             msg = await sub.next_msg(timeout=self.ANSWER_TIMEOUT)

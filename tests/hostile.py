@@ -1,5 +1,6 @@
 """Hypothesis strategies for bodies and headers a hostile sender writes: shared by the guard's
-tests (tests/schemas/test_guard.py), the intake's fuzz test (tests/actors/test_fuzz_intake.py)
+tests (tests/schemas/test_guard.py), the intake's fuzz test
+(tests/actors/worker/test_fuzz_intake.py)
 and the longer run under bench (``python -m bench.fuzz``).
 
 Each strategy makes bytes that look nearly right, since those reach furthest into a decoder:

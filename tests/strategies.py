@@ -3,8 +3,8 @@
 * run histories: *valid* ones, built the way a worker writes them, with what the generator
   knows the folded state must be (``valid_histories``); *arbitrary* sequences (any event, any
   order, any position: ``any_event``, ``arbitrary_histories``, ``any_histories``); and
-  signal-heavy ones (``signal_histories``). Used by tests/actors/test_state.py,
-  tests/actors/test_journal.py and tests/projections/test_summary.py;
+  signal-heavy ones (``signal_histories``). Used by tests/actors/core/test_state.py,
+  tests/actors/core/test_journal.py and tests/projections/test_summary.py;
 * events and wire messages derived from the schema itself (``struct_strategy``,
   ``schema_events``), used by tests/schemas/test_codec.py;
 * wait keys and waiting entries (``wait_keys_typed``, ``waiting_entries``), used by

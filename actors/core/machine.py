@@ -11,7 +11,7 @@ is the only code that turns those actions into broker I/O.
 Everything here is a plain function of the folded history, the code's calls and the times
 the caller passes in: no clock, no event loop, no broker. That is what lets retries, in-doubt
 policies, crash loops, waits, select, cancel, children, budgets and caps be tested
-exhaustively (tests/actors/test_machine.py), and what ``sojourn replay`` runs, with a journal
+exhaustively (tests/actors/core/test_machine.py), and what ``sojourn replay`` runs, with a journal
 that stops at the first operation history has not recorded.
 """
 

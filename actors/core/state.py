@@ -1,7 +1,7 @@
 """A run's state as a pure fold of its events: ``evolve(state, event) -> state``.
 
 No I/O, no clock, no randomness: the same events always give the same state, which is what
-lets any worker rebuild any run, and what the hypothesis tests in tests/actors/test_state.py
+lets any worker rebuild any run, and what the hypothesis tests in tests/actors/core/test_state.py
 check. ``fold`` is the fast path used by workers (it builds the operation index, the buffered
 signals and the children in one pass); tests assert it always equals
 ``functools.reduce(evolve, events, RunState())``.

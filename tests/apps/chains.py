@@ -1,4 +1,4 @@
-"""Agents that continue as new (tests/actors/test_continue_as_new.py)."""
+"""Agents that continue as new (tests/actors/agents/test_continue_as_new.py)."""
 
 from __future__ import annotations
 

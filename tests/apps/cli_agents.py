@@ -1,4 +1,4 @@
-"""Agents for tests/actors/test_cli.py (``sojourn worker --app tests.apps.cli_agents``)."""
+"""Agents for tests/actors/cli/test_cli.py (``sojourn worker --app tests.apps.cli_agents``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Agents the gateway tests drive over HTTP (tests/gateway)."""
+"""Agents the gateway tests drive over HTTP (tests/actors/gateway)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Pydantic AI agents run by sojourn, for tests/actors/test_pydantic_ai.py (also in worker
+"""Pydantic AI agents run by sojourn, for
+tests/actors/integrations/test_pydantic_ai.py (also in worker
 processes, killed for real).
 
 The models are pydantic-ai ``FunctionModel``s scripted from the conversation so far, so they

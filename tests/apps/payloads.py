@@ -1,4 +1,4 @@
-"""Agents that produce large values, for tests/actors/test_payload_limits.py.
+"""Agents that produce large values, for tests/actors/history/test_payload_limits.py.
 
 Step executions are counted in a file (one line per execution) named by the agent's input, so
 a test can tell how often a step body ran, across activations and replays.

@@ -1,4 +1,5 @@
-"""A conversation agent for the sticky-activation crash test (``tests/actors/test_sticky.py``):
+"""A conversation agent for the sticky-activation crash test
+(``tests/actors/worker/test_sticky.py``):
 each signal ``msg`` is a turn with one step; ``bye`` ends the run with what was said."""
 
 from __future__ import annotations

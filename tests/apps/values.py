@@ -1,4 +1,4 @@
-"""Agents with large values (tests/actors/test_value_refs.py, bench/values.py)."""
+"""Agents with large values (tests/actors/history/test_value_refs.py, bench/values.py)."""
 
 from __future__ import annotations
 

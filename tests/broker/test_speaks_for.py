@@ -1,6 +1,6 @@
 """A client user that speaks for others (an HTTP gateway's callers, ``AuthUser.speaks_for``):
 what it may publish as each name, and nothing more; rendering and the CLI (pure, and the CLI
-as a process). The broker enforcing it is tests/gateway/test_gateway_callers.py."""
+as a process). The broker enforcing it is tests/actors/gateway/test_gateway_callers.py."""
 
 from __future__ import annotations
 

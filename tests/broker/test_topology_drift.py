@@ -32,7 +32,7 @@ from sojourn.broker.topology import (
     stream_configs,
 )
 from sojourn.schemas.config import Settings
-from tests.actors.test_cli import sojourn
+from tests.actors.cli.test_cli import sojourn
 
 _NS = 1_000_000_000
 NAMES = Names("drift")

@@ -2,7 +2,7 @@
 
 Runs every example agent on an embedded nats-server (with a worker in this process), drives
 each run through its waits, and writes each history as ``sojourn history RUN --json`` prints
-it to ``tests/golden/<module>--<label>.json``. tests/actors/test_golden.py replays them
+it to ``tests/golden/<module>--<label>.json``. tests/actors/core/test_golden.py replays them
 against today's code: a change to an example that would strand its recorded runs fails CI.
 Re-record only for a change that is meant to break old histories (and say so in the commit).
 """

@@ -29,7 +29,7 @@ from sojourn.projections.projector import Projector
 from sojourn.projections.sqlite import SqliteModel
 from sojourn.schemas.codec import decode_json
 from sojourn.schemas.config import Settings
-from tests.actors.test_hostile_readers import BLOCKS, BODIES, STATUSES, hpub, pub, raw
+from tests.actors.worker.test_hostile_readers import BLOCKS, BODIES, STATUSES, hpub, pub, raw
 from tests.conftest import wait_for
 from tests.hostile import nested
 from tests.projections.test_projector import pj_steps
