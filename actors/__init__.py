@@ -42,26 +42,22 @@ from sojourn.schemas.schedules import ScheduleAnswer, ScheduleRecord
 
 from .agents.agent import Agent, agent
 from .agents.callbacks import CallbackClaims, CallbackKeys
+from .agents.children import ChildHandle
 from .agents.context import (
-    ChildHandle,
     Context,
     GatherError,
-    Selected,
     StepInfo,
     current_step,
     heartbeat,
     idempotency_headers,
 )
 from .agents.patterns import ApprovalDecision, ApprovalRefused, ApprovalTimeout, PollTimeout
-from .client.client import (
-    Client,
-    PendingRun,
-    RunCancelledError,
-    RunFailedError,
-    StartReceipt,
-    TriggerRejected,
-)
+from .agents.waits import Selected
+from .client.base import TriggerRejected
+from .client.client import Client, PendingRun
 from .client.output import OutputChunk, OutputReader, read_output
+from .client.reading import RunCancelledError, RunFailedError
+from .client.runs import StartReceipt
 from .core.cron import ScheduleError
 from .core.retry import NOT_DONE, RetryPolicy, step
 from .core.state import RunState, evolve, fold

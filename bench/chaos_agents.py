@@ -137,7 +137,7 @@ def _trace_seams() -> None:
     armed = {s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s}
     if not armed:
         return
-    import sojourn.actors.agents.context as context_mod
+    import sojourn.actors.agents.step_calls as context_mod
     import sojourn.actors.worker.intake as intake_mod
     import sojourn.actors.worker.worker as worker_mod
 

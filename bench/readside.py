@@ -87,8 +87,9 @@ from sojourn.broker.names import Names
 from sojourn.broker.topology import ensure_topology
 from sojourn.projections.listing import ListingService
 from sojourn.projections.projector import Projector
-from sojourn.projections.sqlite import Applied, SqliteModel, _run_row, _step_rows
+from sojourn.projections.sqlite import Applied, SqliteModel
 from sojourn.projections.summary import RunSummary, close_decision, summarize
+from sojourn.projections.tables import run_row, step_rows
 from sojourn.projections.views import view_of
 from sojourn.schemas.codec import decode_events, encode, encode_events, from_raw, to_raw
 from sojourn.schemas.config import Settings
@@ -763,8 +764,8 @@ async def raw_sqlite(path: Path, batches: list[list[Applied]]) -> dict[str, floa
     """The same rows, precomputed, by plain executemany, one transaction per batch."""
     rows = []
     for b in batches:
-        runs = {a.view.run_id: _run_row(a.view) for a in b}
-        steps = [r for a in b for r in _step_rows(a.view.run_id, a.events)]
+        runs = {a.view.run_id: run_row(a.view) for a in b}
+        steps = [r for a in b for r in step_rows(a.view.run_id, a.events)]
         rows.append((list(runs.values()), steps))
     db = await aiosqlite.connect(path, isolation_level=None)
     try:

@@ -21,19 +21,11 @@ Example:
 
 from . import headers
 from .auth import AuthUser, permissions_for, render_accounts
-from .connection import (
-    BROKER_ERRORS,
-    DEFAULT_URL,
-    Broker,
-    ConnectOptions,
-    CredentialsError,
-    JetStreamError,
-    PullConsumer,
-    resolve_url,
-)
+from .connection import BROKER_ERRORS, Broker, JetStreamError, PullConsumer
 from .delivery import Delivery, NotADelivery, PublishAck, StoredMessage, Subscription
 from .eventstore import Decision, EventStore
 from .names import Names, validate_token
+from .options import DEFAULT_URL, ConnectOptions, CredentialsError, resolve_url
 from .progress import Progress, ProgressStore
 from .registry import AgentRecord, AgentRegistry
 from .server import EmbeddedServer, find_nats_server

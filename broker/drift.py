@@ -202,30 +202,31 @@ def compare_consumer(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> tupl
     return _compare(ours, theirs, _CONSUMER_EXACT, _CONSUMER_DEFAULTS)
 
 
-def _state(diffs: tuple[KeyDiff, ...]) -> State:
-    if any(d.relied for d in diffs):
-        return "incompatible"
-    return "drift" if diffs else "ok"
-
-
 def stream_finding(ours: Mapping[str, Any], theirs: Mapping[str, Any] | None) -> Finding:
     """The finding for sojourn's stream config ``ours`` and the live one (``None``: missing)."""
-    name = str(ours["name"])
-    if theirs is None:
-        return Finding("stream", name, None, "missing")
-    diffs = compare_stream(ours, theirs)
-    return Finding("stream", name, None, _state(diffs), diffs)
+    return _finding("stream", str(ours["name"]), None, ours, theirs)
 
 
 def consumer_finding(
     stream: str, ours: Mapping[str, Any], theirs: Mapping[str, Any] | None
 ) -> Finding:
     """The finding for sojourn's durable consumer config ``ours`` on ``stream``."""
-    name = str(ours["durable_name"])
+    return _finding("consumer", stream, str(ours["durable_name"]), ours, theirs)
+
+
+def _finding(
+    kind: Kind,
+    stream: str,
+    consumer: str | None,
+    ours: Mapping[str, Any],
+    theirs: Mapping[str, Any] | None,
+) -> Finding:
     if theirs is None:
-        return Finding("consumer", stream, name, "missing")
-    diffs = compare_consumer(ours, theirs)
-    return Finding("consumer", stream, name, _state(diffs), diffs)
+        return Finding(kind, stream, consumer, "missing")
+    compare = compare_stream if kind == "stream" else compare_consumer
+    diffs = compare(ours, theirs)
+    state: State = "incompatible" if any(d.relied for d in diffs) else "drift" if diffs else "ok"
+    return Finding(kind, stream, consumer, state, diffs)
 
 
 def reconciled(

@@ -32,7 +32,8 @@ from sojourn.schemas.names import valid_reply_subject
 from sojourn.schemas.views import RunsPage
 from sojourn.schemas.wire import ErrorBody, IntakeError
 
-from .sqlite import SqliteModel, encode_cursor, validate_query
+from .queries import encode_cursor, validate_query
+from .sqlite import SqliteModel
 
 __all__ = [
     "CODE_INTERNAL",

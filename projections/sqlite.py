@@ -18,43 +18,53 @@ then re-applies them from its position). One process writes a file: this class i
 writer, serialised by a lock; reads go through a second connection so a listing never waits
 for a write.
 
-Listing order is most recently updated first (``updated_at`` descending, then ``run_id``
-descending), paginated by key: ``RunsPage.next`` is an opaque cursor naming the last run of the
-page, and the next page starts strictly after it. A run updated between two page requests moves
-to the top, so it is not shown again on a later page (and a run that moved below the cursor
-shows up again): a listing is a sequence of snapshots, not one.
+Its tables and rows are ``tables.py``; what a listing may ask, its SQL and its cursors,
+``queries.py`` (the names of both that a caller needs are importable from here too). Listing
+order is most recently updated first, paginated by key: a run updated between two page requests
+moves to the top, so it is not shown again on a later page (and a run that moved below the
+cursor shows up again): a listing is a sequence of snapshots, not one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import math
-import re
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final, Literal, NamedTuple, get_args
+from typing import Any, Final
 
 import aiosqlite
-import msgspec
 
-from sojourn.schemas.codec import decode_run_view, encode
+from sojourn.schemas.codec import decode_run_view
 from sojourn.schemas.errors import SojournError
-from sojourn.schemas.events import RunEvent, StepCompleted, StepFailed, StepStarted
-from sojourn.schemas.health import LIVENESS_STATES, LivenessState
-from sojourn.schemas.names import TOKEN_PATTERN, validate_schedule_name, validate_token
-from sojourn.schemas.views import (
-    ERROR_MESSAGE_MAX,
-    QUERY_LIMIT_MAX,
-    RunsPage,
-    RunsQuery,
-    RunView,
-    ViewError,
+from sojourn.schemas.health import LivenessState
+from sojourn.schemas.views import RunsPage, RunsQuery, RunView, ViewError
+
+from .queries import (
+    CURSOR_MAX,
+    InvalidQuery,
+    decode_cursor,
+    encode_cursor,
+    query_sql,
+    validate_query,
 )
-from sojourn.schemas.vocabulary import RUN_STATUSES
+from .sink import Applied
+from .tables import (
+    INSERT_PENDING,
+    RUN_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SET_LIVENESS,
+    STEP_COLUMNS,
+    STEP_STATUSES,
+    UPSERT_RUN,
+    UPSERT_STEP,
+    StepRow,
+    StepStatus,
+    run_row,
+    step_rows,
+)
 
 __all__ = [
     "CURSOR_MAX",
@@ -70,333 +80,10 @@ __all__ = [
     "validate_query",
 ]
 
-SCHEMA_VERSION: Final = 1
-"""The layout of the tables. A file of another version is refused (rebuild it: delete it and
-let the projector fill a new one from the events stream)."""
-
-CURSOR_MAX: Final = 256
-"""The longest cursor accepted (one names an ``updated_at`` and a run id: ~200 characters)."""
-
-StepStatus = Literal["running", "completed", "failed", "retrying"]
-"""A step's state in the ``steps`` table: started and not settled; its last attempt completed;
-its last attempt failed for good; its last attempt failed and a retry is due."""
-STEP_STATUSES: tuple[StepStatus, ...] = get_args(StepStatus)
-
 _CACHE_KIB: Final = -65536
 """Page cache per connection (negative: KiB), 64 MiB: the indexes of ~100,000 runs stay in
 memory, so an update does not read the disk (with SQLite's 2 MiB default it does, and applying
 slows down three-fold)."""
-
-_TOKEN = re.compile(TOKEN_PATTERN)
-_CURSOR = re.compile(rf"[A-Za-z0-9_-]{{1,{CURSOR_MAX}}}")
-
-
-class Applied(NamedTuple):
-    """One decision as the projector applied it."""
-
-    seq: int
-    """The events-stream sequence of the decision."""
-    view: RunView
-    """The run's view after it."""
-    events: tuple[RunEvent, ...]
-    """The decision's events (for the step rows)."""
-
-
-class StepRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One step of a run (one position), as the ``steps`` table keeps it.
-
-    Attributes:
-        attempts: the highest attempt started (or settled) at this position.
-        started_at: when its first attempt started.
-        ended_at / duration: when its last attempt ended and how long that attempt took
-            (``None`` while one runs).
-        error: the last failed attempt's error (kept when a later attempt completes).
-    """
-
-    run_id: str
-    position: int
-    name: str
-    status: StepStatus
-    attempts: int
-    started_at: float | None = None
-    ended_at: float | None = None
-    duration: float | None = None
-    error: ViewError | None = None
-
-
-class InvalidQuery(SojournError, ValueError):
-    """A ``RunsQuery`` that cannot be answered: a limit out of range, a status or liveness not
-    in the vocabulary, an agent or parent that is not a name token, a malformed cursor."""
-
-
-# --- queries and cursors (pure) ---------------------------------------------------------------
-
-
-def encode_cursor(updated_at: float, run_id: str) -> str:
-    """The cursor naming a run's place in the listing order (``RunsPage.next``).
-
-    Opaque to clients: base64url (no padding) of the exact ``updated_at`` (``float.hex``) and
-    the run id."""
-    raw = f"{updated_at.hex()}/{run_id}".encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def decode_cursor(cursor: str) -> tuple[float, str]:
-    """``(updated_at, run_id)`` of a cursor made by ``encode_cursor``.
-
-    Raises:
-        InvalidQuery: anything else (bounded, matched in full: never reaches SQL as text).
-    """
-    bad = InvalidQuery(f"invalid cursor {cursor[:40]!r}: pass the `next` of a previous page")
-    if not isinstance(cursor, str) or not _CURSOR.fullmatch(cursor):
-        raise bad
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-        stamp, _, run_id = text.partition("/")
-        updated_at = float.fromhex(stamp)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise bad from None
-    # Only the one spelling encode_cursor makes: "1.0" would parse too.
-    if not math.isfinite(updated_at) or updated_at.hex() != stamp or not _TOKEN.fullmatch(run_id):
-        raise bad
-    return updated_at, run_id
-
-
-def validate_query(q: RunsQuery) -> RunsQuery:
-    """Return ``q`` if it can be answered, else raise saying why.
-
-    Decoding checks the shape of a query from the wire; this checks its values (and a query
-    built in Python, which nothing checked).
-
-    Raises:
-        InvalidName: the agent or parent run id is not a name token (a ``ValueError`` too).
-        InvalidQuery: a limit outside 1..``QUERY_LIMIT_MAX``, a status or liveness not in the
-            vocabulary, ``since`` not a finite number, a malformed cursor.
-    """
-    if q.agent is not None:
-        validate_token(q.agent, "agent name")
-    if q.parent_run_id is not None:
-        validate_token(q.parent_run_id, "parent run id")
-    if q.schedule is not None:
-        validate_schedule_name(q.schedule)
-    if not isinstance(q.limit, int) or isinstance(q.limit, bool):
-        raise InvalidQuery(f"invalid limit {q.limit!r}: a whole number, 1 to {QUERY_LIMIT_MAX}")
-    if not 1 <= q.limit <= QUERY_LIMIT_MAX:
-        raise InvalidQuery(f"invalid limit {q.limit}: 1 to {QUERY_LIMIT_MAX}")
-    for status in q.status:
-        if status not in RUN_STATUSES:
-            raise InvalidQuery(
-                f"invalid status {str(status)[:40]!r}: one of {', '.join(RUN_STATUSES)}"
-            )
-    for state in q.liveness:
-        if state not in LIVENESS_STATES:
-            raise InvalidQuery(
-                f"invalid liveness {str(state)[:40]!r}: one of {', '.join(LIVENESS_STATES)}"
-            )
-    if q.since is not None and (not isinstance(q.since, int | float) or not math.isfinite(q.since)):
-        raise InvalidQuery(f"invalid since {q.since!r}: unix seconds")
-    if q.after is not None:
-        decode_cursor(q.after)
-    return q
-
-
-# --- the tables -------------------------------------------------------------------------------
-
-_STATUS_CHECK = ", ".join(f"'{s}'" for s in RUN_STATUSES)
-_STEP_CHECK = ", ".join(f"'{s}'" for s in STEP_STATUSES)
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS meta (
-    key   TEXT PRIMARY KEY,
-    value ANY NOT NULL
-) STRICT, WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS runs (
-    run_id        TEXT PRIMARY KEY,
-    agent         TEXT NOT NULL,
-    status        TEXT NOT NULL CHECK (status IN ({_STATUS_CHECK})),
-    liveness      TEXT,
-    parent_run_id TEXT,
-    started_at    REAL NOT NULL,
-    updated_at    REAL NOT NULL,
-    ended_at      REAL,
-    step          TEXT,
-    steps_done    INTEGER NOT NULL,
-    attempts      INTEGER NOT NULL,
-    spent_usd     REAL NOT NULL,
-    spent_tokens  INTEGER NOT NULL,
-    budget_usd    REAL,
-    budget_tokens INTEGER,
-    error_type    TEXT,
-    error_message TEXT,
-    last_seq      INTEGER NOT NULL,
-    view          TEXT NOT NULL
-) STRICT;
-CREATE INDEX IF NOT EXISTS runs_by_updated ON runs (updated_at, run_id);
-CREATE INDEX IF NOT EXISTS runs_by_agent ON runs (agent, updated_at, run_id);
-CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, updated_at, run_id);
-CREATE INDEX IF NOT EXISTS runs_by_agent_status ON runs (agent, status, updated_at, run_id);
-CREATE INDEX IF NOT EXISTS runs_by_liveness ON runs (liveness, updated_at, run_id);
-CREATE INDEX IF NOT EXISTS runs_by_parent ON runs (parent_run_id, updated_at, run_id)
-    WHERE parent_run_id IS NOT NULL;
-CREATE TABLE IF NOT EXISTS steps (
-    run_id        TEXT NOT NULL,
-    position      INTEGER NOT NULL,
-    name          TEXT NOT NULL,
-    status        TEXT NOT NULL CHECK (status IN ({_STEP_CHECK})),
-    attempts      INTEGER NOT NULL,
-    started_at    REAL,
-    ended_at      REAL,
-    duration      REAL,
-    error_type    TEXT,
-    error_message TEXT,
-    PRIMARY KEY (run_id, position)
-) STRICT, WITHOUT ROWID;
-"""
-
-_RUN_COLUMNS = (
-    "run_id, agent, status, liveness, parent_run_id, started_at, updated_at, ended_at, step, "
-    "steps_done, attempts, spent_usd, spent_tokens, budget_usd, budget_tokens, error_type, "
-    "error_message, last_seq, view"
-)
-_RUN_VALUES = ", ".join("?" * len(_RUN_COLUMNS.split(",")))
-_UPDATE_RUN = ", ".join(
-    f"{c} = excluded.{c}" for c in (c.strip() for c in _RUN_COLUMNS.split(",")) if c != "run_id"
-)
-_UPSERT_RUN = (
-    f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({_RUN_VALUES}) "
-    f"ON CONFLICT (run_id) DO UPDATE SET {_UPDATE_RUN} "
-    "WHERE excluded.last_seq >= runs.last_seq"  # views of a run only move forward
-)
-_INSERT_PENDING = (
-    f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({_RUN_VALUES}) ON CONFLICT (run_id) DO NOTHING"
-)
-_UPSERT_STEP = """
-INSERT INTO steps (run_id, position, name, status, attempts, started_at, ended_at, duration,
-                   error_type, error_message)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (run_id, position) DO UPDATE SET
-    name = excluded.name,
-    status = excluded.status,
-    attempts = max(steps.attempts, excluded.attempts),
-    started_at = coalesce(steps.started_at, excluded.started_at),
-    ended_at = excluded.ended_at,
-    duration = excluded.duration,
-    error_type = coalesce(excluded.error_type, steps.error_type),
-    error_message = coalesce(excluded.error_message, steps.error_message)
-"""
-_SET_LIVENESS = (
-    "UPDATE runs SET liveness = ?1, view = json_set(view, '$.liveness', ?1) "
-    "WHERE run_id = ?2 AND liveness IS NOT ?1"
-)
-_STEP_COLUMNS = (
-    "run_id, position, name, status, attempts, started_at, ended_at, duration, error_type, "
-    "error_message"
-)
-
-
-def _run_row(view: RunView) -> tuple[Any, ...]:
-    error = view.error
-    return (
-        view.run_id,
-        view.agent,
-        view.status,
-        view.liveness,
-        view.parent_run_id,
-        view.started_at,
-        view.updated_at,
-        view.ended_at,
-        view.step,
-        view.steps_done,
-        view.attempts,
-        view.spent_usd,
-        view.spent_tokens,
-        view.budget_usd,
-        view.budget_tokens,
-        None if error is None else error.type,
-        None if error is None else error.message[:ERROR_MESSAGE_MAX],
-        view.last_seq,
-        encode(view).decode(),
-    )
-
-
-def _step_rows(run_id: str, events: Iterable[RunEvent]) -> list[tuple[Any, ...]]:
-    """The step-table upserts of one decision, in order (``_UPSERT_STEP`` merges them)."""
-    rows: list[tuple[Any, ...]] = []
-    for e in events:
-        if isinstance(e, StepStarted):
-            rows.append(
-                (run_id, e.position, e.name, "running", e.attempt, e.at, None, None, None, None)
-            )
-        elif isinstance(e, StepCompleted):
-            rows.append(
-                (
-                    run_id,
-                    e.position,
-                    e.name,
-                    "completed",
-                    e.attempt,
-                    e.at - e.duration,
-                    e.at,
-                    e.duration,
-                    None,
-                    None,
-                )
-            )
-        elif isinstance(e, StepFailed):
-            status = "failed" if e.retry_at is None else "retrying"
-            rows.append(
-                (
-                    run_id,
-                    e.position,
-                    e.name,
-                    status,
-                    e.attempt,
-                    e.at - e.duration,
-                    e.at,
-                    e.duration,
-                    e.error.type,
-                    e.error.message[:ERROR_MESSAGE_MAX],
-                )
-            )
-    return rows
-
-
-def _query_sql(q: RunsQuery) -> tuple[str, list[Any]]:
-    """The SQL of a validated query and its parameters (values are always parameters)."""
-    where: list[str] = []
-    params: list[Any] = []
-    if q.agent is not None:
-        where.append("agent = ?")
-        params.append(q.agent)
-    if q.status:
-        statuses = sorted(set(q.status))
-        where.append(f"status IN ({', '.join('?' * len(statuses))})")
-        params.extend(statuses)
-    if q.liveness:
-        states = sorted(set(q.liveness))
-        where.append(f"liveness IN ({', '.join('?' * len(states))})")
-        params.extend(states)
-    if q.parent_run_id is not None:
-        where.append("parent_run_id = ?")
-        params.append(q.parent_run_id)
-    if q.schedule is not None:
-        # Scheduled runs' ids start with their schedule's name: the primary key narrows the
-        # scan, the view's own field decides.
-        where.append("run_id >= ? AND run_id < ? AND json_extract(view, '$.schedule') = ?")
-        params.extend([f"{q.schedule}-at", f"{q.schedule}-au", q.schedule])
-    if q.since is not None:
-        where.append("updated_at >= ?")
-        params.append(float(q.since))
-    if q.after is not None:
-        where.append("(updated_at, run_id) < (?, ?)")
-        params.extend(decode_cursor(q.after))
-    sql = (
-        "SELECT updated_at, run_id, view FROM runs"
-        + (" WHERE " + " AND ".join(where) if where else "")
-        + " ORDER BY updated_at DESC, run_id DESC LIMIT ?"
-    )
-    params.append(q.limit + 1)
-    return sql, params
 
 
 def _decode_view(text: str) -> RunView:
@@ -459,7 +146,7 @@ class SqliteModel:
             await db.execute("BEGIN IMMEDIATE")
             try:
                 # One statement at a time: executescript would commit the transaction.
-                for statement in _SCHEMA.split(";"):
+                for statement in SCHEMA.split(";"):
                     if statement.strip():
                         await db.execute(statement)
                 rows = await db.execute_fetchall("SELECT key, value FROM meta")
@@ -522,12 +209,12 @@ class SqliteModel:
             runs: dict[str, tuple[Any, ...]] = {}
             steps: list[tuple[Any, ...]] = []
             for a in fresh:
-                runs[a.view.run_id] = _run_row(a.view)  # the last view of a run wins
-                steps.extend(_step_rows(a.view.run_id, a.events))
+                runs[a.view.run_id] = run_row(a.view)  # the last view of a run wins
+                steps.extend(step_rows(a.view.run_id, a.events))
             try:
                 await self._transaction(
-                    (_UPSERT_STEP, steps),
-                    (_UPSERT_RUN, list(runs.values())),
+                    (UPSERT_STEP, steps),
+                    (UPSERT_RUN, list(runs.values())),
                     ("UPDATE meta SET value = ? WHERE key = 'position'", [(position,)]),
                 )
             except BaseException:
@@ -580,7 +267,7 @@ class SqliteModel:
                 f"{view.status} at {view.last_seq}"
             )
         async with self._write:
-            async with self._db.execute(_INSERT_PENDING, _run_row(view)) as cur:
+            async with self._db.execute(INSERT_PENDING, run_row(view)) as cur:
                 return cur.rowcount > 0
 
     async def drop_pending(self, run_id: str) -> bool:
@@ -600,7 +287,7 @@ class SqliteModel:
         if not changes:
             return
         async with self._write:
-            await self._transaction((_SET_LIVENESS, [(state, run_id) for run_id, state in changes]))
+            await self._transaction((SET_LIVENESS, [(state, run_id) for run_id, state in changes]))
 
     async def reset(self) -> None:
         """Empty every table and set the position to 0 (``--rebuild``), in one transaction."""
@@ -626,7 +313,7 @@ class SqliteModel:
     async def steps(self, run_id: str) -> list[StepRow]:
         """The run's steps, by position."""
         rows = await self._fetch(
-            f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY position", (run_id,)
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY position", (run_id,)
         )
         return [
             StepRow(
@@ -651,7 +338,7 @@ class SqliteModel:
             InvalidQuery / InvalidName: ``q`` cannot be answered (``validate_query``).
         """
         validate_query(q)
-        sql, params = _query_sql(q)
+        sql, params = query_sql(q)
         async with self._read:
             db = self._reader
             try:
@@ -677,7 +364,7 @@ class SqliteModel:
         """SQLite's plan for ``q`` (``EXPLAIN QUERY PLAN``), one line per step: for checking
         that a listing uses an index."""
         validate_query(q)
-        page_sql, params = _query_sql(q)
+        page_sql, params = query_sql(q)
         rows = await self._fetch("EXPLAIN QUERY PLAN " + page_sql, params)
         return [str(r[-1]) for r in rows]
 
@@ -686,9 +373,9 @@ class SqliteModel:
         their dumps are equal."""
         return {
             "meta": await self._fetch("SELECT key, value FROM meta ORDER BY key"),
-            "runs": await self._fetch(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY run_id"),
+            "runs": await self._fetch(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY run_id"),
             "steps": await self._fetch(
-                f"SELECT {_STEP_COLUMNS} FROM steps ORDER BY run_id, position"
+                f"SELECT {STEP_COLUMNS} FROM steps ORDER BY run_id, position"
             ),
         }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 
@@ -45,7 +46,15 @@ from sojourn.schemas.lifecycle import (
     out_of_place,
 )
 from sojourn.schemas.views import CHILDREN_SHOWN, ERROR_MESSAGE_MAX, ViewError
-from sojourn.schemas.vocabulary import POLL_WAIT, TERMINAL, RunStatus, WaitKey
+from sojourn.schemas.vocabulary import (
+    POLL_WAIT,
+    SPEND_KIND,
+    TERMINAL,
+    RunStatus,
+    SuspendReason,
+    WaitKey,
+    suspend_reason,
+)
 from sojourn.schemas.wire import CHILD_SIGNAL
 
 __all__ = ["CHILD_SIGNAL", "POLL_WAIT", "RunSummary", "summarize", "summarize_all"]
@@ -79,7 +88,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     waiting_since: float | None = None
     deadline: float | None = None
     signals: tuple[PendingSignal, ...] = ()
-    suspended_reason: str | None = None
+    suspended_reason: SuspendReason | None = None
+    """Why the run is suspended (``RunSuspended.reason``, read with ``suspend_reason``)."""
     suspended_detail: str | None = None
     cancel_requested: bool = False
     step: str | None = None
@@ -173,26 +183,10 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 error=s.error if event.attempt > 1 else None,
             )
         case StepCompleted():
-            s = rep(
-                s,
-                step=None,
-                step_position=None,
-                step_started_at=None,
-                step_attempt=0,
-                steps_done=s.steps_done + 1,
-                error=None,
-            )
-            s = _charged(s, event.usage)
+            s = _charged(_step_closed(s, steps_done=s.steps_done + 1, error=None), event.usage)
         case StepFailed():
-            s = rep(
-                s,
-                step=None,
-                step_position=None,
-                step_started_at=None,
-                step_attempt=0,
-                error=_error(event.error.type, event.error.message),
-            )
-            s = _charged(s, event.usage)
+            error = _error(event.error.type, event.error.message)
+            s = _charged(_step_closed(s, error=error), event.usage)
         case WaitStarted():
             s = rep(s, idle_polls=s.idle_polls + (WaitKey.parse(event.key).kind == "poll"))
         case WaitCompleted():
@@ -208,7 +202,7 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
             sig = PendingSignal(event.signal_id, event.name, event.at)
             return rep(s, signals=(*s.signals, sig))
         case ValueRecorded():
-            spent = decode_spend(event.value) if event.kind == "spend" else None
+            spent = decode_spend(event.value) if event.kind == SPEND_KIND else None
             if spent is None:
                 return s
             return rep(
@@ -224,7 +218,8 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
         case CancelTaken():  # the compensation's steps that follow say what runs
             return s
         case RunSuspended():
-            s = rep(s, suspended_reason=event.reason, suspended_detail=event.detail)
+            reason = suspend_reason(event.reason)
+            s = rep(s, suspended_reason=reason, suspended_detail=event.detail)
         case RunResumed():
             grants = s.budget_grants + (event.grant and s.suspended_reason == "budget")
             s = rep(s, suspended_reason=None, suspended_detail=None, budget_grants=grants)
@@ -267,7 +262,7 @@ def _lifecycle(s: RunSummary, event: RunEvent) -> RunSummary:
 def _ended(s: RunSummary, status: RunStatus, at: float) -> RunSummary:
     """An ended run waits on nothing and buffers nothing (the full fold keeps its last wait:
     replay never reads it, and liveness never looks at an ended run)."""
-    return msgspec.structs.replace(
+    return _step_closed(
         s,
         status=status,
         ended_at=at,
@@ -275,10 +270,13 @@ def _ended(s: RunSummary, status: RunStatus, at: float) -> RunSummary:
         waiting_since=None,
         deadline=None,
         signals=(),
-        step=None,
-        step_position=None,
-        step_started_at=None,
-        step_attempt=0,
+    )
+
+
+def _step_closed(s: RunSummary, **changes: Any) -> RunSummary:
+    """``s`` with no open step (it ended, or the run did), and ``changes``."""
+    return msgspec.structs.replace(
+        s, step=None, step_position=None, step_started_at=None, step_attempt=0, **changes
     )
 
 

@@ -20,7 +20,7 @@ from typing import Final, Literal
 import msgspec
 
 from .health import LivenessState
-from .vocabulary import RunStatus
+from .vocabulary import RunStatus, SuspendReason
 
 __all__ = [
     "CHILDREN_SHOWN",
@@ -63,6 +63,8 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
         waiting_on: what a waiting run waits for (``WaitingOn`` entries, formatted:
             ``signal:docs.signed``, ``timer``, ``child:<run_id>``, ``retry:<step>``...).
         step: the step started and not yet settled; ``step_attempt`` its attempt.
+        suspended_reason: why a suspended run is (a ``SuspendReason``; ``other`` for a reason
+            the projector does not know), ``suspended_detail`` in words.
         steps_done: steps completed; ``attempts``: step attempts started, retries included.
         spent_usd / spent_tokens: what ``ctx.spend`` recorded; ``budget_usd`` /
             ``budget_tokens`` the agent's budget in effect (grants from resumes included),
@@ -95,7 +97,7 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     retries: int = 0
     signals_buffered: int = 0
     cancel_requested: bool = False
-    suspended_reason: str | None = None
+    suspended_reason: SuspendReason | None = None
     suspended_detail: str | None = None
     spent_usd: float = 0.0
     spent_tokens: int = 0

@@ -1,5 +1,6 @@
 """The words sojourn uses about a run, each defined once: statuses, suspension reasons, child
-outcomes, value kinds, and the typed forms of wait keys and of what a run waits on.
+outcomes, value and step kinds, budget limits, what a position of a run's history holds, why a
+run is woken, and the typed forms of wait keys and of what a run waits on.
 
 History stores these as plain strings (docs/wire.md "Run events"); nothing here changes a byte
 on the wire. ``WaitKey`` and ``WaitingOn`` are the typed values behind two such strings: build
@@ -16,8 +17,13 @@ import msgspec
 __all__ = [
     "BUDGET_LIMITS",
     "CHILD_STATUSES",
+    "LLM_STEP",
+    "OP_KINDS",
+    "OP_STATUSES",
+    "PATCH_KIND",
     "POLL_WAIT",
     "RUN_STATUSES",
+    "SPEND_KIND",
     "STEP_KINDS",
     "SUSPEND_REASONS",
     "TERMINAL",
@@ -25,8 +31,11 @@ __all__ = [
     "WAITING_KINDS",
     "WAIT_KINDS",
     "WAIT_OUTCOMES",
+    "WAKE_REASONS",
     "BudgetLimit",
     "ChildStatus",
+    "OpKind",
+    "OpStatus",
     "RunStatus",
     "StepKind",
     "SuspendReason",
@@ -37,7 +46,12 @@ __all__ = [
     "WaitOutcome",
     "WaitingKind",
     "WaitingOn",
+    "WakeReason",
     "is_terminal",
+    "is_value_kind",
+    "suspend_reason",
+    "value_op",
+    "wake_reason",
 ]
 
 # --- statuses ---------------------------------------------------------------------------------
@@ -74,14 +88,28 @@ def is_terminal(status: str) -> TypeGuard[TerminalStatus]:
 # --- suspensions, child outcomes, values, wait outcomes ---------------------------------------
 
 SuspendReason = Literal[
-    "nondeterminism", "cap", "budget", "in_doubt", "crash_loop", "poison", "manual"
+    "nondeterminism", "cap", "budget", "in_doubt", "crash_loop", "poison", "manual", "other"
 ]
 """Why a run is suspended (``RunSuspended.reason``). Written today: ``nondeterminism`` (replay
 diverged), ``cap`` (the poll cap), ``budget`` (``ctx.spend`` over the agent's budget),
 ``in_doubt`` (a step with ``in_doubt="ask"`` whose end was never recorded), ``crash_loop`` (a
-step cut off too often in a row). Reserved: ``poison``, ``manual``. The event field stays a
-plain string (a newer reason must not make an older reader fail), so readers get ``str``."""
+step cut off too often in a row). Reserved: ``poison``, ``manual``. ``other``: a reason no
+writer of today makes. The event field stays a plain string (a newer reason must not make an
+older reader fail); the folds read it with ``suspend_reason``, so their fields are typed."""
 SUSPEND_REASONS: tuple[SuspendReason, ...] = get_args(SuspendReason)
+
+
+def suspend_reason(text: str) -> SuspendReason:
+    """A stored ``RunSuspended.reason`` as a ``SuspendReason``. Total: a reason this version
+    does not know is ``other`` (the event keeps its text)."""
+    return text if _is_suspend_reason(text) else "other"
+
+
+def _is_suspend_reason(text: str) -> TypeGuard[SuspendReason]:
+    return text in _SUSPEND_REASONS
+
+
+_SUSPEND_REASONS = frozenset(SUSPEND_REASONS)
 
 ChildStatus = Literal["completed", "failed", "cancelled", "rejected"]
 """How a child run ended as its parent learns it (``ChildOutcome.status``): a terminal status,
@@ -95,6 +123,19 @@ ValueKind = Literal["now", "uuid", "random", "spend", "patch", "callback", "refu
 refused (``refusal``, the value is an ``ApprovalRefused``: who sent it, the approval, the stage
 and why). The event field stays a plain string, like ``RunSuspended.reason``."""
 VALUE_KINDS: tuple[ValueKind, ...] = get_args(ValueKind)
+
+PATCH_KIND: ValueKind = "patch"
+"""The value kind of a ``ctx.patched`` marker: its value is the change id."""
+SPEND_KIND: ValueKind = "spend"
+"""The value kind of a ``ctx.spend`` call: its value is a ``Spend`` (usd and tokens)."""
+
+
+def is_value_kind(text: str) -> TypeGuard[ValueKind]:
+    """Whether ``text`` (a stored ``ValueRecorded.kind``) is a value kind this version knows."""
+    return text in _VALUE_KINDS
+
+
+_VALUE_KINDS = frozenset(VALUE_KINDS)
 
 BudgetLimit = Literal[
     "usd", "tokens", "input_tokens", "output_tokens", "steps", "tool_calls", "polls", "wall_seconds"
@@ -110,9 +151,52 @@ count model requests and tool calls by it (a ``tool_calls`` limit counts every s
 a model request). A plain string in the event, like ``RunSuspended.reason``."""
 STEP_KINDS: tuple[StepKind, ...] = get_args(StepKind)
 
+LLM_STEP: StepKind = "llm"
+"""The kind of a step that is a model request: budgets count it as a model call, a step of any
+other kind as a tool call."""
+
 WaitOutcome = Literal["signal", "timeout", "child"]
 """How a wait ended (``WaitCompleted.outcome``)."""
 WAIT_OUTCOMES: tuple[WaitOutcome, ...] = get_args(WaitOutcome)
+
+
+# --- operations -------------------------------------------------------------------------------
+
+OpKind = Literal["step", "wait", "child", ValueKind, "other"]
+"""What history recorded at one position of a run's code (``OpRecord.kind``): a step, a wait, a
+child start, or a value of its ``ValueKind`` (``now``, ``uuid``, ``patch``...). ``other``: a
+value of a kind this version does not know (``OpRecord.name`` keeps its text)."""
+OP_KINDS: tuple[OpKind, ...] = get_args(OpKind)
+
+
+def value_op(kind: str) -> OpKind:
+    """The ``OpKind`` of a value recorded with ``ValueRecorded.kind`` ``kind``. Total: a kind
+    this version does not know is ``other``."""
+    return kind if is_value_kind(kind) else "other"
+
+
+OpStatus = Literal["started", "completed", "failed", "recorded", "waiting"]
+"""Where an operation stands (``OpRecord.status``): a step ``started`` (in doubt: it may have
+run), ``completed`` or ``failed``; a value ``recorded``; a wait ``waiting`` until it is
+``completed`` (a child start is ``completed`` once recorded)."""
+OP_STATUSES: tuple[OpStatus, ...] = get_args(OpStatus)
+
+
+# --- wakes ------------------------------------------------------------------------------------
+
+WakeReason = Literal["start", "signal", "cancel", "timer", "rewake", "takeover", "watchdog"]
+"""Why a run is woken (header ``Sojourn-Wake-Reason`` on a wake or a timer; a hint, read by
+nobody to decide anything): ``start``, a run started or continued that no worker runs yet;
+``signal``, a signal or a resume arrived; ``cancel``, a cancel was recorded; ``timer``, a wait's
+deadline or a retry is due; ``rewake``, a wake handed on to a worker that serves the run's
+agent; ``takeover``, a run taken over from a worker that stopped or died; ``watchdog``, the
+watchdog judged the run stuck (the header then names its judgement: ``wake_reason``)."""
+WAKE_REASONS: tuple[WakeReason, ...] = get_args(WakeReason)
+
+
+def wake_reason(reason: WakeReason, detail: str = "") -> str:
+    """The text of the wake header: ``reason``, or ``reason:detail`` (``watchdog:stalled``)."""
+    return f"{reason}:{detail}" if detail else reason
 
 
 # --- wait keys --------------------------------------------------------------------------------

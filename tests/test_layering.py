@@ -59,6 +59,8 @@ PURE_MODULES = (
     "projections/anomaly.py",
     "projections/liveness.py",
     "projections/retention.py",
+    "projections/tables.py",
+    "projections/queries.py",
 )
 IMPURE = ("asyncio", "nats", "sojourn.broker")
 

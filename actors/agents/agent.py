@@ -11,7 +11,7 @@ import inspect
 import typing
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast
 
 import msgspec
 
@@ -24,7 +24,7 @@ from ..core.retry import RetryPolicy
 if TYPE_CHECKING:
     from .context import Context
 
-__all__ = ["Agent", "agent"]
+__all__ = ["Agent", "AgentOptions", "agent"]
 
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
@@ -35,6 +35,17 @@ NoInputFn = Callable[["Context"], Awaitable[O]]
 """``async def fn(ctx) -> output``: an agent that takes no input."""
 Compensation = Callable[["Context", Any], Awaitable[None]]
 """``async def fn(ctx, input) -> None``: what a cancelled run does before it ends."""
+
+
+class AgentOptions(TypedDict, total=False):
+    """The keyword arguments of ``Agent`` (see there), as ``@agent`` passes them on."""
+
+    version: str | None
+    poll_cap: int
+    retry: RetryPolicy | None
+    budget: Budget | None
+    on_cancel: Compensation | None
+    lifetime: float | int | timedelta | None
 
 
 class Agent(Generic[I, O]):
@@ -139,17 +150,10 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def agent(
-    name: str,
-    *,
-    version: str | None = None,
-    poll_cap: int = 1000,
-    retry: RetryPolicy | None = None,
-    budget: Budget | None = None,
-    on_cancel: Compensation | None = None,
-    lifetime: float | int | timedelta | None = None,
+    name: str, **options: Unpack[AgentOptions]
 ) -> Callable[[AgentFn[I, O] | NoInputFn[O]], Agent[I, O]]:
     """Decorate ``async def fn(ctx, input) -> output`` (or ``async def fn(ctx) -> output``)
-    into an ``Agent``.
+    into an ``Agent``; ``options`` are ``Agent``'s keyword arguments (``AgentOptions``).
 
     Example:
         >>> from sojourn.actors import agent
@@ -160,16 +164,11 @@ def agent(
         ('echo', <class 'str'>)
     """
 
+    unknown = sorted(options.keys() - AgentOptions.__annotations__.keys())
+    if unknown:
+        raise TypeError(f"agent() got an unexpected keyword argument {unknown[0]!r}")
+
     def wrap(fn: AgentFn[I, O] | NoInputFn[O]) -> Agent[I, O]:
-        return Agent(
-            name,
-            fn,
-            version=version,
-            poll_cap=poll_cap,
-            retry=retry,
-            budget=budget,
-            on_cancel=on_cancel,
-            lifetime=lifetime,
-        )
+        return Agent(name, fn, **options)
 
     return wrap

@@ -9,9 +9,11 @@ for each command's options.
 User errors print one line on stderr (``error: ...``) and exit non-zero, never a traceback:
 1 for errors, 2 for bad arguments, 130 when interrupted.
 
-The package: ``_parser`` (the argument parser), ``_serve`` (dev, worker, watchdog, demo),
-``_runs`` (the commands on runs), ``_render`` (what gets printed), ``_common`` (connecting,
-exit codes, shared plumbing); ``main`` below maps exceptions to exit codes.
+The package: one module per command family, each describing its commands and their arguments
+(``COMMANDS``): ``_serve`` (dev, worker, watchdog, demo), ``_runs`` (the commands on runs),
+``_gateway``, ``_projector``, ``_schedule``... ``_parser`` assembles them into the argument
+parser, ``_args`` holds what their arguments share, ``_render`` what gets printed, ``_common``
+the plumbing (connecting, exit codes); ``main`` below maps exceptions to exit codes.
 
 Example:
     $ sojourn dev --app examples.greeter
@@ -29,7 +31,7 @@ from collections.abc import Callable, Sequence
 from sojourn.broker import BROKER_ERRORS
 from sojourn.schemas.errors import SojournError
 
-from ..client.client import TriggerRejected
+from ..client.base import TriggerRejected
 from ._common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Handler, UsageError
 from ._parser import build_parser
 from ._render import describe_event, one_line

@@ -10,11 +10,12 @@ from sojourn.schemas.codec import encode
 from sojourn.schemas.config import ARCHIVE_POLICIES, ArchivePolicy
 
 from ..ops.archive import Archiver, ArchiveReport
+from ._args import Command, _positive_int, add_json
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, connect_client
 from ._read import age_seconds
 from ._render import out, stamp
 
-__all__ = ["cmd_archive", "report_lines"]
+__all__ = ["COMMANDS", "cmd_archive", "report_lines"]
 
 
 def _older_than(text: str) -> int:
@@ -71,3 +72,47 @@ async def cmd_archive(args: argparse.Namespace) -> int:
         for line in report_lines(report):
             out(line)
     return EXIT_ERROR if report.errors else EXIT_OK
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--older-than",
+        metavar="AGE",
+        default="30d",
+        help="move runs that ended at least this long ago: 3600s, 90m, 12h, 30d (default: 30d)",
+    )
+    p.add_argument(
+        "--policy",
+        metavar="POLICY",
+        default=None,
+        help="object_store (keep a verified copy: the default) or discard (keep nothing)",
+    )
+    p.add_argument(
+        "--limit",
+        metavar="N",
+        type=_positive_int,
+        default=None,
+        help="move at most this many runs, oldest end first (default: all that are due)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="list the runs that would move; change nothing"
+    )
+    add_json(p, "print the pass's report as JSON")
+
+
+COMMANDS = (
+    Command(
+        "archive",
+        cmd_archive,
+        "Move ended runs older than an age out of the hot streams (one pass; cron-friendly).",
+        "sojourn archive --older-than 30d --dry-run",
+        detail="Finds ended runs in the read side's views (a projector must be running), "
+        "checks each against its own history, copies the history to the object store "
+        "bucket <PREFIX>_ARCHIVE, reads the copy back and compares it, then purges the run's "
+        "events, wakes, timers, lease and output. `sojourn history` and `sojourn status` "
+        "still read archived runs. Runs that have not ended are never touched, nor a child "
+        "run whose parent has not ended. Needs watchdog or admin credentials. Exits 1 if "
+        "any run could not be moved (it stays hot; the next pass retries it).",
+        arguments=_arguments,
+    ),
+)

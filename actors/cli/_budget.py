@@ -9,20 +9,17 @@ from typing import Any
 
 from sojourn.schemas.events import BUDGET_LIMIT_MAX, Budget
 from sojourn.schemas.names import validate_token
-from sojourn.schemas.vocabulary import BUDGET_LIMITS
+from sojourn.schemas.vocabulary import BUDGET_LIMITS, SuspendReason
 
 from ..client.client import PendingRun
-from ._common import (
-    EXIT_OK,
-    UsageError,
-    cli_sender,
-    connect_client,
-    lookup_current,
-    require_deployment,
-)
+from ._args import Command, add_run_id
+from ._common import EXIT_OK, UsageError, cli_sender, to_run
 from ._render import out, public_status, spending
 
-__all__ = ["add_budget_arguments", "budget_from_args", "cmd_budget"]
+__all__ = ["COMMANDS", "add_budget_arguments", "budget_from_args", "cmd_budget"]
+
+_BUDGET: SuspendReason = "budget"
+"""Why a run that used up a limit is suspended."""
 
 _INTEGRAL = {"tokens", "input_tokens", "output_tokens", "steps", "tool_calls", "polls"}
 _HELP = {
@@ -77,9 +74,7 @@ async def cmd_budget(args: argparse.Namespace) -> int:
     budget = budget_from_args(args)
     if budget is None:
         raise UsageError("name at least one limit, e.g. `sojourn budget RUN --usd 5`")
-    async with await connect_client(args) as client:
-        await require_deployment(client, args.run_id)
-        args.run_id, state = await lookup_current(client, args.run_id)
+    async with to_run(args) as (client, state):
         if isinstance(state, PendingRun):
             raise UsageError(
                 f"run {args.run_id} is pending (not started yet): give its budget with "
@@ -97,6 +92,26 @@ async def cmd_budget(args: argparse.Namespace) -> int:
         spent = used.get(unit)
         parts.append(f"{unit} {limit:g}" + ("" if spent is None else f" (used {spent:g})"))
     out(f"budget change requested for run {args.run_id}: " + ", ".join(parts))
-    if state.status == "suspended" and state.suspended_reason == "budget":
+    if state.status == "suspended" and state.suspended_reason == _BUDGET:
         out(f"it was suspended ({state.suspended_detail}); it resumes with the new limits")
     return EXIT_OK
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_run_id(p)
+    add_budget_arguments(p, "the run's new limits")
+
+
+COMMANDS = (
+    Command(
+        "budget",
+        cmd_budget,
+        "Change a run's budget limits; a run suspended for its budget resumes.",
+        "sojourn budget 5f0c9e2d --usd 5 --steps 500",
+        detail="Each limit given replaces the run's own (the others stay). A run suspended "
+        "because it used up a limit resumes at once and checks its new limits at its next "
+        "step: if one is still used up it is suspended again, naming it. Needs the admin role "
+        "where the deployment authenticates.",
+        arguments=_arguments,
+    ),
+)

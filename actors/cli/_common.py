@@ -1,6 +1,7 @@
 """Plumbing the commands share: exit codes, settings and connection options from the command
 line, connecting with a bound, reading JSON arguments, stopping on SIGINT/SIGTERM, logging and
-the metrics endpoint."""
+the metrics endpoint (``serving``, around a serving command), and a command sent to one run
+(``to_run``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import logging
 import re
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +27,8 @@ from sojourn.schemas.names import validate_token
 from ..client.client import Client, PendingRun
 from ..client.reports import lookup
 from ..core.state import RunState
-from ..ops.metrics import serve_metrics
+from ..ops.health import PROCESS_HEALTH, Phase
+from ..ops.metrics import serve_metrics, stop_metrics
 from ._render import out
 
 __all__ = [
@@ -48,9 +50,13 @@ __all__ = [
     "options_from",
     "parse_input",
     "probe",
+    "probed_options",
     "require_deployment",
+    "serve_settings",
+    "serving",
     "settings_from",
     "start_metrics",
+    "to_run",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -73,6 +79,15 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     if replicas is not None:
         extra.setdefault("replicas", replicas)
     return Settings(prefix=prefix, **extra)
+
+
+def serve_settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    """``settings_from`` for the serving commands, which check the settings before connecting:
+    a value the settings refuse is a usage error (exit code 2)."""
+    try:
+        return settings_from(args, **extra)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 async def bounded(connect: Awaitable[T], target: str | ConnectOptions | None) -> T:
@@ -110,6 +125,13 @@ async def probe(opts: ConnectOptions) -> None:
     """Fail fast when nothing answers: a worker's own connect would retry forever."""
     broker = await bounded(Broker.connect(opts, name="sojourn-cli probe", reconnect=False), opts)
     await broker.close()
+
+
+async def probed_options(args: argparse.Namespace) -> ConnectOptions:
+    """The connection options of the command line, once a server answers there (``probe``)."""
+    opts = options_from(args)
+    await probe(opts)
+    return opts
 
 
 async def has_deployment(client: Client) -> bool:
@@ -198,6 +220,25 @@ class StopSignal:
                 self._loop.remove_signal_handler(sig)
 
 
+@contextlib.asynccontextmanager
+async def serving(args: argparse.Namespace) -> AsyncIterator[tuple[StopSignal, Phase]]:
+    """What a serving command holds while it runs: SIGINT/SIGTERM caught (``StopSignal``), its
+    phase in the process's health and the metrics endpoint (``--metrics-port``), all given up
+    on the way out."""
+    stopper = StopSignal()
+    phase = Phase()
+    PROCESS_HEALTH.add("process", phase)
+    metrics_server = None
+    try:
+        metrics_server = start_metrics(args)
+        yield stopper, phase
+    finally:
+        stopper.remove()
+        PROCESS_HEALTH.remove("process")
+        if metrics_server is not None:
+            stop_metrics(metrics_server)
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
@@ -226,3 +267,17 @@ async def lookup_current(client: Client, run_id: str) -> tuple[str, RunState | P
             out(f"run {run_id} continued as new: its chain's current run is {current}")
             return current, await lookup(client, current)
     return run_id, state
+
+
+@contextlib.asynccontextmanager
+async def to_run(
+    args: argparse.Namespace,
+) -> AsyncIterator[tuple[Client, RunState | PendingRun]]:
+    """For a command sent to the run ``args.run_id``: a connected client and the run as it
+    stands. A run that continued as new is followed to its chain's current run, which
+    ``args.run_id`` becomes (``lookup_current``)."""
+    validate_token(args.run_id, "run_id")
+    async with await connect_client(args) as client:
+        await require_deployment(client, args.run_id)
+        args.run_id, state = await lookup_current(client, args.run_id)
+        yield client, state

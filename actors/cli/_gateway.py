@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 from sojourn.schemas.codec import encode
 
@@ -20,23 +22,23 @@ from ..gateway import (
     parse_actions,
     parse_route,
 )
-from ..ops.health import PROCESS_HEALTH, Phase, gateway_check
-from ..ops.metrics import stop_metrics
-from ._common import (
-    EXIT_OK,
-    StopSignal,
-    UsageError,
-    configure_logging,
-    options_from,
-    probe,
-    settings_from,
-    start_metrics,
-)
+from ..ops.health import PROCESS_HEALTH, gateway_check
+from ._args import Command, add_log_level, monitoring_options
+from ._common import EXIT_OK, UsageError, configure_logging, probed_options, serve_settings, serving
 from ._render import out
 
-__all__ = ["add_gateway_arguments", "callers", "cmd_gateway", "describe", "gateway_config"]
+__all__ = [
+    "COMMANDS",
+    "add_gateway_arguments",
+    "callers",
+    "cmd_gateway",
+    "describe",
+    "gateway_config",
+]
 
 TOKENS_ENV = "SOJOURN_GATEWAY_TOKENS"
+
+T = TypeVar("T")
 
 
 def add_gateway_arguments(p: argparse.ArgumentParser, *, dev: bool = False) -> None:
@@ -104,6 +106,17 @@ def add_gateway_arguments(p: argparse.ArgumentParser, *, dev: bool = False) -> N
     )
 
 
+def _load(flag: str, path: str, load: Callable[[str], T]) -> T:
+    """``load(path)``; a file that cannot be read, or is malformed, is a usage error naming
+    ``flag``."""
+    try:
+        return load(path)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise UsageError(f"{flag}: {e}") from None
+
+
 def gateway_config(args: argparse.Namespace, max_payload: int) -> GatewayConfig:
     """The configuration ``args`` describe.
 
@@ -116,21 +129,9 @@ def gateway_config(args: argparse.Namespace, max_payload: int) -> GatewayConfig:
             f"--tokens FILE (or ${TOKENS_ENV}) is required: one 'TOKEN ROLE NAME' per line; "
             "every endpoint but callbacks needs a bearer token"
         )
-    try:
-        tokens = BearerTokens.load(tokens_path)
-    except OSError as e:
-        raise UsageError(f"--tokens {tokens_path}: {e.strerror}") from None
-    except ValueError as e:
-        raise UsageError(f"--tokens: {e}") from None
+    tokens = _load("--tokens", tokens_path, BearerTokens.load)
     keys_path = args.callback_keys or os.environ.get(CALLBACK_KEYS_ENV)
-    keys = None
-    if keys_path:
-        try:
-            keys = CallbackKeys.load(keys_path)
-        except OSError as e:
-            raise UsageError(f"--callback-keys {keys_path}: {e.strerror}") from None
-        except ValueError as e:
-            raise UsageError(f"--callback-keys: {e}") from None
+    keys = _load("--callback-keys", keys_path, CallbackKeys.load) if keys_path else None
     routes: dict[str, WebhookRoute] = {}
     for text in args.webhook:
         try:
@@ -189,54 +190,71 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
         out(encode(openapi_document()).decode())
         return EXIT_OK
     configure_logging(args.log_level)
-    try:
-        settings = settings_from(args)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    settings = serve_settings(args)
     config = gateway_config(args, settings.max_payload)
-    opts = options_from(args)
-    await probe(opts)
+    opts = await probed_options(args)
 
     async def connect() -> Client:
         return await Client.connect(opts, settings=settings)
 
-    stopper = StopSignal()
-    phase = Phase()
-    PROCESS_HEALTH.add("process", phase)
-    metrics_server = start_metrics(args)
-    try:
-        app = create_app(connect, config)
-        server = GatewayServer(app, args.host, args.port)
-        url = await server.start()
-        PROCESS_HEALTH.add("gateway", gateway_check(app))
-        phase.serving()
-        PROCESS_HEALTH.refresh()
-        out(f"gateway: {url} (nats {opts.display_url}, prefix {settings.prefix})")
-        out(f"  {describe(config)}")
-        if config.tokens.names:
-            user = opts.user
-            out(
-                f"  sends as its callers: {callers(config)}"
-                + (
-                    f" (NATS user {user!r} must speak for them: python -m sojourn.broker.auth "
-                    f"--speaks-for {user}=NAME,...)"
-                    if user
-                    else ""
-                )
-            )
-        out("ready; press Ctrl-C to stop")
+    async with serving(args) as (stopper, phase):
         try:
-            await stopper.wait()
-            out(f"{stopper.name} received: stopping the gateway")
-        finally:
-            phase.stopping()
+            app = create_app(connect, config)
+            server = GatewayServer(app, args.host, args.port)
+            url = await server.start()
+            PROCESS_HEALTH.add("gateway", gateway_check(app))
+            phase.serving()
             PROCESS_HEALTH.refresh()
-            await server.stop()
-    finally:
-        stopper.remove()
-        PROCESS_HEALTH.remove("gateway")
-        PROCESS_HEALTH.remove("process")
-        if metrics_server is not None:
-            stop_metrics(metrics_server)
+            out(f"gateway: {url} (nats {opts.display_url}, prefix {settings.prefix})")
+            out(f"  {describe(config)}")
+            if config.tokens.names:
+                user = opts.user
+                out(
+                    f"  sends as its callers: {callers(config)}"
+                    + (
+                        f" (NATS user {user!r} must speak for them: python -m "
+                        f"sojourn.broker.auth --speaks-for {user}=NAME,...)"
+                        if user
+                        else ""
+                    )
+                )
+            out("ready; press Ctrl-C to stop")
+            try:
+                await stopper.wait()
+                out(f"{stopper.name} received: stopping the gateway")
+            finally:
+                phase.stopping()
+                PROCESS_HEALTH.refresh()
+                await server.stop()
+        finally:
+            PROCESS_HEALTH.remove("gateway")
     out("stopped")
     return EXIT_OK
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_gateway_arguments(p)
+    p.add_argument(
+        "--openapi",
+        action="store_true",
+        help="print the OpenAPI document and exit (no connection, no tokens needed)",
+    )
+    add_log_level(p, "info")
+
+
+COMMANDS = (
+    Command(
+        "gateway",
+        cmd_gateway,
+        "Serve sojourn's client API over HTTP: starts, signals, status, event streams, "
+        "callback URLs and webhooks.",
+        "sojourn gateway --port 8080 --tokens tokens.txt --callback-keys keys.txt "
+        "--nats nats://nats:4222",
+        parents=(monitoring_options,),
+        detail="Stateless: run as many as you like behind a load balancer. It talks to NATS "
+        "as one client (give it the client role's credentials); its HTTP callers need bearer "
+        "tokens from --tokens, except on callback and webhook URLs, whose signed token is the "
+        "credential. See docs/gateway.md.",
+        arguments=_arguments,
+    ),
+)

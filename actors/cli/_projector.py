@@ -18,21 +18,13 @@ from sojourn.projections.projector import Projector
 from sojourn.projections.sqlite import SqliteModel
 from sojourn.schemas.config import Settings
 
-from ..ops.health import PROCESS_HEALTH, Phase, projector_check
-from ..ops.metrics import stop_metrics, track_projector
-from ._common import (
-    EXIT_OK,
-    StopSignal,
-    UsageError,
-    configure_logging,
-    options_from,
-    probe,
-    settings_from,
-    start_metrics,
-)
+from ..ops.health import PROCESS_HEALTH, projector_check
+from ..ops.metrics import track_projector
+from ._args import Command, add_log_level, monitoring_options
+from ._common import EXIT_OK, UsageError, configure_logging, probed_options, serve_settings, serving
 from ._render import out
 
-__all__ = ["cmd_projector", "default_sqlite_path", "running_projector"]
+__all__ = ["COMMANDS", "cmd_projector", "default_sqlite_path", "running_projector"]
 
 
 def default_sqlite_path(prefix: str) -> Path:
@@ -80,39 +72,63 @@ async def cmd_projector(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     if args.no_sqlite and args.sqlite is not None:
         raise UsageError("--sqlite and --no-sqlite contradict each other: choose one")
-    try:
-        settings = settings_from(args)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    opts = options_from(args)
-    await probe(opts)
+    settings = serve_settings(args)
+    opts = await probed_options(args)
     sqlite = None
     if not args.no_sqlite:
         sqlite = Path(args.sqlite) if args.sqlite else default_sqlite_path(settings.prefix)
-    stopper = StopSignal()
-    metrics_server = None
-    phase = Phase()
-    PROCESS_HEALTH.add("process", phase)
-    try:
-        metrics_server = start_metrics(args)
-        async with running_projector(opts, settings, sqlite=sqlite, rebuild=args.rebuild) as p:
-            phase.serving()
-            PROCESS_HEALTH.refresh()
-            out(
-                f"projecting prefix {settings.prefix} on {opts.display_url} (projector "
-                f"{p.projector_id}"
-                + (f", read model {sqlite}" if sqlite is not None else ", no read model")
-                + (", rebuilding" if args.rebuild else "")
-                + "); press Ctrl-C to stop"
-            )
-            await stopper.wait()
-            out(f"{stopper.name} received: stopping the projector")
-            phase.stopping()
-            PROCESS_HEALTH.refresh()
-    finally:
-        stopper.remove()
-        PROCESS_HEALTH.remove("process")
-        if metrics_server is not None:
-            stop_metrics(metrics_server)
+    async with (
+        serving(args) as (stopper, phase),
+        running_projector(opts, settings, sqlite=sqlite, rebuild=args.rebuild) as p,
+    ):
+        phase.serving()
+        PROCESS_HEALTH.refresh()
+        out(
+            f"projecting prefix {settings.prefix} on {opts.display_url} (projector "
+            f"{p.projector_id}"
+            + (f", read model {sqlite}" if sqlite is not None else ", no read model")
+            + (", rebuilding" if args.rebuild else "")
+            + "); press Ctrl-C to stop"
+        )
+        await stopper.wait()
+        out(f"{stopper.name} received: stopping the projector")
+        phase.stopping()
+        PROCESS_HEALTH.refresh()
     out("stopped")
     return EXIT_OK
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sqlite",
+        metavar="PATH",
+        default=None,
+        help="the SQLite read model (default: .sojourn/runs-<prefix>.sqlite3)",
+    )
+    p.add_argument(
+        "--no-sqlite",
+        action="store_true",
+        help="keep only the KV views and change messages (no listings from this process)",
+    )
+    p.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="rebuild the read models from the start of the events stream, then go on",
+    )
+    add_log_level(p, "info")
+
+
+COMMANDS = (
+    Command(
+        "projector",
+        cmd_projector,
+        "Keep the read side: run views in KV, change messages, the SQLite model, listings.",
+        "sojourn projector --nats nats://nats:4222 --sqlite /var/lib/sojourn/runs.sqlite3",
+        parents=(monitoring_options,),
+        detail="Follows the events stream and writes each run's view to the runs KV bucket "
+        "and to <prefix>.runs.<agent>.<run_id>, and the runs and steps of every run into an "
+        "SQLite file that answers `sojourn runs`. Several projectors may run: one writes the "
+        "views, each keeps its own SQLite file and answers listings. Runs until Ctrl-C.",
+        arguments=_arguments,
+    ),
+)

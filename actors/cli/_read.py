@@ -15,10 +15,11 @@ from sojourn.schemas.views import QUERY_LIMIT_MAX, RunView
 from sojourn.schemas.vocabulary import RUN_STATUSES, RunStatus
 
 from ..client.listing import list_runs
+from ._args import Command, _positive_int, add_json
 from ._common import EXIT_OK, UsageError, connect_client
 from ._render import one_line, out
 
-__all__ = ["age_seconds", "cmd_runs", "run_lines"]
+__all__ = ["COMMANDS", "age_seconds", "cmd_runs", "run_lines"]
 
 _AGE = re.compile(r"([1-9][0-9]{0,8})([smhd])")
 _UNIT: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -122,3 +123,52 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     if page.next is not None:
         out(f"(more: showing the {len(page.runs)} most recently updated; raise --limit)")
     return EXIT_OK
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agent", metavar="AGENT", default=None, help="only runs of this agent")
+    p.add_argument(
+        "--schedule", metavar="NAME", default=None, help="only runs this schedule started"
+    )
+    p.add_argument(
+        "--status",
+        metavar="STATUS",
+        action="append",
+        default=[],
+        help="only runs with this status (repeatable): pending, running, waiting, suspended, "
+        "completed, failed, cancelled",
+    )
+    p.add_argument(
+        "--liveness",
+        metavar="STATE",
+        action="append",
+        default=[],
+        help="only runs judged so (repeatable): stalled, orphaned, overdue, wedged, ...",
+    )
+    p.add_argument(
+        "--since",
+        metavar="AGE",
+        default=None,
+        help="only runs updated within this long: 90s, 30m, 1h, 2d",
+    )
+    p.add_argument(
+        "--limit",
+        metavar="N",
+        type=_positive_int,
+        default=50,
+        help="at most this many runs (default: 50)",
+    )
+    add_json(p, "print a JSON array of run views")
+
+
+COMMANDS = (
+    Command(
+        "runs",
+        cmd_runs,
+        "List runs: by agent, status, liveness and time, most recently updated first.",
+        "sojourn runs --agent greeter --status waiting --since 1h",
+        detail="Asks a projector's read model (`sojourn projector`, also run by `sojourn "
+        "dev`). Prints one line per run: RUN_ID  AGENT  STATUS  LIVENESS  UPDATED  STEP.",
+        arguments=_arguments,
+    ),
+)

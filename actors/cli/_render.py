@@ -27,7 +27,7 @@ from sojourn.schemas.events import (
     ValueRecorded,
 )
 from sojourn.schemas.health import Liveness
-from sojourn.schemas.vocabulary import BUDGET_LIMITS
+from sojourn.schemas.vocabulary import BUDGET_LIMITS, BudgetLimit, ValueKind
 
 from ..client.reports import iso, pending_json, public_status, status_json
 from ..core.state import RunState
@@ -49,6 +49,13 @@ __all__ = [
     "status_json",
     "status_rows",
 ]
+
+
+_REFUSAL: ValueKind = "refusal"
+"""The value kind of a decision ``ctx.approval`` refused."""
+
+_ALWAYS_SPENT: tuple[BudgetLimit, ...] = ("usd", "tokens")
+"""The spending ``sojourn status`` shows without a limit on it."""
 
 
 def out(*parts: object) -> None:
@@ -98,7 +105,7 @@ def describe_event(e: RunEvent) -> tuple[str, str]:
                 f"{e.name} pos={e.position} attempt={e.attempt} took={e.duration:.3f}s"
                 f" error={e.error.type}: {one_line(e.error.message)}"
             )
-        case ValueRecorded() if e.kind == "refusal":  # a decision ctx.approval refused
+        case ValueRecorded() if e.kind == _REFUSAL:  # a decision ctx.approval refused
             detail = f"refused pos={e.position}: {short(e.value, 160)}"
         case ValueRecorded():
             detail = f"ctx.{e.kind}() pos={e.position} = {short(e.value, 40)}"
@@ -158,7 +165,7 @@ def pending_rows(pending: PendingRun) -> list[tuple[str, str]]:
     ]
 
 
-def spending(state: RunState) -> dict[str, float]:
+def spending(state: RunState) -> dict[BudgetLimit, float]:
     """What a run used, per budget limit (as its run machine counts it)."""
     return {
         "usd": state.spent_usd,
@@ -179,7 +186,7 @@ def spend_text(state: RunState) -> str | None:
     for unit in BUDGET_LIMITS:
         limit = None if budget is None else getattr(budget, unit)
         spent = used.get(unit)
-        if limit is None and not (unit in ("usd", "tokens") and spent):
+        if limit is None and not (unit in _ALWAYS_SPENT and spent):
             continue
         name = unit.replace("_", " ")
         if spent is None:  # polls, wall time: counted by the run as it goes

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +16,19 @@ from sojourn.schemas.errors import RunNotFound, SojournError, UnknownAgent
 from sojourn.schemas.events import RunEvent, RunStarted
 from sojourn.schemas.export import export_schemas
 from sojourn.schemas.names import validate_token
+from sojourn.schemas.vocabulary import SuspendReason
 
 from ..agents.agent import Agent
-from ..client.client import Client, PendingRun, TriggerRejected
+from ..client.base import TriggerRejected
+from ..client.client import Client, PendingRun
 from ..client.reports import history_report, lookup, status_report
 from ..core.replay import Divergence, decode_history_file, replay_run
 from ..core.state import RunState
 from ..history.values import values_for
 from ..ops.watchdog import Watchdog
 from ..worker.app import load_app
-from ._budget import budget_from_args
+from ._args import Command, add_json, add_json_value, add_run_id, add_seconds
+from ._budget import add_budget_arguments, budget_from_args
 from ._common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -33,9 +36,9 @@ from ._common import (
     cli_sender,
     connect_client,
     has_deployment,
-    lookup_current,
     parse_input,
     require_deployment,
+    to_run,
 )
 from ._render import (
     clock,
@@ -49,6 +52,7 @@ from ._render import (
 )
 
 __all__ = [
+    "COMMANDS",
     "INTAKE_WAIT",
     "cmd_cancel",
     "cmd_decide",
@@ -64,6 +68,10 @@ __all__ = [
 
 INTAKE_WAIT = 2.0
 """Seconds ``start`` waits for the intake's answer when ``--wait`` is not given."""
+
+_DECIDABLE: frozenset[SuspendReason] = frozenset({"in_doubt", "crash_loop"})
+"""The suspensions ``decide`` settles: a step whose end was never recorded, or cut off too
+often in a row."""
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
@@ -169,39 +177,39 @@ async def cmd_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def cmd_cancel(args: argparse.Namespace) -> int:
-    validate_token(args.run_id, "run_id")
-    async with await connect_client(args) as client:
-        await require_deployment(client, args.run_id)
-        args.run_id, state = await lookup_current(client, args.run_id)
+async def _stop(args: argparse.Namespace, *, terminate: bool) -> RunState | PendingRun | None:
+    """Ask the run to stop (``cancel``, or ``terminate``: without its compensation); the run as
+    it stood, or ``None`` when it had already ended (said on stdout)."""
+    async with to_run(args) as (client, state):
         if isinstance(state, RunState) and state.terminal:
-            out(f"run {args.run_id} already ended ({state.status}): nothing to cancel")
-            return EXIT_OK
-        by = cli_sender(client)
-        await client.cancel(args.run_id, args.reason, by=by)
+            verb = "terminate" if terminate else "cancel"
+            out(f"run {args.run_id} already ended ({state.status}): nothing to {verb}")
+            return None
+        stop = client.terminate if terminate else client.cancel
+        await stop(args.run_id, args.reason, by=cli_sender(client))
+    return state
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    state = await _stop(args, terminate=False)
     if isinstance(state, PendingRun):
         out(
             f"cancel requested for run {args.run_id} ({_queued(state)}): it ends cancelled "
             f"without running a step when a worker serving {state.agent} takes it"
         )
         return EXIT_OK
-    out(
-        f"cancel requested for run {args.run_id}: its running step is interrupted, its "
-        "compensation (if any) runs and it ends cancelled "
-        f"(see `sojourn status {args.run_id}`)"
-    )
+    if state is not None:
+        out(
+            f"cancel requested for run {args.run_id}: its running step is interrupted, its "
+            "compensation (if any) runs and it ends cancelled "
+            f"(see `sojourn status {args.run_id}`)"
+        )
     return EXIT_OK
 
 
 async def cmd_terminate(args: argparse.Namespace) -> int:
-    validate_token(args.run_id, "run_id")
-    async with await connect_client(args) as client:
-        await require_deployment(client, args.run_id)
-        args.run_id, state = await lookup_current(client, args.run_id)
-        if isinstance(state, RunState) and state.terminal:
-            out(f"run {args.run_id} already ended ({state.status}): nothing to terminate")
-            return EXIT_OK
-        await client.terminate(args.run_id, args.reason, by=cli_sender(client))
+    if await _stop(args, terminate=True) is None:
+        return EXIT_OK
     out(
         f"terminate requested for run {args.run_id}: its running step is interrupted and it "
         f"ends cancelled without compensation (see `sojourn status {args.run_id}`)"
@@ -212,10 +220,7 @@ async def cmd_terminate(args: argparse.Namespace) -> int:
 async def cmd_signal(args: argparse.Namespace) -> int:
     validate_token(args.run_id, "run_id")
     payload = parse_input(args.payload, "--payload")
-    async with await connect_client(args) as client:
-        await require_deployment(client, args.run_id)
-        # a typo'd run id is an error, not a dead letter
-        args.run_id, state = await lookup_current(client, args.run_id)
+    async with to_run(args) as (client, state):  # a typo'd run id is an error, not a dead letter
         if isinstance(state, RunState) and state.terminal:
             raise UsageError(f"run {args.run_id} has ended ({state.status}): signal not sent")
         sid = await client.signal(
@@ -236,10 +241,7 @@ async def cmd_signal(args: argparse.Namespace) -> int:
 
 
 async def cmd_resume(args: argparse.Namespace) -> int:
-    validate_token(args.run_id, "run_id")
-    async with await connect_client(args) as client:
-        await require_deployment(client, args.run_id)
-        args.run_id, state = await lookup_current(client, args.run_id)
+    async with to_run(args) as (client, state):
         if isinstance(state, PendingRun):
             raise UsageError(f"run {args.run_id} is {_queued(state)}; not suspended")
         if state.status != "suspended":
@@ -253,12 +255,10 @@ async def cmd_resume(args: argparse.Namespace) -> int:
 async def cmd_decide(args: argparse.Namespace) -> int:
     validate_token(args.run_id, "run_id")
     result = parse_input(args.result, "--result")
-    async with await connect_client(args) as client:
-        await require_deployment(client, args.run_id)
-        args.run_id, state = await lookup_current(client, args.run_id)
+    async with to_run(args) as (client, state):
         if isinstance(state, PendingRun):
             raise UsageError(f"run {args.run_id} is {_queued(state)}; it has no step yet")
-        if state.status != "suspended" or state.suspended_reason not in ("in_doubt", "crash_loop"):
+        if state.status != "suspended" or state.suspended_reason not in _DECIDABLE:
             raise UsageError(f"run {args.run_id} is not suspended on an in-doubt step")
         by = cli_sender(client)
         op = state.op(args.position)
@@ -285,7 +285,7 @@ REPLAY_READERS = 16
 """Histories ``replay`` reads from the broker at once."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _History:
     """A history to replay: its events and where they came from (a file, or ``None``: the
     deployment)."""
@@ -294,7 +294,7 @@ class _History:
     source: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Checked:
     run_id: str
     agent: str
@@ -432,7 +432,191 @@ def _replay_json(r: _Checked) -> dict[str, Any]:
         "ok": r.ok,
         "checked": r.checked,
         "result": r.text,
-        "divergence": None
-        if d is None
-        else {"position": d.position, "recorded": d.recorded, "code_now": d.code_now},
+        "divergence": None if d is None else dataclasses.asdict(d),
     }
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+
+def _start_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("agent", metavar="AGENT", help="agent name")
+    add_json_value(
+        p, "--input", "the run's input as JSON, or @FILE to read it from a file (default: null)"
+    )
+    p.add_argument(
+        "--run-id",
+        metavar="ID",
+        default=None,
+        help="idempotency: starting the same run id twice is one run (default: a fresh id)",
+    )
+    p.add_argument(
+        "--wait", action="store_true", help="wait for the run's result and print its output"
+    )
+    add_budget_arguments(p, "each replaces the agent's own for this run")
+    add_seconds(
+        p,
+        "--timeout",
+        "give up waiting after this long (default: 2 for the intake's answer; "
+        "no limit with --wait)",
+    )
+
+
+def _status_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_id(p)
+    add_json(p, "print one JSON object")
+
+
+def _history_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_id(p)
+    add_json(p, "print a JSON array of {seq, writer, events}")
+
+
+def _stop_arguments(p: argparse.ArgumentParser) -> None:
+    """``cancel`` and ``terminate``."""
+    add_run_id(p)
+    p.add_argument("--reason", metavar="TEXT", default="", help="recorded in the history")
+
+
+def _signal_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_id(p)
+    p.add_argument("name", metavar="NAME", help="signal name, e.g. docs.signed")
+    add_json_value(p, "--payload", "the signal's payload as JSON, or @FILE (default: null)")
+    p.add_argument(
+        "--signal-id", metavar="ID", default=None, help="idempotency id (default: a fresh one)"
+    )
+    p.add_argument("--sender", metavar="WHO", default=None, help="recorded in the history")
+
+
+def _resume_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_id(p)
+    p.add_argument("--note", metavar="TEXT", default="", help="recorded in the history")
+
+
+def _decide_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_id(p)
+    p.add_argument("position", metavar="POSITION", type=int, help="the step's position")
+    p.add_argument("action", choices=("retry", "skip", "fail"), help="what to do")
+    add_json_value(p, "--result", "the step's result for skip, as JSON (default: null)")
+
+
+def _replay_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--app",
+        metavar="MODULE",
+        required=True,
+        help="module whose module-level agents to check, imported as `sojourn worker --app` "
+        "does (e.g. examples.greeter)",
+    )
+    p.add_argument(
+        "--run",
+        metavar="ID",
+        action="append",
+        default=[],
+        dest="runs",
+        help="a run to replay, ended or not (repeatable)",
+    )
+    p.add_argument(
+        "--all-live", action="store_true", help="every run that has not ended (not with --run)"
+    )
+    p.add_argument(
+        "--from-file",
+        metavar="FILE",
+        action="append",
+        default=[],
+        dest="files",
+        help="a history saved with `sojourn history RUN --json > FILE` (repeatable; no "
+        "server needed)",
+    )
+    p.add_argument("--agent", metavar="AGENT", default=None, help="only histories of this agent")
+    add_json(p, "print a JSON array, one object per run")
+
+
+def _schemas_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="DIR", required=True, help="directory to write into")
+
+
+COMMANDS = (
+    Command(
+        "start",
+        cmd_start,
+        "Start a run of an agent and print its run id.",
+        'sojourn start greeter --input \'{"name": "Ada", "email": "a@b.c"}\' --wait',
+        detail="Prints the run id and the intake's answer. Without a worker serving the "
+        "agent the trigger is stored and runs when one starts.",
+        arguments=_start_arguments,
+    ),
+    Command(
+        "status",
+        cmd_status,
+        "Show a run's status, steps, times, error and output.",
+        "sojourn status 5f0c9e2d --json",
+        arguments=_status_arguments,
+    ),
+    Command(
+        "history",
+        cmd_history,
+        "Show a run's history, one line per event.",
+        "sojourn history 5f0c9e2d",
+        arguments=_history_arguments,
+    ),
+    Command(
+        "cancel",
+        cmd_cancel,
+        "Ask a run to stop: its running step is interrupted, its compensation runs.",
+        "sojourn cancel 5f0c9e2d --reason 'wrong customer'",
+        arguments=_stop_arguments,
+    ),
+    Command(
+        "terminate",
+        cmd_terminate,
+        "End a run at once, without its compensation (on_cancel).",
+        "sojourn terminate 5f0c9e2d --reason 'runaway loop'",
+        arguments=_stop_arguments,
+    ),
+    Command(
+        "signal",
+        cmd_signal,
+        "Send a signal to a run (buffered until the run waits for it).",
+        'sojourn signal 5f0c9e2d docs.signed --payload \'{"by": "ada@example.com"}\'',
+        detail="Durable: the run need not be waiting, nor any worker running. The same "
+        "--signal-id sent twice counts once.",
+        arguments=_signal_arguments,
+    ),
+    Command(
+        "resume",
+        cmd_resume,
+        "Lift a run's suspension (a poll cap or budget reached, a fixed non-determinism).",
+        "sojourn resume 5f0c9e2d --note 'job is slow today'",
+        arguments=_resume_arguments,
+    ),
+    Command(
+        "decide",
+        cmd_decide,
+        "Settle an in-doubt step of a suspended run, then resume it.",
+        "sojourn decide 5f0c9e2d 3 skip --result '\"ch_123\"'",
+        detail='For steps declared @step(in_doubt="ask"), and runs suspended as a crash loop '
+        "(Settings.crash_loop_limit): retry runs the step again with the same idempotency "
+        "key; skip records --result as its result without running it; fail fails the step.",
+        arguments=_decide_arguments,
+    ),
+    Command(
+        "replay",
+        cmd_replay,
+        "Replay stored histories against an app's code, executing nothing; exit 1 on a divergence.",
+        "sojourn replay --app myapp.agents --all-live --from-file golden/order.json",
+        detail="Prints one line per history: RUN_ID  AGENT  ok, or RUN_ID  AGENT  diverges at "
+        "position N: recorded X, code now calls Y. Exits 0 when every history replays, 1 on "
+        "any divergence (or a history of an agent the app does not define): a gate before a "
+        "deploy. --from-file reads what `sojourn history RUN --json` prints and needs no "
+        "server; --run and --all-live read the deployment's histories.",
+        arguments=_replay_arguments,
+    ),
+    Command(
+        "schemas",
+        cmd_schemas,
+        "Write JSON Schemas of the wire messages into a directory.",
+        "sojourn schemas --out ./schemas-json",
+        arguments=_schemas_arguments,
+    ),
+)

@@ -13,19 +13,22 @@ import msgspec
 from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.schedules import CATCH_UPS, OVERLAPS, ScheduleRecord
 
-from ..client.client import Client, schedule_spec
+from ..client.client import Client
+from ..client.schedules import schedule_spec
+from ._args import Command, add_json, add_json_value, connection_options
 from ._budget import add_budget_arguments, budget_from_args
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, cli_sender, connect_client, parse_input
 from ._render import out, stamp
 
-__all__ = ["add_schedule_commands", "cmd_schedule"]
+__all__ = ["COMMANDS", "cmd_schedule"]
 
 _Formatter = argparse.RawDescriptionHelpFormatter
 
 
-def add_schedule_commands(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
-    """The ``schedule`` command's subcommands, on its parser ``p``; each takes the
-    connection options of ``common``."""
+def _arguments(p: argparse.ArgumentParser) -> None:
+    """The ``schedule`` command's subcommands, on its parser ``p``; each takes the connection
+    options."""
+    common = connection_options()
     sub = p.add_subparsers(dest="schedule_command", metavar="ACTION", required=True)
 
     add = sub.add_parser(
@@ -48,9 +51,7 @@ def add_schedule_commands(p: argparse.ArgumentParser, common: argparse.ArgumentP
     when = add.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help="a cron expression (5 or 6 fields)")
     when.add_argument("--every", metavar="DURATION", help="an interval: 10s, 15m, 1h30m, 2d")
-    add.add_argument(
-        "--input", metavar="JSON", default="null", help="each run's input as JSON, or @FILE"
-    )
+    add_json_value(add, "--input", "each run's input as JSON, or @FILE")
     add.add_argument(
         "--timezone", metavar="TZ", default="UTC", help="IANA zone of --cron (default: UTC)"
     )
@@ -79,7 +80,7 @@ def add_schedule_commands(p: argparse.ArgumentParser, common: argparse.ArgumentP
         "--replace", action="store_true", help="replace an existing schedule of this name"
     )
     add_budget_arguments(add, "for each run, replacing the agent's own")
-    add.add_argument("--json", action="store_true", help="print the stored record as JSON")
+    add_json(add, "print the stored record as JSON")
 
     ls = sub.add_parser(
         "list",
@@ -87,7 +88,7 @@ def add_schedule_commands(p: argparse.ArgumentParser, common: argparse.ArgumentP
         description="List the deployment's schedules (read from the broker; no worker needed).",
         parents=[common],
     )
-    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_json(ls, "one JSON object per line")
 
     for action, text in (
         ("pause", "stop a schedule's fires; the schedule is kept"),
@@ -213,3 +214,18 @@ async def _list(client: Client, args: argparse.Namespace) -> int:
     for row in rows:
         out("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     return EXIT_OK
+
+
+COMMANDS = (
+    Command(
+        "schedule",
+        cmd_schedule,
+        "Recurring runs kept by the broker: add, list, pause, resume, trigger, delete.",
+        "sojourn schedule add hourly-report --agent report --cron '0 * * * *'",
+        detail="A schedule starts a run of its agent at every fire time, exactly once per fire "
+        "(the run id derives from the fire time), with no process needed for the fire itself. "
+        "`sojourn schedule ACTION --help` for each action.",
+        connects=False,  # each action takes the connection options
+        arguments=_arguments,
+    ),
+)

@@ -19,32 +19,32 @@ from sojourn.schemas.auth import ROLES
 from sojourn.schemas.codec import encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
-from sojourn.schemas.health import Liveness
+from sojourn.schemas.health import BEAT_RUNS_MAX, Liveness, LivenessState
 
 from ..agents.callbacks import CALLBACK_KEYS_ENV, CallbackKeys, generate_key_file_text
 from ..client.client import Client
 from ..gateway import GatewayConfig, GatewayServer, create_app
-from ..ops.health import PROCESS_HEALTH, Phase, watchdog_check, worker_check
-from ..ops.metrics import stop_metrics
+from ..ops.health import PROCESS_HEALTH, watchdog_check, worker_check
 from ..ops.watchdog import Watchdog
 from ..worker.app import load_app
 from ..worker.worker import Worker
-from ._common import (
-    EXIT_OK,
-    StopSignal,
-    UsageError,
-    configure_logging,
-    options_from,
-    probe,
-    settings_from,
-    start_metrics,
+from ._args import (
+    Command,
+    _non_negative_float,
+    _port,
+    _positive_int,
+    add_json,
+    add_log_level,
+    add_seconds,
+    monitoring_options,
 )
-from ._gateway import callers, describe, gateway_config
+from ._common import EXIT_OK, UsageError, configure_logging, probed_options, serve_settings, serving
+from ._gateway import add_gateway_arguments, callers, describe, gateway_config
 from ._projector import running_projector
 from ._read import age_seconds
 from ._render import liveness_line, out
 
-__all__ = ["cmd_demo", "cmd_dev", "cmd_watchdog", "cmd_worker"]
+__all__ = ["COMMANDS", "cmd_demo", "cmd_dev", "cmd_watchdog", "cmd_worker"]
 
 DEV_AUTH_DIR = "auth"
 DEV_PASSWORDS = "passwords.json"
@@ -146,119 +146,107 @@ async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
         extra["worker_beat_interval"] = min(0.25, args.dead_after / 4)
     if args.timer_backstop is not None:
         extra["timer_backstop"] = args.timer_backstop
-    try:
-        settings = settings_from(args, **extra)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    settings = serve_settings(args, **extra)
     auth = dev and args.auth
     if auth and args.nats is not None:
         raise UsageError("--auth configures the local server: it cannot be used with --nats")
     gw_config = _dev_gateway_config(args, settings) if dev and not args.no_gateway else None
-    stopper = StopSignal()
     server: EmbeddedServer | None = None
-    metrics_server = None
-    phase = Phase()
-    PROCESS_HEALTH.add("process", phase)
-    try:
-        metrics_server = start_metrics(args)
-        if dev and args.nats is None:
-            names = gw_config.tokens.names if gw_config is not None else frozenset[str]()
-            auth_dir, users = _dev_users(args.data_dir, names) if auth else (Path(), [])
-            try:
-                server = EmbeddedServer(
-                    store_dir=args.data_dir,
-                    port=args.port,
-                    auth=users or None,
-                    auth_prefix=settings.prefix,
-                )
-            except ValueError as e:  # a caller named like a user: one name, one identity
-                raise UsageError(f"--auth: {e} (rename it in {args.tokens})") from None
-            await server.start()
-            version = ".".join(map(str, server.version or ()))
-            out(f"nats: {server.url}")
-            out(f"nats-server {version}, data in {server.store_dir} (log: {server.log_file})")
-            if auth:
-                _write_dev_urls(server, auth_dir)
-                out(
-                    f"auth: users {', '.join(ROLES)}; each one's URL, password included, is in "
-                    f"{auth_dir}/<user>.url (mode 0600)"
-                )
-                out(f'  e.g. sojourn status RUN --nats "$(cat {auth_dir}/client.url)"')
-                opts = ConnectOptions(url=server.url_for("worker"))
-                watch_opts = ConnectOptions(url=server.url_for("watchdog"))
+    async with serving(args) as (stopper, phase):
+        try:
+            if dev and args.nats is None:
+                names = gw_config.tokens.names if gw_config is not None else frozenset[str]()
+                auth_dir, users = _dev_users(args.data_dir, names) if auth else (Path(), [])
+                try:
+                    server = EmbeddedServer(
+                        store_dir=args.data_dir,
+                        port=args.port,
+                        auth=users or None,
+                        auth_prefix=settings.prefix,
+                    )
+                except ValueError as e:  # a caller named like a user: one name, one identity
+                    raise UsageError(f"--auth: {e} (rename it in {args.tokens})") from None
+                await server.start()
+                version = ".".join(map(str, server.version or ()))
+                out(f"nats: {server.url}")
+                out(f"nats-server {version}, data in {server.store_dir} (log: {server.log_file})")
+                if auth:
+                    _write_dev_urls(server, auth_dir)
+                    out(
+                        f"auth: users {', '.join(ROLES)}; each one's URL, password included, is in "
+                        f"{auth_dir}/<user>.url (mode 0600)"
+                    )
+                    out(f'  e.g. sojourn status RUN --nats "$(cat {auth_dir}/client.url)"')
+                    opts = ConnectOptions(url=server.url_for("worker"))
+                    watch_opts = ConnectOptions(url=server.url_for("watchdog"))
+                else:
+                    opts = watch_opts = ConnectOptions(url=server.url)
             else:
-                opts = watch_opts = ConnectOptions(url=server.url)
-        else:
-            opts = watch_opts = options_from(args)
-            await probe(opts)
-            if dev:
-                out(f"nats: {opts.display_url}")
-        keys: CallbackKeys | None = None
-        if gw_config is not None and not os.environ.get(CALLBACK_KEYS_ENV):
-            keys = CallbackKeys.load(args.callback_keys)
-        worker = Worker(
-            app.agents,
-            nats=opts,
-            settings=settings,
-            concurrency=args.concurrency,
-            worker_id=args.worker_id,
-            callback_keys=keys,
-        )
-        await worker.start()
-        PROCESS_HEALTH.add("worker", worker_check(worker))
-        watchdog = None
-        try:
-            if dev and not args.no_watchdog:
-                watchdog = await Watchdog(nats=watch_opts, settings=settings).start()
-                PROCESS_HEALTH.add("watchdog", watchdog_check(watchdog))
-            async with contextlib.AsyncExitStack() as stack:
-                if gw_config is not None:
-                    # The gateway is a client of the deployment (the client role, with --auth,
-                    # speaking for its callers' names).
-                    gw_opts = (
-                        ConnectOptions(url=server.url_for("client")) if auth and server else opts
+                opts = watch_opts = await probed_options(args)
+                if dev:
+                    out(f"nats: {opts.display_url}")
+            keys: CallbackKeys | None = None
+            if gw_config is not None and not os.environ.get(CALLBACK_KEYS_ENV):
+                keys = CallbackKeys.load(args.callback_keys)
+            worker = Worker(
+                app.agents,
+                nats=opts,
+                settings=settings,
+                concurrency=args.concurrency,
+                worker_id=args.worker_id,
+                callback_keys=keys,
+            )
+            await worker.start()
+            PROCESS_HEALTH.add("worker", worker_check(worker))
+            watchdog = None
+            try:
+                if dev and not args.no_watchdog:
+                    watchdog = await Watchdog(nats=watch_opts, settings=settings).start()
+                    PROCESS_HEALTH.add("watchdog", watchdog_check(watchdog))
+                async with contextlib.AsyncExitStack() as stack:
+                    if gw_config is not None:
+                        # The gateway is a client of the deployment (the client role, with --auth,
+                        # speaking for its callers' names).
+                        gw_opts = (
+                            ConnectOptions(url=server.url_for("client"))
+                            if auth and server
+                            else opts
+                        )
+                        gateway = await _dev_gateway(args, gw_opts, settings, gw_config)
+                        if gateway is not None:
+                            stack.push_async_callback(gateway.stop)
+                    projector = None
+                    if dev and not args.no_projector:
+                        # The projector writes the read side: the worker role may (broker/auth.py).
+                        sqlite = Path(args.data_dir) / "runs.sqlite3"
+                        projector = await stack.enter_async_context(
+                            running_projector(opts, settings, sqlite=sqlite)
+                        )
+                    extras = [
+                        x for x, on in (("a watchdog", watchdog), ("a projector", projector)) if on
+                    ]
+                    out(
+                        f"serving: {', '.join(app.agent_names)} (app {app.name}, prefix "
+                        f"{settings.prefix}, worker {worker.worker_id}"
+                        + (f", with {' and '.join(extras)})" if extras else ")")
                     )
-                    gateway = await _dev_gateway(args, gw_opts, settings, gw_config)
-                    if gateway is not None:
-                        stack.push_async_callback(gateway.stop)
-                projector = None
-                if dev and not args.no_projector:
-                    # The projector writes the read side: the worker role may (broker/auth.py).
-                    sqlite = Path(args.data_dir) / "runs.sqlite3"
-                    projector = await stack.enter_async_context(
-                        running_projector(opts, settings, sqlite=sqlite)
-                    )
-                extras = [
-                    x for x, on in (("a watchdog", watchdog), ("a projector", projector)) if on
-                ]
-                out(
-                    f"serving: {', '.join(app.agent_names)} (app {app.name}, prefix "
-                    f"{settings.prefix}, worker {worker.worker_id}"
-                    + (f", with {' and '.join(extras)})" if extras else ")")
-                )
-                phase.serving()
-                PROCESS_HEALTH.refresh()
-                out("ready; press Ctrl-C to stop")
-                await stopper.wait(server)
-                out(f"{stopper.name} received: stopping the worker")
+                    phase.serving()
+                    PROCESS_HEALTH.refresh()
+                    out("ready; press Ctrl-C to stop")
+                    await stopper.wait(server)
+                    out(f"{stopper.name} received: stopping the worker")
+                    phase.stopping()
+                    PROCESS_HEALTH.refresh()
+            finally:
                 phase.stopping()
-                PROCESS_HEALTH.refresh()
+                if watchdog is not None:
+                    PROCESS_HEALTH.remove("watchdog")
+                    await watchdog.stop()
+                PROCESS_HEALTH.remove("worker")
+                await worker.stop()
         finally:
-            phase.stopping()
-            if watchdog is not None:
-                PROCESS_HEALTH.remove("watchdog")
-                await watchdog.stop()
-            PROCESS_HEALTH.remove("worker")
-            await worker.stop()
-    finally:
-        try:
             if server is not None:
                 await server.stop()
-        finally:
-            stopper.remove()
-            PROCESS_HEALTH.remove("process")
-            if metrics_server is not None:
-                stop_metrics(metrics_server)
     out("stopped")
     return EXIT_OK
 
@@ -286,15 +274,11 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
                 f"--retain-ended {args.retain_ended!r}: a number and a unit s, m, h or d "
                 "(3600s, 90m, 12h, 30d)"
             ) from None
-    try:
-        settings = settings_from(args, **extra)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    opts = options_from(args)
-    await probe(opts)
+    settings = serve_settings(args, **extra)
+    opts = await probed_options(args)
     if args.once:
         judged = await Watchdog(nats=opts, settings=settings).survey()
-        order = {"wedged": 0, "stalled": 1, "orphaned": 2, "overdue": 3}
+        order: dict[LivenessState, int] = {"wedged": 0, "stalled": 1, "orphaned": 2, "overdue": 3}
         rows = sorted(judged.values(), key=lambda v: (order.get(v.state, 9), v.run_id))
         if args.json:
             out(encode(rows).decode())
@@ -309,12 +293,7 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
         if liv.flagged or (before is not None and before.flagged):
             out(liveness_line(liv))
 
-    stopper = StopSignal()
-    metrics_server = None
-    phase = Phase()
-    PROCESS_HEALTH.add("process", phase)
-    try:
-        metrics_server = start_metrics(args)
+    async with serving(args) as (stopper, phase):
         watchdog = await Watchdog(
             nats=opts, settings=settings, interval=args.interval, on_change=report
         ).start()
@@ -332,11 +311,6 @@ async def cmd_watchdog(args: argparse.Namespace) -> int:
             phase.stopping()
             PROCESS_HEALTH.remove("watchdog")
             await watchdog.stop()
-    finally:
-        stopper.remove()
-        PROCESS_HEALTH.remove("process")
-        if metrics_server is not None:
-            stop_metrics(metrics_server)
     out("stopped")
     return EXIT_OK
 
@@ -347,3 +321,189 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     from ._demo import run_demo
 
     return await run_demo(nats=args.nats, prefix=args.prefix, keep=args.keep)
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+
+def _concurrency(text: str) -> int:
+    value = _positive_int(text)
+    if value > BEAT_RUNS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"at most {BEAT_RUNS_MAX} (a heartbeat lists every run its worker executes), got {text}"
+        )
+    return value
+
+
+def _worker_options() -> argparse.ArgumentParser:
+    """The options of a process that executes runs (``dev``, ``worker``)."""
+    serve = argparse.ArgumentParser(add_help=False)
+    s = serve.add_argument_group("worker")
+    s.add_argument(
+        "--app",
+        metavar="MODULE",
+        required=True,
+        help="module whose module-level agents to serve, imported with the current "
+        "directory on sys.path (e.g. examples.greeter)",
+    )
+    s.add_argument(
+        "--concurrency",
+        metavar="N",
+        type=_concurrency,
+        default=256,
+        help=f"runs executed at once (default: 256, at most {BEAT_RUNS_MAX})",
+    )
+    add_seconds(
+        s,
+        "--lease-ttl",
+        "the ack deadline of wakes and triggers, kept alive while their run executes (default: 30)",
+        default=30.0,
+    )
+    add_seconds(
+        s,
+        "--dead-after",
+        "seconds without a heartbeat after which other workers take over a worker's "
+        "runs (default: 1.5; give every worker the same)",
+    )
+    add_seconds(
+        s,
+        "--timer-backstop",
+        "how long after a deadline the broker's copy of a timer fires when this worker "
+        "keeps the timer in process and wakes the run itself (default: 2; 0: no timers in "
+        "process, the broker fires every timer at its deadline)",
+        parse=_non_negative_float,
+    )
+    s.add_argument(
+        "--worker-id",
+        metavar="ID",
+        default=None,
+        help="name in logs and history (default: host-pid-random)",
+    )
+    add_log_level(s, "info")
+    return serve
+
+
+def _dev_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-watchdog", action="store_true", help="do not run a watchdog in this process"
+    )
+    p.add_argument(
+        "--no-gateway",
+        action="store_true",
+        help="do not run the HTTP gateway in this process",
+    )
+    p.add_argument(
+        "--gateway-port",
+        metavar="PORT",
+        type=_port,
+        default=8080,
+        help="port of the HTTP gateway on 127.0.0.1; 0 picks a free one (default: 8080)",
+    )
+    add_gateway_arguments(p, dev=True)
+    p.add_argument(
+        "--no-projector",
+        action="store_true",
+        help="do not run a projector in this process (its SQLite model is DATA_DIR/runs.sqlite3)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=4222,
+        help="client port of the local server; 0 picks a free one (default: 4222)",
+    )
+    p.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        default=".sojourn",
+        help="where the local server keeps its data (default: .sojourn)",
+    )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="the local server refuses anonymous connections: one user per role (client, "
+        "worker, watchdog, admin) with a password made once per data dir; each one's URL is "
+        "written to DATA_DIR/auth/<user>.url (mode 0600), for --nats",
+    )
+
+
+def _watchdog_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--once", action="store_true", help="read everything, print the flagged runs, exit"
+    )
+    p.add_argument("--all", action="store_true", help="with --once: list every live run")
+    add_json(p, "with --once: print a JSON array")
+    add_seconds(
+        p,
+        "--lease-ttl",
+        "the workers' --lease-ttl (judges leases written by older versions; default: 30)",
+        default=30.0,
+    )
+    add_seconds(
+        p,
+        "--stall-after",
+        "silence after which an owner counts as stalled (default: the workers' "
+        "worker_dead_after, 1.5 s)",
+    )
+    p.add_argument(
+        "--retain-ended",
+        metavar="AGE",
+        default=None,
+        help="move ended runs older than AGE (30d, 12h...) out of the hot streams, every 5 "
+        "minutes, as `sojourn archive` does (default: keep everything)",
+    )
+    add_seconds(
+        p,
+        "--overdue-after",
+        "how long past due a timer or signal may be before its run is overdue (default: 60)",
+    )
+    add_seconds(p, "--interval", "seconds between two judgements (default: half a heartbeat)")
+    add_log_level(p, "warning")
+
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+
+
+COMMANDS = (
+    Command(
+        "dev",
+        cmd_dev,
+        "Run a local NATS server and a worker for an app, until Ctrl-C.",
+        "sojourn dev --app examples.greeter --port 4222 --metrics-port 9300",
+        parents=(_worker_options, monitoring_options),
+        detail="With --nats, no server is started: only the worker, on that server. A "
+        "watchdog runs in the same process (--no-watchdog to leave it out).",
+        arguments=_dev_arguments,
+    ),
+    Command(
+        "worker",
+        cmd_worker,
+        "Serve an app's agents on an existing NATS server.",
+        "sojourn worker --app myapp.agents --nats nats://nats:4222 --concurrency 64",
+        parents=(_worker_options, monitoring_options),
+        detail="Stops cleanly on SIGINT or SIGTERM: running steps get a "
+        "few seconds to finish, the rest resume on another worker.",
+    ),
+    Command(
+        "watchdog",
+        cmd_watchdog,
+        "Judge every live run's liveness; re-wake stalled, orphaned and overdue runs.",
+        "sojourn watchdog --nats nats://nats:4222 --metrics-port 9300",
+        parents=(monitoring_options,),
+        detail="Runs until Ctrl-C, printing a line whenever a run becomes (or stops being) "
+        "stalled, orphaned, overdue or wedged. Several watchdogs may run at once: each "
+        "problem is acted on by one of them. With --once, prints the flagged runs and exits.",
+        arguments=_watchdog_arguments,
+    ),
+    Command(
+        "demo",
+        cmd_demo,
+        "Kill a worker in the middle of a step and watch nothing happen twice.",
+        "sojourn demo --keep",
+        detail="Starts a NATS server in a temporary directory (or uses --nats, under a fresh "
+        "prefix unless --prefix is given), two "
+        "worker processes for examples/welcome.py and one run; SIGKILLs the first "
+        "worker mid-step, lets the second finish, and checks every effect.",
+        arguments=_demo_arguments,
+    ),
+)

@@ -18,9 +18,10 @@ from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.names import validate_token
 
 from ..client.output import OutputChunk, read_output
+from ._args import Command, add_json, add_run_id
 from ._common import EXIT_OK, UsageError, connect_client, require_deployment
 
-__all__ = ["cmd_stream"]
+__all__ = ["COMMANDS", "cmd_stream"]
 
 
 class _Printer:
@@ -96,3 +97,29 @@ async def cmd_stream(args: argparse.Namespace) -> int:
         if reader.skipped:
             printer.notice(f"warning: {reader.skipped} undecodable chunk message(s) skipped")
     return EXIT_OK
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_run_id(p)
+    p.add_argument(
+        "--after",
+        metavar="OFFSET",
+        type=int,
+        default=0,
+        help="resume after this offset (default: 0, from the start)",
+    )
+    add_json(p, "print each chunk as one JSON line")
+
+
+COMMANDS = (
+    Command(
+        "stream",
+        cmd_stream,
+        "Print a run's output stream (ctx.stream tokens, ctx.progress), resumable by offset.",
+        "sojourn stream 5f0c9e2d --after 120",
+        detail="Prints the chunks after OFFSET, then new ones as they come, until the run "
+        "ends. With --json each chunk is one JSON line with its offset: pass the last one "
+        "to --after to resume exactly where a reader stopped.",
+        arguments=_arguments,
+    ),
+)

@@ -26,10 +26,11 @@ from sojourn.broker.topology import (
 )
 from sojourn.schemas.names import validate_token
 
+from ._args import Command, add_json, add_seconds
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, bounded, options_from, settings_from
 from ._render import out
 
-__all__ = ["cmd_topology", "topology_lines"]
+__all__ = ["COMMANDS", "cmd_topology", "topology_lines"]
 
 _BAD = ("missing", "incompatible")
 
@@ -103,3 +104,42 @@ async def cmd_topology(args: argparse.Namespace) -> int:
     if not fine:
         out(f"fix with: {fix_command(names)} (admin credentials)")
     return EXIT_OK if fine else EXIT_ERROR
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--apply", action="store_true", help="create what is missing, fix what is incompatible"
+    )
+    add_json(p, "print one JSON object")
+    add_seconds(
+        p,
+        "--lease-ttl",
+        "the workers' --lease-ttl, which the consumers' ack_wait follows (default: 30)",
+        default=30.0,
+    )
+    p.add_argument(
+        "--agent",
+        metavar="AGENT",
+        action="append",
+        default=[],
+        dest="agents",
+        help="check the wake consumer of this agent (repeatable; default: every agent a "
+        "worker has registered)",
+    )
+
+
+COMMANDS = (
+    Command(
+        "topology",
+        cmd_topology,
+        "Compare the deployment's streams and consumers with sojourn's config; --apply fixes.",
+        "sojourn topology --nats nats://admin:pw@nats:4222 --apply --replicas 3",
+        detail="Prints one line per stream and durable consumer: missing, ok, drift (differs "
+        "in keys an operator may tune: left as it is) or incompatible (differs in a key sojourn "
+        "relies on: workers refuse to start), with the keys and both values. Exits 0 when "
+        "nothing is missing or incompatible, else 1. Workers never rewrite an existing stream; "
+        "--apply (admin credentials) creates what is missing and sets what sojourn relies on, "
+        "keeping what was tuned (the replica count too, unless --replicas is given).",
+        arguments=_arguments,
+    ),
+)

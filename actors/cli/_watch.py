@@ -29,10 +29,11 @@ from sojourn.schemas.events import (
 from sojourn.schemas.names import validate_token
 
 from ..client.watching import follow_history, presence
+from ._args import Command, add_json, add_run_id
 from ._common import EXIT_OK, connect_client, require_deployment
 from ._render import clock, describe_event, iso, one_line, out, short
 
-__all__ = ["OUTPUT_SHOWN", "Timeline", "cmd_watch", "elapsed", "what_happened"]
+__all__ = ["COMMANDS", "OUTPUT_SHOWN", "Timeline", "cmd_watch", "elapsed", "what_happened"]
 
 OUTPUT_SHOWN = 400
 """Characters of a run's output its last line shows (``sojourn status`` shows it whole)."""
@@ -144,3 +145,21 @@ async def cmd_watch(args: argparse.Namespace) -> int:
             for e in decision.events:
                 out(timeline.line(decision.seq, e))
     return EXIT_OK
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_run_id(p)
+    add_json(p, "print each view as one JSON line")
+
+
+COMMANDS = (
+    Command(
+        "watch",
+        cmd_watch,
+        "Follow a run live: its waits, retries, signals and timings, until it ends.",
+        "sojourn watch 5f0c9e2d",
+        detail="Prints the run's timeline so far, then each change as it happens; exits 0 "
+        "when the run ends (1 if it never existed).",
+        arguments=_arguments,
+    ),
+)

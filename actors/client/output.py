@@ -44,10 +44,11 @@ from sojourn.broker.connection import Broker, JetStreamError
 from sojourn.broker.delivery import Delivery, StoredMessage, Subscription
 from sojourn.broker.headers import MSG_ID
 from sojourn.broker.names import Names
-from sojourn.schemas.codec import decode_events, encode, from_raw, to_raw
+from sojourn.schemas.codec import encode, from_raw, to_raw
 from sojourn.schemas.errors import BrokerUnavailable, PayloadTooLarge
-from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed
 from sojourn.schemas.views import Chunk, ChunkKind
+
+from .watching import end_in
 
 __all__ = [
     "CHUNK_ENVELOPE",
@@ -70,7 +71,6 @@ LOOK_EVERY: Final = 5.0
 """Seconds between looks when no hint comes: a core subscription misses what is published while
 the connection is down, so a follower also looks on its own."""
 
-_TERMINAL = (RunCompleted, RunFailed, RunCancelled)
 _NULL = msgspec.Raw(b"null")
 
 
@@ -121,6 +121,17 @@ class StepOutput:
         return self._names.output(self.run_id)
 
     @functools.cached_property
+    def _chunk(self) -> functools.partial[Chunk]:
+        """A chunk of this execution, from the fields that tell its chunks apart."""
+        return functools.partial(
+            Chunk,
+            run_id=self.run_id,
+            position=self.position,
+            attempt=self.attempt,
+            execution=self.execution,
+        )
+
+    @functools.cached_property
     def limit(self) -> int:
         """The largest encoded chunk this execution may store."""
         return self._limit_of(self._broker)
@@ -161,19 +172,8 @@ class StepOutput:
             self._lock = asyncio.Lock()
         async with self._lock:
             index = self._index
-            body = encode(
-                Chunk(
-                    run_id=self.run_id,
-                    position=self.position,
-                    attempt=self.attempt,
-                    execution=self.execution,
-                    index=index,
-                    kind=kind,
-                    text=text,
-                    value=value,
-                    at=time.time(),
-                )
-            )
+            chunk = self._chunk(index=index, kind=kind, text=text, value=value, at=time.time())
+            body = encode(chunk)
             if len(body) > self.limit:
                 what = "ctx.stream text" if kind == "text" else "ctx.progress value"
                 raise PayloadTooLarge(
@@ -262,10 +262,27 @@ def _valid(chunk: Chunk, run_id: str) -> bool:
 
 
 class OutputReader:
-    """An async iterator over a run's output chunks from an offset on (see ``read_output``).
+    """A run's output chunks after offset ``after``, in order, each once: an async iterator
+    (``read_output(broker, names, run_id, ...)`` makes one).
+
+    Returns every stored chunk after ``after``; then, with ``follow``, new ones as they are
+    stored, ending once the run has ended and every chunk stored before its end has been
+    returned (a run that has not started yet is waited for). Without ``follow`` it ends when
+    the stored chunks are read. Chunk messages that cannot be decoded, or are not this run's,
+    are passed over and counted (``skipped``).
 
     Use it in ``async for``; when leaving early, ``aclose()`` it (or use ``async with``) to
     drop its subscriptions at once.
+
+    Example:
+        >>> async for c in read_output(broker, names, run_id, after=last):   # doctest: +SKIP
+        ...     if c.kind == "text":
+        ...         print(c.text, end="", flush=True)
+        ...     last = c.offset
+
+    Raises:
+        ValueError: ``after`` is negative.
+        TimeoutError: (from the iteration) the output did not end within ``timeout`` seconds.
 
     Attributes:
         offset: the offset of the last chunk returned (``after`` until one is).
@@ -417,40 +434,9 @@ class OutputReader:
         last = await self._broker.direct_get_last(
             self._names.events_stream, self._names.events(self.run_id)
         )
-        if last is None:
-            return False
-        try:
-            events = decode_events(last.data)
-        except msgspec.MsgspecError:
-            return False
-        return any(isinstance(e, _TERMINAL) for e in events)
+        return last is not None and end_in(last.data) is not None
 
 
-def read_output(
-    broker: Broker,
-    names: Names,
-    run_id: str,
-    *,
-    after: int = 0,
-    follow: bool = True,
-    timeout: float | None = None,
-) -> OutputReader:
-    """A run's output chunks after offset ``after``, in order, each once.
-
-    Returns every stored chunk after ``after``; then, with ``follow``, new ones as they are
-    stored, ending once the run has ended and every chunk stored before its end has been
-    returned (a run that has not started yet is waited for). Without ``follow`` it ends when
-    the stored chunks are read. Chunk messages that cannot be decoded, or are not this run's,
-    are passed over and counted (``OutputReader.skipped``).
-
-    Example:
-        >>> async for c in read_output(broker, names, run_id, after=last):   # doctest: +SKIP
-        ...     if c.kind == "text":
-        ...         print(c.text, end="", flush=True)
-        ...     last = c.offset
-
-    Raises:
-        ValueError: ``after`` is negative.
-        TimeoutError: (from the iteration) the output did not end within ``timeout`` seconds.
-    """
-    return OutputReader(broker, names, run_id, after=after, follow=follow, timeout=timeout)
+read_output = OutputReader
+"""A run's output chunks after offset ``after``: ``read_output(broker, names, run_id, *,
+after=0, follow=True, timeout=None)`` (see ``OutputReader``)."""

@@ -35,8 +35,9 @@ from sojourn.broker.names import Names
 from sojourn.schemas.codec import decode_events, decode_run_view
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound
-from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed, RunStarted
+from sojourn.schemas.events import RunEvent, RunStarted
 from sojourn.schemas.health import LivenessState
+from sojourn.schemas.lifecycle import TERMINAL_EVENTS
 from sojourn.schemas.names import TOKEN_PATTERN, validate_token
 from sojourn.schemas.views import RunView
 from sojourn.schemas.vocabulary import is_terminal
@@ -53,6 +54,7 @@ __all__ = [
     "agent_of",
     "decode_change",
     "decode_view",
+    "end_in",
     "follow_history",
     "presence",
     "read_view",
@@ -88,7 +90,6 @@ changes stream instead (at once), so a flood costs memory for this many only."""
 
 _BATCH = 256
 _TOKEN = re.compile(TOKEN_PATTERN)
-_TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
 
 Presence = Literal["exists", "pending", "missing"]
 """What is known of a run id: it has a history or a view, only a stored start (or a pending
@@ -156,6 +157,16 @@ def decode_change(names: Names, run_id: str, subject: str, data: bytes) -> RunVi
         return None
     view = decode_view(run_id, data)
     return view if view is not None and view.agent == m.group(1) else None
+
+
+def end_in(data: bytes) -> RunEvent | None:
+    """The event that ends a run among a stored message's events (an events-stream message:
+    one decision), or ``None`` when it holds none or cannot be decoded."""
+    try:
+        events = decode_events(data)
+    except msgspec.MsgspecError:
+        return None
+    return next((e for e in events if isinstance(e, TERMINAL_EVENTS)), None)
 
 
 async def presence(broker: Broker, names: Names, run_id: str) -> Presence:
@@ -450,7 +461,7 @@ async def _follow_one(
             for d in decisions:
                 seq = d.seq
                 yield d
-                if any(isinstance(e, _TERMINAL_EVENTS) for e in d.events):
+                if any(isinstance(e, TERMINAL_EVENTS) for e in d.events):
                     return
             if seq == 0 and not decisions:
                 state = await presence(broker, names, run_id)

@@ -18,7 +18,7 @@ import msgspec
 from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import ErrorInfo
-from sojourn.schemas.vocabulary import ValueKind
+from sojourn.schemas.vocabulary import PATCH_KIND, value_op
 
 from .state import OpRecord, RunState
 
@@ -32,9 +32,6 @@ __all__ = [
     "ReplayFrontier",
     "describe_op",
 ]
-
-PATCH_KIND: ValueKind = "patch"
-"""The value kind of a ``ctx.patched`` marker: its value is the change id."""
 
 
 class ReplayFrontier(BaseException):
@@ -182,7 +179,7 @@ class Journal:
         p, rec = self._take()
         if rec is None:
             return self._new(p)
-        if rec.kind != kind:
+        if rec.kind != value_op(kind) or rec.name != kind:  # a value's name is its kind's text
             raise self._mismatch(p, rec, f"ctx.{kind}()")
         assert rec.result is not None
         return Recorded(position=p, result=rec.result)
@@ -277,4 +274,4 @@ def describe_op(rec: OpRecord) -> str:
         return f"a wait on {rec.name}"
     if rec.kind == "child":
         return f"a child run of '{rec.name}'"
-    return f"ctx.{rec.kind}()"
+    return f"ctx.{rec.name}()"  # a value: its name is its kind as recorded

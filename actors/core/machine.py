@@ -8,6 +8,12 @@ happened (the step returned or raised, a reconcile function answered, a child's 
 found, a park let a signal in); the machine records that and answers again. ``Activation``
 is the only code that turns those actions into broker I/O.
 
+The machine itself keeps an activation's position and what it took (signals, children, polls,
+live spending) and decides cancels, compensation, lifetime, values, patches and the budget; the
+actions are in ``actions``, what bounds a run in ``limits``, and the calls that take several
+turns in ``steps`` (``StepTurn``: attempts, retries, in-doubt settlement) and ``waits``
+(``WaitTurn``: signals, select, deadlines, children).
+
 Everything here is a plain function of the folded history, the code's calls and the times
 the caller passes in: no clock, no event loop, no broker. That is what lets retries, in-doubt
 policies, crash loops, waits, select, cancel, children, budgets and caps be tested
@@ -17,22 +23,14 @@ that stops at the first operation history has not recorded.
 
 from __future__ import annotations
 
-import hashlib
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import msgspec
 
 from sojourn.schemas.codec import decode_decision, to_raw
-from sojourn.schemas.errors import (
-    NondeterminismError,
-    PayloadTooLarge,
-    RetryableError,
-    StepError,
-    TerminalError,
-)
+from sojourn.schemas.errors import NondeterminismError, PayloadTooLarge
 from sojourn.schemas.events import (
     Budget,
     CancelTaken,
@@ -42,84 +40,48 @@ from sojourn.schemas.events import (
     RunCancelled,
     RunEvent,
     RunSuspended,
-    StepCompleted,
     StepFailed,
     StepStarted,
     Usage,
     ValueRecorded,
-    WaitCompleted,
-    WaitStarted,
 )
+from sojourn.schemas.vocabulary import PATCH_KIND as PATCH_KIND
+from sojourn.schemas.vocabulary import SPEND_KIND, StepKind
 from sojourn.schemas.wire import InDoubtDecision, decide_signal
 
-from .journal import (
-    PATCH_KIND,
-    Execute,
-    Journal,
-    OpenWait,
-    Recorded,
-    RecordedFailure,
-    RecordedWait,
-)
-from .retry import DEFAULT_RETRYABLE, RetryPolicy
+# The actions, the limits, ``StepTurn`` and ``WaitTurn`` are defined in their own modules and
+# re-exported here (``X as X``): the rest of the run core takes the whole machine from here.
+from .actions import Attempt as Attempt
+from .actions import Backoff as Backoff
+from .actions import ChildStart as ChildStart
+from .actions import InDoubtPolicy as InDoubtPolicy
+from .actions import LookupChildren as LookupChildren
+from .actions import Park as Park
+from .actions import Parked as Parked
+from .actions import Raise as Raise
+from .actions import Reconcile as Reconcile
+from .actions import Return as Return
+from .actions import RunCancelledInterrupt as RunCancelledInterrupt
+from .actions import Suspend as Suspend
+from .journal import Execute, Journal, OpenWait, Recorded, RecordedFailure, RecordedWait
+from .limits import Limits as Limits
+from .limits import budget_suspension as budget_suspension
+from .limits import chain_spending, used_up, with_attempt, with_usage
+from .limits import format_duration as format_duration
+from .retry import RetryPolicy
 from .state import OpRecord, RunState, SignalRecord
+from .steps import ERROR_TEXT_MAX as ERROR_TEXT_MAX
+from .steps import StepTurn as StepTurn
+from .steps import clip_text as clip_text
+from .steps import error_info as error_info
+from .steps import retry_delay as retry_delay
+from .steps import step_error
+from .waits import WaitTurn as WaitTurn
+from .waits import child_run_id as child_run_id
 
-__all__ = [
-    "ERROR_TEXT_MAX",
-    "PATCH_KIND",
-    "Attempt",
-    "Backoff",
-    "ChildStart",
-    "Limits",
-    "LookupChildren",
-    "Machine",
-    "Park",
-    "Parked",
-    "Raise",
-    "Reconcile",
-    "Return",
-    "RunCancelledInterrupt",
-    "Spending",
-    "StepTurn",
-    "Suspend",
-    "WaitTurn",
-    "budget_suspension",
-    "child_run_id",
-    "clip_text",
-    "error_info",
-    "format_duration",
-    "retry_delay",
-]
+__all__ = ["Machine"]
 
-ERROR_TEXT_MAX = 4000
-"""Characters of an error message (and of a traceback's tail) kept in history: a failure
-recorded as data stays small, and so does the end notice of a failed child."""
-
-_NULL = to_raw(None)
-
-
-class Parked(BaseException):
-    """Unwinds agent code when the run parks on a wait (not catchable by ``except Exception``).
-
-    The run's position and wake condition are recorded; no coroutine is kept anywhere.
-    """
-
-
-class RunCancelledInterrupt(BaseException):
-    """Unwinds agent code when a cancel was requested (not catchable by ``except Exception``)."""
-
-
-def format_duration(seconds: float) -> str:
-    """``90061`` as ``1d1h1m1s`` (``1.5`` as ``1.5s``): a lifetime in a reason people read."""
-    if seconds < 60 and seconds != int(seconds):
-        return f"{seconds:g}s"
-    left = int(seconds)
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        n, left = divmod(left, size)
-        if n:
-            parts.append(f"{n}{unit}")
-    return "".join(parts)
+P = TypeVar("P")
 
 
 def _open(op: OpRecord) -> bool:
@@ -130,190 +92,6 @@ def _open(op: OpRecord) -> bool:
     if op.kind != "step":
         return False
     return op.status == "started" or (op.status == "failed" and op.deadline is not None)
-
-
-def clip_text(text: str, limit: int = ERROR_TEXT_MAX) -> str:
-    """``text``, cut to ``limit`` characters with a note saying so."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... [{len(text) - limit} more characters cut]"
-
-
-def error_info(e: BaseException) -> ErrorInfo:
-    """An exception as recorded data: its type name, message (clipped) and traceback tail."""
-    return ErrorInfo(
-        type=clip_text(type(e).__name__, 200),
-        message=clip_text(str(e)),
-        traceback="".join(traceback.format_exception(e))[-ERROR_TEXT_MAX:],
-    )
-
-
-def failure_text(name: str, attempts: int, err: ErrorInfo) -> str:
-    """The ``StepError`` message: built from recorded data only, so replay says the same."""
-    return f"step '{name}' failed after {attempts} attempt(s): {err.type}: {err.message}"
-
-
-def child_run_id(parent: str, position: int) -> str:
-    """``<parent>-c<position>``; hashed when that would pass the 128-character id limit (deep
-    nesting), so a child id is always valid and always the same for the same parent and call."""
-    plain = f"{parent}-c{position}"
-    if len(plain) <= 128:
-        return plain
-    digest = hashlib.blake2b(parent.encode(), digest_size=12).hexdigest()
-    return f"{parent[:80]}-h{digest}-c{position}"
-
-
-def retry_delay(e: BaseException, policy: RetryPolicy | None, attempt: int) -> float | None:
-    """Seconds until the next attempt, or ``None`` when the failure is final."""
-    if isinstance(e, TerminalError):
-        return None
-    if isinstance(e, RetryableError):
-        p = policy or DEFAULT_RETRYABLE
-        if attempt >= p.attempts:
-            return None
-        return e.retry_after if e.retry_after is not None else p.delay(attempt)
-    if policy is None or attempt >= policy.attempts or not isinstance(e, policy.retry_on):
-        return None
-    return policy.delay(attempt)
-
-
-@dataclass(slots=True)
-class Spending:
-    """What live operations used, summed: the activation's share of a run's spending (what
-    history recorded before it is folded in ``RunState``)."""
-
-    usd: float = 0.0
-    tokens: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    steps: int = 0
-    """Step executions started."""
-    model_calls: int = 0
-    """Of those, model requests (kind ``llm``)."""
-
-    def add(self, usage: Usage) -> None:
-        self.usd += usage.usd
-        self.tokens += usage.tokens
-        self.input_tokens += usage.input_tokens
-        self.output_tokens += usage.output_tokens
-
-
-def budget_suspension(unit: str, used: float, limit: float, now: float) -> RunSuspended:
-    """The suspension of a run that used up its ``unit`` limit, the limit named."""
-    flag = unit.replace("_", "-")
-    return RunSuspended(
-        reason="budget",
-        detail=f"budget {unit} used up: {used:g} of {limit:g}; "
-        f"`sojourn budget RUN --{flag} N` raises it and resumes the run",
-        limit=unit,
-        at=now,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What bounds a run, from its agent and the deployment's settings."""
-
-    max_value: int = 1024 * 1024
-    """Bytes of JSON one stored value may take."""
-    max_value_why: str = "Settings.max_value"
-    crash_loop_limit: int = 3
-    """In-doubt attempts in a row after which a step waits for a human (0: never)."""
-    poll_cap: int = 1000
-    budget: Budget | None = None
-    """The agent's budget: what a run whose start recorded none is held to (a run's own
-    ``RunStarted.budget``, and every ``BudgetChanged`` since, win)."""
-    retry: RetryPolicy | None = None
-    """The agent's default retry policy (a step's own ``@step(retry=...)`` wins)."""
-    compensates: bool = False
-    """The agent has a compensation (``on_cancel``): a cancel stops its code where it was
-    taken live, and replay runs the code up to that point again before the compensation."""
-    lifetime: float | None = None
-    """Seconds a run may live from its start (the agent's ``lifetime``); ``None``: forever."""
-
-
-# --- actions: what the caller does next ---------------------------------------------------
-
-
-@dataclass(slots=True)
-class Return:
-    """The operation has its result (recorded before, or just now): decode it and go on."""
-
-    result: msgspec.Raw
-
-
-@dataclass(slots=True)
-class Raise:
-    """Raise ``error`` into the agent's code (a recorded or final failure)."""
-
-    error: BaseException
-
-
-@dataclass(slots=True)
-class Attempt:
-    """Append ``started`` (with whatever is pending), then run the step's function."""
-
-    position: int
-    attempt: int
-    in_doubt: bool
-    started: StepStarted
-
-
-@dataclass(slots=True)
-class Backoff:
-    """A retry is due at ``retry_at``: set the timer, store the failure, wait or park."""
-
-    position: int
-    retry_at: float
-
-
-@dataclass(slots=True)
-class Suspend:
-    """Append ``event`` and park: the run waits for a human (``sojourn resume``/``decide``)."""
-
-    event: RunSuspended
-    unit: str | None = None
-    """For a budget: the limit that was reached (a ``BudgetLimit``: ``usd``, ``steps``...)."""
-
-
-@dataclass(slots=True)
-class ChildStart:
-    """Publish the child's start, then tell the machine (``child_started``)."""
-
-    position: int
-    child_id: str
-
-
-@dataclass(slots=True)
-class Reconcile:
-    """Ask the step's reconcile function whether its in-doubt attempt did the work."""
-
-    position: int
-    key: str
-
-
-@dataclass(slots=True)
-class Park:
-    """Set the wait's timer (if ``deadline``), append ``event`` (if any), then ask again."""
-
-    position: int
-    deadline: float | None
-    event: WaitStarted | None
-
-
-@dataclass(slots=True)
-class LookupChildren:
-    """Read these children's histories: one may have ended without its notice reaching us."""
-
-    children: tuple[str, ...]
-
-
-StepAction = Return | Raise | Attempt | Backoff | Suspend | Reconcile
-WaitAction = Park | LookupChildren
-InDoubtPolicy = Literal["retry", "ask", "reconcile"]
-
-
-# --- the machine -----------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -340,8 +118,9 @@ class Machine:
     children: list[str] = field(default_factory=list)
     """Children started in this activation."""
     polls: int = 0
-    live: Spending = field(default_factory=lambda: Spending())
-    """What this activation's live operations spent (history's is in ``state``)."""
+    live: Carried = field(default_factory=Carried)
+    """What this activation's live operations used (history's is in ``state``; ``polls`` are
+    counted apart, in ``polls``)."""
     nondeterminism: NondeterminismError | None = None
     fatal: PayloadTooLarge | None = None
     patches: dict[str, bool] = field(default_factory=dict)
@@ -371,7 +150,7 @@ class Machine:
         if self.fatal is not None:
             raise self.fatal
         if self.cancel_due():
-            self._stop(self.journal.position)
+            self.stop(self.journal.position)
             raise RunCancelledInterrupt()
 
     # --- cancel, compensation, lifetime ------------------------------------------------------
@@ -410,7 +189,7 @@ class Machine:
             return len(ops) - 1
         return len(ops)
 
-    def _stop(self, position: int, compensate_at: int | None = None) -> None:
+    def stop(self, position: int, compensate_at: int | None = None) -> None:
         """The code stops at ``position`` (the first stop counts; a replay's is recorded)."""
         if self.stopped is not None:
             return
@@ -426,7 +205,7 @@ class Machine:
         """A cancel came in as this step was to start: its start was not stored. The
         compensation takes its position, unless an earlier attempt is recorded there."""
         p = started.position
-        self._stop(p, p + 1 if started.attempt > 1 else p)
+        self.stop(p, p + 1 if started.attempt > 1 else p)
 
     def take_cancel(self, now: float) -> bool:
         """The agent's code was stopped for a cancel: ``True`` if its compensation is to run
@@ -488,10 +267,15 @@ class Machine:
                 self.expired = f"lifetime of {format_duration(life)} exceeded"
         return self.expired is not None
 
-    def _diverged(self, e: NondeterminismError) -> None:
-        """Keep the first divergence, even if the agent's code catches the exception."""
-        if self.nondeterminism is None:
-            self.nondeterminism = e
+    def _ask(self, plan: Callable[[str], P], arg: str) -> P:
+        """The journal's ``plan`` for the next operation; a divergence is kept (the first one,
+        even if the agent's code catches the exception) and raised."""
+        try:
+            return plan(arg)
+        except NondeterminismError as e:
+            if self.nondeterminism is None:
+                self.nondeterminism = e
+            raise
 
     def oversized(self, raw: bytes, what: str) -> PayloadTooLarge | None:
         """The error to record if ``raw`` is too large to store, else ``None``."""
@@ -511,7 +295,7 @@ class Machine:
         name: str,
         in_doubt: InDoubtPolicy,
         retry: RetryPolicy | None,
-        kind: str = "step",
+        kind: StepKind = "step",
     ) -> Return | StepTurn:
         """A step call: its recorded result, or a turn that decides how to run it.
 
@@ -520,20 +304,11 @@ class Machine:
             NondeterminismError: history recorded another operation here.
         """
         self.check()
-        try:
-            plan = self.journal.step(name)
-        except NondeterminismError as e:
-            self._diverged(e)
-            raise
+        plan = self._ask(self.journal.step, name)
         if isinstance(plan, Recorded):
             return Return(plan.result)
         if isinstance(plan, RecordedFailure):
-            raise StepError(
-                failure_text(name, plan.attempts, plan.error),
-                error_type=plan.error.type,
-                run_id=self.run_id,
-                step=name,
-            )
+            raise step_error(name, plan.attempts, plan.error, self.run_id)
         return StepTurn(self, name, plan, in_doubt, retry or self.limits.retry, kind)
 
     def decision(self, position: int, attempt: int) -> InDoubtDecision | None:
@@ -558,11 +333,7 @@ class Machine:
             PayloadTooLarge: the value is too large to store (the run then fails with it).
         """
         self.check()
-        try:
-            plan = self.journal.value(kind)
-        except NondeterminismError as e:
-            self._diverged(e)
-            raise
+        plan = self._ask(self.journal.value, kind)
         if isinstance(plan, Recorded):
             return Return(plan.result)
         raw = to_raw(make())
@@ -583,11 +354,7 @@ class Machine:
         known = self.patches.get(change_id)
         if known is not None:
             return known
-        try:
-            found = self.journal.patch(change_id)
-        except NondeterminismError as e:
-            self._diverged(e)
-            raise
+        found = self._ask(self.journal.patch, change_id)
         if isinstance(found, Execute):
             self.record(
                 ValueRecorded(
@@ -612,7 +379,7 @@ class Machine:
             return None
         budget = self.budget()
         if budget is not None and budget.polls is not None:
-            allowed = budget.polls * (1 + self.state.budget_resumes)
+            allowed = budget.polls * self.state.grants
             polls = self.polls + (self.state.carried or Carried()).polls
             if polls > allowed:
                 return Suspend(budget_suspension("polls", polls - 1, allowed, now), unit="polls")
@@ -633,67 +400,41 @@ class Machine:
         """Record spending (journaled as a ``spend`` value). Returns whether it was live (not
         replayed), and the suspension due when the total reaches the run's budget."""
         live = not self.replaying
-        self.value("spend", lambda: {"usd": usd, "tokens": tokens}, now)
+        self.value(SPEND_KIND, lambda: {"usd": usd, "tokens": tokens}, now)
         if not live:
             return live, None
-        self.live.usd += usd
-        self.live.tokens += tokens
+        spent = self.live
+        self.live = msgspec.structs.replace(
+            spent, usd=spent.usd + usd, tokens=spent.tokens + tokens
+        )
         return live, self.over_budget(now)
 
     def charged(self, usage: Usage | None) -> None:
         """A live step attempt ended having charged ``usage``: count it."""
         if usage is not None:
-            self.live.add(usage)
+            self.live = with_usage(self.live, usage)
+
+    def attempted(self, kind: StepKind) -> None:
+        """A live step execution of ``kind`` starts: count it."""
+        self.live = with_attempt(self.live, kind)
 
     def chain_spending(self) -> Carried:
         """What the run used (history, this activation's live steps) plus what its chain's
         earlier runs used: the run's budget holds it, and a continued run carries it on."""
-        s, live = self.state, self.live
-        c = s.carried or Carried()
-        return Carried(
-            usd=c.usd + s.spent_usd + live.usd,
-            tokens=c.tokens + s.spent_tokens + live.tokens,
-            input_tokens=c.input_tokens + s.spent_input_tokens + live.input_tokens,
-            output_tokens=c.output_tokens + s.spent_output_tokens + live.output_tokens,
-            steps=c.steps + s.step_attempts + live.steps,
-            model_calls=c.model_calls + s.model_calls + live.model_calls,
-            polls=c.polls + self.polls,
-            started_at=c.started_at or s.started_at,
-        )
+        return chain_spending(self.state, self.live, self.polls)
 
     def budget(self) -> Budget | None:
         """The run's budget in effect: its own as recorded, else its agent's."""
         return self.state.budget or self.limits.budget
 
-    def over_budget(self, now: float, kind: str | None = None) -> Suspend | None:
+    def over_budget(self, now: float, kind: StepKind | None = None) -> Suspend | None:
         """The suspension due now if the run has used up a limit of its budget, checked before
-        a step of ``kind`` (``None``: after spending) and after every ``ctx.spend``.
-
-        A limit is used up when what the run used reaches it (each resume of a ``budget``
-        suspension grants the whole budget again). ``steps`` and ``tool_calls`` are counted
-        before the execution they would allow: at 3 of 3 steps, the fourth does not start.
-        """
+        a step of ``kind`` (``None``: after spending) and after every ``ctx.spend``
+        (``limits.used_up``)."""
         budget = self.budget()
         if budget is None:
             return None
-        c = self.chain_spending()
-        used: dict[str, float] = {
-            "usd": c.usd,
-            "tokens": c.tokens,
-            "input_tokens": c.input_tokens,
-            "output_tokens": c.output_tokens,
-            "wall_seconds": now - c.started_at if c.started_at else 0.0,
-        }
-        if kind is not None:
-            used["steps"] = c.steps
-            if kind != "llm":
-                used["tool_calls"] = c.steps - c.model_calls
-        grants = 1 + self.state.budget_resumes
-        for unit, spent in used.items():
-            limit = getattr(budget, unit)
-            if limit is not None and spent >= limit * grants:
-                return Suspend(budget_suspension(unit, spent, limit * grants, now), unit=unit)
-        return None
+        return used_up(budget, self.chain_spending(), self.state.grants, now, kind)
 
     # --- waits and children ------------------------------------------------------------------
 
@@ -711,11 +452,7 @@ class Machine:
         its deadline).
         """
         self.check()
-        try:
-            plan = self.journal.wait(key)
-        except NondeterminismError as e:
-            self._diverged(e)
-            raise
+        plan = self._ask(self.journal.wait, key)
         if isinstance(plan, RecordedWait):
             return None if plan.outcome == "timeout" else plan
         assert isinstance(plan, OpenWait)
@@ -731,11 +468,7 @@ class Machine:
     def child(self, agent: str) -> Return | ChildStart:
         """A child start: its recorded run id, or the child to start now."""
         self.check()
-        try:
-            plan = self.journal.child(agent)
-        except NondeterminismError as e:
-            self._diverged(e)
-            raise
+        plan = self._ask(self.journal.child, agent)
         if isinstance(plan, Recorded):
             return Return(plan.result)
         return ChildStart(plan.position, child_run_id(self.run_id, plan.position))
@@ -746,334 +479,3 @@ class Machine:
         self.record(
             ChildStarted(position=start.position, child_run_id=start.child_id, agent=agent, at=now)
         )
-
-
-class StepTurn:
-    """How one step call is carried out: attempts, backoffs, in-doubt settlement."""
-
-    __slots__ = ("_done", "_in_doubt", "_m", "_settled", "kind", "name", "plan", "policy")
-
-    def __init__(
-        self,
-        machine: Machine,
-        name: str,
-        plan: Execute,
-        in_doubt: InDoubtPolicy,
-        policy: RetryPolicy | None,
-        kind: str = "step",
-    ) -> None:
-        self._m = machine
-        self.kind = kind
-        self.name = name
-        self.plan = plan
-        self.policy = policy
-        self._in_doubt = in_doubt
-        self._settled = False  # the in-doubt policy of this plan has been applied
-        self._done: Return | Raise | None = None
-
-    @property
-    def key(self) -> str:
-        """The step's idempotency key: the same on every attempt, worker and restart."""
-        return f"{self._m.run_id}/{self.plan.position}"
-
-    @property
-    def crash_loop(self) -> bool:
-        limit = self._m.limits.crash_loop_limit
-        return self.plan.in_doubt and 0 < limit <= self.plan.interrupted
-
-    def next(self, now: float) -> StepAction:
-        """What to do now: run an attempt, wait for a retry, settle an in-doubt attempt."""
-        if self._done is not None:
-            return self._done
-        plan = self.plan
-        if plan.retry_at is not None and plan.retry_at > now:
-            self.plan = Execute(position=plan.position, attempt=plan.attempt, in_doubt=False)
-            return Backoff(plan.position, plan.retry_at)
-        if plan.in_doubt and not self._settled:
-            self._settled = True
-            settle = self._settle(now)
-            if settle is not None:
-                return settle
-        over = self._m.over_budget(now, self.kind)
-        if over is not None:
-            return over
-        m = self._m
-        m.live.steps += 1
-        m.live.model_calls += self.kind == "llm"
-        started = StepStarted(
-            position=plan.position, name=self.name, attempt=plan.attempt, kind=self.kind, at=now
-        )
-        return Attempt(plan.position, plan.attempt, plan.in_doubt, started)
-
-    def _settle(self, now: float) -> StepAction | None:
-        """Apply the in-doubt policy; ``None`` means run the step again.
-
-        A step cut off ``crash_loop_limit`` times in a row is probably what kills its worker (a
-        segfault, running out of memory): running it again would take down worker after
-        worker. Whatever its policy, it then waits for a human, like ``in_doubt="ask"``.
-        """
-        m, plan = self._m, self.plan
-        policy = "ask" if self.crash_loop else self._in_doubt
-        if policy == "retry":
-            return None
-        if policy == "reconcile":
-            return Reconcile(plan.position, self.key)
-        decision = m.decision(plan.position, plan.attempt - 1)
-        if decision is None:
-            decide = (
-                f"decide with `sojourn decide {m.run_id} {plan.position} "
-                "retry|skip|fail [--result JSON]`"
-            )
-            where = f"step '{self.name}' at position {plan.position} (key {self.key})"
-            if self.crash_loop:
-                return Suspend(
-                    RunSuspended(
-                        reason="crash_loop",
-                        detail=f"{where} was cut off {plan.interrupted} times in a row: it may "
-                        "be what kills its worker; " + decide,
-                        at=now,
-                    )
-                )
-            return Suspend(
-                RunSuspended(
-                    reason="in_doubt",
-                    detail=f"{where} started but its end was never recorded; " + decide,
-                    at=now,
-                )
-            )
-        if decision.action == "retry":
-            return None
-        if decision.action == "skip":
-            return self._without_running(decision.result, now)
-        err = ErrorInfo(
-            type="InDoubtFailed", message=f"failed by decision of {decision.by or 'an operator'}"
-        )
-        return self._fail_in_doubt(err, now)
-
-    def reconciled(self, found: msgspec.Raw | None, now: float) -> None:
-        """The reconcile function's answer: the result the earlier attempt produced, or
-        ``None`` (it did not do the work: run the step again)."""
-        if found is not None:
-            self._done = self._without_running(found, now)
-
-    def _without_running(self, raw: msgspec.Raw, now: float) -> Return | Raise:
-        """Settle an in-doubt step with a known result: its earlier attempt did the work."""
-        too_big = self._m.oversized(raw, f"the result of step '{self.name}'")
-        if too_big is not None:
-            return self._fail_in_doubt(error_info(too_big), now, cause=too_big)
-        plan = self.plan
-        self._m.record(
-            StepCompleted(
-                position=plan.position, name=self.name, attempt=plan.attempt - 1, result=raw, at=now
-            )
-        )
-        self._done = Return(raw)
-        return self._done
-
-    def _fail_in_doubt(
-        self, err: ErrorInfo, now: float, cause: BaseException | None = None
-    ) -> Raise:
-        """Record the earlier, in-doubt attempt as failed with ``err``."""
-        plan = self.plan
-        self._m.record(
-            StepFailed(
-                position=plan.position, name=self.name, attempt=plan.attempt - 1, error=err, at=now
-            )
-        )
-        error = StepError(
-            failure_text(self.name, plan.attempt - 1, err),
-            error_type=err.type,
-            run_id=self._m.run_id,
-            step=self.name,
-        )
-        error.__cause__ = cause
-        self._done = Raise(error)
-        return self._done
-
-    def returned(
-        self, raw: msgspec.Raw, duration: float, now: float, usage: Usage | None = None
-    ) -> Return | Raise:
-        """The attempt returned ``raw`` having charged ``usage``: record it (a result too
-        large to store fails the step for good: another attempt would most likely return the
-        same)."""
-        self._m.charged(usage)
-        too_big = self._m.oversized(raw, f"the result of step '{self.name}'")
-        if too_big is not None:
-            outcome = self._failed(too_big, None, duration, now, usage)
-            assert outcome is not None
-            return outcome
-        plan = self.plan
-        self._m.record(
-            StepCompleted(
-                position=plan.position,
-                name=self.name,
-                attempt=plan.attempt,
-                result=raw,
-                duration=duration,
-                usage=usage,
-                at=now,
-            )
-        )
-        self._done = Return(raw)
-        return self._done
-
-    def interrupted(self, error: ErrorInfo, duration: float, now: float) -> None:
-        """The attempt was interrupted by a cancel (cancelled, or abandoned in its thread):
-        recorded as failed, never retried; the code stops here (``RunCancelledInterrupt``)."""
-        plan = self.plan
-        self._m.record(
-            StepFailed(
-                position=plan.position,
-                name=self.name,
-                attempt=plan.attempt,
-                error=error,
-                duration=duration,
-                at=now,
-            )
-        )
-        m = self._m
-        m._stop(plan.position, max(plan.position + 1, m.journal.position))
-
-    def raised(
-        self, e: BaseException, duration: float, now: float, usage: Usage | None = None
-    ) -> Raise | None:
-        """The attempt raised ``e`` having charged ``usage``: record the failure; ``None``
-        means a retry is due (ask ``next`` again), else the ``StepError`` for the code."""
-        self._m.charged(usage)
-        delay = retry_delay(e, self.policy, self.plan.attempt)
-        return self._failed(e, delay, duration, now, usage)
-
-    def _failed(
-        self,
-        e: BaseException,
-        delay: float | None,
-        duration: float,
-        now: float,
-        usage: Usage | None = None,
-    ) -> Raise | None:
-        plan = self.plan
-        err = error_info(e)
-        retry_at = None if delay is None else now + delay
-        self._m.record(
-            StepFailed(
-                position=plan.position,
-                name=self.name,
-                attempt=plan.attempt,
-                error=err,
-                duration=duration,
-                retry_at=retry_at,
-                usage=usage,
-                at=now,
-            )
-        )
-        if retry_at is not None:
-            self.plan = Execute(
-                position=plan.position, attempt=plan.attempt + 1, in_doubt=False, retry_at=retry_at
-            )
-            return None
-        error = StepError(
-            failure_text(self.name, plan.attempt, err),
-            error_type=err.type,
-            run_id=self._m.run_id,
-            step=self.name,
-        )
-        error.__cause__ = e
-        self._done = Raise(error)
-        return self._done
-
-
-class WaitTurn:
-    """How one open wait is decided: a buffered signal, a passed deadline, an ended child, or
-    parking (recording the wait once, and looking again if a signal came in meanwhile)."""
-
-    __slots__ = ("_m", "_record", "children", "deadline", "key", "position", "signals")
-
-    def __init__(
-        self,
-        machine: Machine,
-        position: int,
-        key: str,
-        signals: tuple[str, ...],
-        deadline: float | None,
-        children: tuple[str, ...],
-        record: bool,
-    ) -> None:
-        self._m = machine
-        self.position = position
-        self.key = key
-        self.signals = signals
-        self.deadline = deadline
-        self.children = children
-        self._record = record  # the WaitStarted is still to be recorded
-
-    def next(self, now: float, *, looked: bool = False) -> RecordedWait | WaitAction | None:
-        """How the wait ends now (a ``RecordedWait``, or ``None`` for a timeout), or what to
-        do: look up the children (unless ``looked``), or park.
-
-        A signal taken here also wants the wait's timer cancelled: the caller does that when
-        ``deadline`` is set and the outcome is a signal.
-        """
-        m, p = self._m, self.position
-        sig = m.find_signal(self.signals)
-        if sig is not None:
-            m.consumed.add(sig.signal_id)
-            m.record(
-                WaitCompleted(
-                    position=p,
-                    key=self.key,
-                    outcome="signal",
-                    payload=sig.payload,
-                    signal=sig.name,
-                    signal_id=sig.signal_id,
-                    sent_by=sig.sent_by,
-                    sender_verified=sig.sender_verified,
-                    at=now,
-                )
-            )
-            return RecordedWait(
-                position=p,
-                outcome="signal",
-                payload=sig.payload,
-                signal=sig.name,
-                sent_by=sig.sent_by,
-                sender_verified=sig.sender_verified,
-            )
-        if self.deadline is not None and now >= self.deadline:
-            m.record(
-                WaitCompleted(position=p, key=self.key, outcome="timeout", payload=_NULL, at=now)
-            )
-            return None
-        if self.children and not looked:
-            return LookupChildren(self.children)
-        event = None
-        if self._record:
-            self._record = False
-            event = WaitStarted(
-                position=p,
-                key=self.key,
-                signals=self.signals,
-                deadline=self.deadline,
-                children=self.children,
-                at=now,
-            )
-        return Park(p, self.deadline, event)
-
-    def child_ended(self, outcome_raw: msgspec.Raw, status: str, now: float) -> RecordedWait:
-        """A child's history says it ended (its notice never reached us): record that."""
-        self._m.record(
-            WaitCompleted(
-                position=self.position,
-                key=self.key,
-                outcome="child",
-                payload=outcome_raw,
-                child_status=status,
-                at=now,
-            )
-        )
-        return RecordedWait(
-            position=self.position, outcome="child", payload=outcome_raw, signal=None
-        )
-
-    def signal_waiting(self) -> bool:
-        """After parking: did a matching signal come in while the wait was being recorded?"""
-        return self._m.find_signal(self.signals) is not None

@@ -30,8 +30,10 @@ from sojourn.schemas.wire import ChildOutcome
 
 from ..agents.agent import Agent
 from ..agents.context import Context
+from .actions import Park, Parked, RunCancelledInterrupt
 from .journal import ReplayFrontier, describe_op
-from .machine import Limits, Machine, Park, Parked, RunCancelledInterrupt
+from .limits import Limits
+from .machine import Machine
 from .state import RunState, fold
 
 __all__ = ["Divergence", "ReplayResult", "decode_history_file", "replay_run"]

@@ -10,7 +10,7 @@ signals and the children in one pass); tests assert it always equals
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any
 
 import msgspec
 
@@ -40,7 +40,18 @@ from sojourn.schemas.events import (
     WaitStarted,
 )
 from sojourn.schemas.lifecycle import next_status, next_waiting, out_of_place
-from sojourn.schemas.vocabulary import TERMINAL, RunStatus, WaitOutcome
+from sojourn.schemas.vocabulary import (
+    LLM_STEP,
+    SPEND_KIND,
+    TERMINAL,
+    OpKind,
+    OpStatus,
+    RunStatus,
+    SuspendReason,
+    WaitOutcome,
+    suspend_reason,
+    value_op,
+)
 
 __all__ = ["TERMINAL", "OpRecord", "RunState", "RunStatus", "SignalRecord", "evolve", "fold"]
 # ``RunStatus`` and ``TERMINAL`` are defined once, in ``sojourn.schemas.vocabulary``; the status
@@ -50,15 +61,16 @@ __all__ = ["TERMINAL", "OpRecord", "RunState", "RunStatus", "SignalRecord", "evo
 class OpRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What history says happened at one position of the agent's code.
 
-    ``kind`` is ``step``, a value kind (``now``, ``uuid``, ``random``), ``wait`` or ``child``.
-    For steps, ``status`` is ``started`` (in doubt: it may have run), ``completed`` or
-    ``failed``; a wait is ``waiting`` until it is ``completed``.
+    ``kind`` is ``step``, a value kind (``now``, ``uuid``, ``random``...), ``wait`` or
+    ``child`` (an ``OpKind``); ``name`` is the step's name, the value's kind as recorded, the
+    wait's key or the child's agent. For steps, ``status`` is ``started`` (in doubt: it may have
+    run), ``completed`` or ``failed``; a wait is ``waiting`` until it is ``completed``.
     """
 
     position: int
-    kind: str
+    kind: OpKind
     name: str
-    status: Literal["started", "completed", "failed", "recorded", "waiting"]
+    status: OpStatus
     attempts: int = 0
     result: msgspec.Raw | None = None
     error: ErrorInfo | None = None
@@ -95,7 +107,8 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     input: msgspec.Raw | None = None
     output: msgspec.Raw | None = None
     error: ErrorInfo | None = None
-    suspended_reason: str | None = None
+    suspended_reason: SuspendReason | None = None
+    """Why the run is suspended (``RunSuspended.reason``, read with ``suspend_reason``)."""
     suspended_detail: str | None = None
     cancel_requested: str | None = None
     terminate_requested: bool = False
@@ -162,7 +175,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def grants(self) -> int:
         """How many times the run's budget was granted: once at the start, once more for each
-        resume of a budget suspension (as ``_machine.spend`` counts them)."""
+        resume of a budget suspension (as the machine's budget checks count them)."""
         return 1 + self.budget_resumes
 
     @property
@@ -254,7 +267,7 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
             return msgspec.structs.replace(
                 s,
                 status=next_status(s.status, event),
-                suspended_reason=event.reason,
+                suspended_reason=suspend_reason(event.reason),
                 suspended_detail=event.detail,
             )
         case RunResumed():
@@ -452,8 +465,8 @@ def _misplaced(ops: Sequence[OpRecord], event: _OpEvent) -> str | None:
         was = f"step '{prev.name}'"
     elif prev.kind in ("wait", "child"):
         was = f"{prev.kind} {prev.name}"
-    else:  # a value: its kind is its name ("value now", not "now now")
-        was = f"value {prev.kind}"
+    else:  # a value: its name is its kind as recorded ("value now", not "now now")
+        was = f"value {prev.name}"
     if isinstance(event, WaitCompleted):
         if prev.kind == "wait" and prev.name == event.key and prev.status == "waiting":
             return None
@@ -497,46 +510,25 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
     match event:
         case StepStarted():
             prev = ops[event.position] if event.position < len(ops) else None
-            rec = OpRecord(
-                position=event.position,
-                kind="step",
-                name=event.name,
-                status="started",
-                attempts=event.attempt,
-                interrupted=prev.interrupted + 1 if prev and prev.status == "started" else 0,
-            )
+            interrupted = prev.interrupted + 1 if prev and prev.status == "started" else 0
+            rec = _step_record(event, "started", interrupted=interrupted)
             s = msgspec.structs.replace(
                 s,
                 step_attempts=s.step_attempts + 1,
-                model_calls=s.model_calls + (event.kind == "llm"),
+                model_calls=s.model_calls + (event.kind == LLM_STEP),
             )
         case StepCompleted():
-            rec = OpRecord(
-                position=event.position,
-                kind="step",
-                name=event.name,
-                status="completed",
-                attempts=event.attempt,
-                result=event.result,
-            )
+            rec = _step_record(event, "completed", result=event.result)
             s = _charged(
                 msgspec.structs.replace(s, steps_completed=s.steps_completed + 1), event.usage
             )
         case StepFailed():
-            rec = OpRecord(
-                position=event.position,
-                kind="step",
-                name=event.name,
-                status="failed",
-                attempts=event.attempt,
-                error=event.error,
-                deadline=event.retry_at,
-            )
+            rec = _step_record(event, "failed", error=event.error, deadline=event.retry_at)
             s = _charged(s, event.usage)
         case ValueRecorded():
             rec = OpRecord(
                 position=event.position,
-                kind=event.kind,
+                kind=value_op(event.kind),
                 name=event.kind,
                 status="recorded",
                 result=event.value,
@@ -550,21 +542,17 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                         spent_tokens=s.spent_tokens + spent.tokens,
                     )
         case WaitStarted():
-            rec = OpRecord(
-                position=event.position,
-                kind="wait",
-                name=event.key,
-                status="waiting",
+            rec = _wait_record(
+                event,
+                "waiting",
                 signals=event.signals,
                 deadline=event.deadline,
                 children=event.children,
             )
         case WaitCompleted():
-            rec = OpRecord(
-                position=event.position,
-                kind="wait",
-                name=event.key,
-                status="completed",
+            rec = _wait_record(
+                event,
+                "completed",
                 result=event.payload,
                 outcome=event.outcome,
                 detail=event.signal if event.outcome == "signal" else event.child_status,
@@ -592,8 +580,23 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
     return _lifecycle(s, event)
 
 
-SPEND_KIND = "spend"
-"""The ``ValueRecorded.kind`` of a ``ctx.spend`` call (a ``ValueKind``)."""
+def _step_record(
+    event: StepStarted | StepCompleted | StepFailed, status: OpStatus, **fields: Any
+) -> OpRecord:
+    """The record of the step ``event`` is about, at the attempt it names, with ``fields``."""
+    return OpRecord(
+        position=event.position,
+        kind="step",
+        name=event.name,
+        status=status,
+        attempts=event.attempt,
+        **fields,
+    )
+
+
+def _wait_record(event: WaitStarted | WaitCompleted, status: OpStatus, **fields: Any) -> OpRecord:
+    """The record of the wait ``event`` is about, under its key, with ``fields``."""
+    return OpRecord(position=event.position, kind="wait", name=event.key, status=status, **fields)
 
 
 def _lifecycle(s: RunState, event: RunEvent) -> RunState:

@@ -63,7 +63,8 @@ from sojourn.schemas.vocabulary import RUN_STATUSES
 from sojourn.schemas.wire import RESERVED_SIGNAL_PREFIX
 
 from ..agents.callbacks import CallbackClaims, CallbackKeys
-from ..client.client import Client, TriggerRejected
+from ..client.base import TriggerRejected
+from ..client.client import Client
 from ..client.listing import list_runs
 from ..client.reports import history_report, status_report
 from ..client.watching import presence
@@ -467,15 +468,21 @@ class _Gateway:
             raise HttpProblem("unknown_run", f"no run with id '{run_id}'", run_id=run_id)
         return []
 
-    @_answers
-    async def events(self, request: Request) -> Response:
-        """Every view of the run as it changes (``event: view``, ``id`` its ``last_seq``),
-        then ``event: end``."""
+    async def _open_stream(self, request: Request) -> tuple[str, int]:
+        """The run and the resume point (``after``) of an event stream's request (``events``,
+        ``stream``), once the caller may read, a stream is free and the run exists."""
         self._authorize(request, "read")
         run_id = self._run_id(request)
         after = self._resume_from(request, "after")
         self._admit_stream()
         await self._exists(run_id)
+        return run_id, after
+
+    @_answers
+    async def events(self, request: Request) -> Response:
+        """Every view of the run as it changes (``event: view``, ``id`` its ``last_seq``),
+        then ``event: end``."""
+        run_id, after = await self._open_stream(request)
 
         async def views() -> AsyncIterator[tuple[str, int | None, bytes]]:
             async with contextlib.aclosing(self.client.watch(run_id)) as stream:
@@ -490,11 +497,7 @@ class _Gateway:
     async def stream(self, request: Request) -> Response:
         """The run's output chunks after an offset (``event: chunk``, ``id`` the offset), then
         ``event: end`` once the run has ended and every chunk was sent."""
-        self._authorize(request, "read")
-        run_id = self._run_id(request)
-        after = self._resume_from(request, "after")
-        self._admit_stream()
-        await self._exists(run_id)
+        run_id, after = await self._open_stream(request)
 
         async def chunks() -> AsyncIterator[tuple[str, int | None, bytes]]:
             async with self.client.stream(run_id, after=after) as reader:

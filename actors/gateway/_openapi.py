@@ -55,6 +55,27 @@ def _param(name: str, where: str, description: str, *, required: bool = False) -
 
 
 _RUN_ID = _param("run_id", "path", "the run id")
+
+
+def _events_of_run(
+    summary: str, *, after: str, resume: str, events: str, security: list[dict[str, list[str]]]
+) -> dict[str, Any]:
+    """A ``GET`` of server-sent events on one run, resumed with ``after`` (a query parameter)
+    or ``Last-Event-ID``; ``events`` says what it sends."""
+    return {
+        "get": {
+            "summary": summary,
+            "security": security,
+            "parameters": [
+                _RUN_ID,
+                _param("after", "query", after),
+                _param("Last-Event-ID", "header", resume),
+            ],
+            "responses": {"200": _sse(events), **_problems(400, 401, 403, 404, 503)},
+        }
+    }
+
+
 _ANY_JSON: Final[dict[str, Any]] = {"description": "any JSON value"}
 
 
@@ -176,38 +197,22 @@ def openapi_document() -> dict[str, Any]:
                 },
             }
         },
-        "/v1/runs/{run_id}/events": {
-            "get": {
-                "summary": "The run's views as they change (server-sent events `view`, then "
-                "`end`; `id` is the view's last_seq, Last-Event-ID resumes after it)",
-                "security": auth,
-                "parameters": [
-                    _RUN_ID,
-                    _param("after", "query", "skip views up to this last_seq"),
-                    _param("Last-Event-ID", "header", "resume after this id"),
-                ],
-                "responses": {
-                    "200": _sse("`event: view` with a RunView, then `event: end`"),
-                    **_problems(400, 401, 403, 404, 503),
-                },
-            }
-        },
-        "/v1/runs/{run_id}/stream": {
-            "get": {
-                "summary": "The run's output chunks (server-sent events `chunk`, then `end`; "
-                "`id` is the chunk's offset, Last-Event-ID resumes after it)",
-                "security": auth,
-                "parameters": [
-                    _RUN_ID,
-                    _param("after", "query", "only chunks after this offset"),
-                    _param("Last-Event-ID", "header", "resume after this offset"),
-                ],
-                "responses": {
-                    "200": _sse("`event: chunk` with an output chunk and its offset"),
-                    **_problems(400, 401, 403, 404, 503),
-                },
-            }
-        },
+        "/v1/runs/{run_id}/events": _events_of_run(
+            "The run's views as they change (server-sent events `view`, then `end`; `id` is "
+            "the view's last_seq, Last-Event-ID resumes after it)",
+            after="skip views up to this last_seq",
+            resume="resume after this id",
+            events="`event: view` with a RunView, then `event: end`",
+            security=auth,
+        ),
+        "/v1/runs/{run_id}/stream": _events_of_run(
+            "The run's output chunks (server-sent events `chunk`, then `end`; `id` is the "
+            "chunk's offset, Last-Event-ID resumes after it)",
+            after="only chunks after this offset",
+            resume="resume after this offset",
+            events="`event: chunk` with an output chunk and its offset",
+            security=auth,
+        ),
         "/v1/callbacks/{token}": {
             "post": {
                 "summary": "Deliver the callback token's one signal to its run (no bearer "

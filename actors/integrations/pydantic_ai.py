@@ -78,7 +78,8 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from sojourn.schemas.events import Usage
 
-from ..agents.context import Context, Duration
+from ..agents.context import Context
+from ..agents.driver import Duration
 from ..agents.steps import current_step
 from ..core.retry import RetryPolicy, step
 

@@ -139,14 +139,14 @@ async def call_model(
     ctx: StepContext,
     model: Model,
     messages: str | Message | Sequence[Message],
+    tools: Iterable[Tool] | None,
+    options: dict[str, Any],
     *,
-    tools: Iterable[Tool] | None = None,
-    stream: bool = False,
-    retry: RetryPolicy | None = None,
-    prices: PriceTable | None = None,
-    **options: Any,
+    stream: bool,
+    retry: RetryPolicy | None,
+    prices: PriceTable | None,
 ) -> ModelResponse:
-    """``ctx.llm``'s body (see ``Context.llm``)."""
+    """``ctx.llm``'s body (see ``Context.llm``): ``options`` are its ``ModelRequest`` fields."""
     if not isinstance(getattr(model, "name", None), str) or not callable(
         getattr(model, "request", None)
     ):

@@ -164,25 +164,12 @@ class ModelError(Exception):
     usage: Usage | None = None
 
 
-class ModelRateLimited(ModelError, RetryableError):
-    """429 (or 503 with ``Retry-After``): the provider asks us to come back later;
-    ``retry_after`` (seconds, at most an hour) is the run's delay before the next attempt."""
+class _ProviderRetryable(ModelError, RetryableError):
+    """What a provider answered that is worth another attempt: its HTTP status (``status``,
+    else the class's ``default_status``), the delay it asked for (``retry_after``) and what the
+    request used."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 429,
-        retry_after: float | None = None,
-        usage: Usage | None = None,
-    ) -> None:
-        RetryableError.__init__(self, message, retry_after=retry_after)
-        self.status = status
-        self.usage = usage
-
-
-class ModelUnavailable(ModelError, RetryableError):
-    """A 5xx, 408 or 409, a timeout or a connection that failed: worth another attempt."""
+    default_status: int | None = None
 
     def __init__(
         self,
@@ -193,8 +180,19 @@ class ModelUnavailable(ModelError, RetryableError):
         usage: Usage | None = None,
     ) -> None:
         RetryableError.__init__(self, message, retry_after=retry_after)
-        self.status = status
+        self.status = self.default_status if status is None else status
         self.usage = usage
+
+
+class ModelRateLimited(_ProviderRetryable):
+    """429 (or 503 with ``Retry-After``): the provider asks us to come back later;
+    ``retry_after`` (seconds, at most an hour) is the run's delay before the next attempt."""
+
+    default_status = 429
+
+
+class ModelUnavailable(_ProviderRetryable):
+    """A 5xx, 408 or 409, a timeout or a connection that failed: worth another attempt."""
 
 
 class ModelProtocolError(ModelError, RetryableError):

@@ -44,6 +44,7 @@ from sojourn.schemas.codec import decode_watch_claim, encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import Liveness, WatchClaim
+from sojourn.schemas.vocabulary import wake_reason
 
 from .archive import Archiver
 from .metrics import WATCHDOG_ACTIONS, track_watchdog
@@ -257,7 +258,7 @@ class Watchdog:
         self._acted[key] = now
         if not await self._claim(liv, seq, now):
             return
-        reason = f"watchdog:{liv.state}"
+        reason = wake_reason("watchdog", liv.state)
         await publish_wake(
             self._broker_or_fail(), self.names, liv.run_id, reason, agent=liv.agent or None
         )

@@ -40,11 +40,9 @@ from sojourn.schemas.errors import (
     InvalidName,
     SojournError,
 )
-from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed
-from sojourn.schemas.lifecycle import has_work
+from sojourn.schemas.lifecycle import TERMINAL_EVENTS, has_work
 from sojourn.schemas.names import validate_schedule_name, validate_token
 from sojourn.schemas.schedules import (
-    JITTER_MAX,
     FireOutcome,
     ScheduleAction,
     ScheduleAnswer,
@@ -60,8 +58,11 @@ from ..core.cron import Calendar, ScheduleError
 from ..core.schedules import calendar_of, check_spec, fire_time_of, jitter_of, plan_fire, run_id_for
 from ..history.chain import current_run
 from ..ops import metrics
+from .dead_letters import dead_letter, send_dead_letter
 from .faults import fault
-from .intake import Intake, Rejected, ScheduledFire, dead_letter, handback_delay
+from .refusals import Rejected, reply
+from .schedule_records import after, check_input, expected, fits, input_error, record_fault
+from .starts import ScheduledFire, Starts, handback_delay
 
 __all__ = ["Scheduler"]
 
@@ -72,12 +73,6 @@ CAS_TRIES = 20
 
 FIRES_IN_FLIGHT = 64
 """Fires one worker handles at once, per agent."""
-
-_TIME_MAX = 253_402_300_799.0
-"""9999-12-31T23:59:59Z: the last time a message schedule can be armed for."""
-
-_COUNT_MAX = 2**63
-"""Revisions and counts a record may hold (one more is still a 64-bit integer)."""
 
 KEPT_MAX = 10_000
 """Records, ended runs and calendars one worker keeps in memory (each bounded)."""
@@ -99,7 +94,7 @@ class Scheduler:
         broker: Broker,
         names: Names,
         settings: Settings,
-        intake: Intake,
+        starts: Starts,
         registry: AgentRegistry,
         agents: Mapping[str, Agent[Any, Any]],
         run_new: RunNew,
@@ -108,7 +103,7 @@ class Scheduler:
         self.broker = broker
         self.names = names
         self.settings = settings
-        self.intake = intake
+        self.starts = starts
         self.registry = registry
         self.agents = agents
         self.run_new = run_new
@@ -178,7 +173,7 @@ class Scheduler:
             ) from e
         if answer is None:
             return  # handed back for a worker that serves the agent
-        await self.intake.reply(msg, encode(answer))
+        await reply(self.broker, msg, encode(answer))
         await msg.ack()
 
     async def _served(self, msg: Delivery, agent_name: str) -> Agent[Any, Any] | None:
@@ -214,7 +209,7 @@ class Scheduler:
         agent = await self._served(msg, spec.agent)
         if agent is None:
             return None
-        _check_input(agent, spec)
+        check_input(agent, spec)
         for _ in range(CAS_TRIES):
             got = await self._get(name)
             old, seq = got if got is not None else (None, 0)
@@ -293,43 +288,14 @@ class Scheduler:
 
         Raises:
             HistoryError: the record cannot be read, or holds what no worker writes (see
-                ``_record_fault``): nothing can be done with it but delete it.
+                ``record_fault``): nothing can be done with it but delete it.
         """
         got = await self.store.get(name)
         if got is not None:
-            fault = self._record_fault(got[0], name)
+            fault = record_fault(got[0], name, self._calendar)
             if fault is not None:
                 raise HistoryError(f"the record of schedule {name!r} cannot be used: {fault}")
         return got
-
-    def _record_fault(self, rec: ScheduleRecord, name: str) -> str | None:
-        """Why a stored record cannot be acted on, ``None`` when it can.
-
-        The record is the broker's copy of what a worker wrote, but on a deployment without
-        authentication anyone may publish on its subject: whatever it holds must not make a
-        fire or a request fail on every delivery (a subject or a time it cannot be armed at,
-        a calendar that cannot be read)."""
-        if rec.name != name:
-            return f"it names another schedule ({rec.name[:100]!r})"
-        try:
-            validate_token(rec.spec.agent, "agent name")
-            for run_id in (*rec.last_runs, rec.last_run_id, rec.last_cancelled):
-                if run_id is not None:
-                    validate_token(run_id, "run id")
-            self._calendar(rec.spec)
-        except (InvalidName, ScheduleError) as e:
-            return str(e)
-        if not 0 <= rec.spec.jitter <= JITTER_MAX:
-            return f"jitter {rec.spec.jitter!r} is out of range"
-        times = (rec.next_fire_at, rec.last_fire_at, rec.created_at, rec.updated_at)
-        if any(t is not None and not 0 <= t <= _TIME_MAX for t in times):
-            return "a time is out of range"
-        c = rec.counts
-        if not all(
-            0 <= n < _COUNT_MAX for n in (rec.revision, c.started, c.skipped, c.missed, c.failed)
-        ):
-            return "a count is out of range"
-        return None
 
     async def _arm_pending(self, record: ScheduleRecord) -> None:
         """Make the broker's pending fire what ``record`` says (armed, or none)."""
@@ -355,7 +321,7 @@ class Scheduler:
             if got is None:
                 raise Rejected("unknown_schedule", f"there is no schedule named {name!r}")
             rec, seq = got
-            _check_input(agent, rec.spec)
+            check_input(agent, rec.spec)
             cancel: str | None = None
             outcome: FireOutcome
             if rec.last_run_id == run_id:  # decided by an earlier delivery of this request
@@ -363,7 +329,7 @@ class Scheduler:
                 break
             starts, skipped, cancel = await self._overlap(rec, [fire_at])
             outcome = "started" if starts else "skipped"
-            record = _after(
+            record = after(
                 rec,
                 now,
                 started=[run_id] if starts else [],
@@ -388,7 +354,7 @@ class Scheduler:
             run_id=run_id if outcome == "started" else None,
             outcome=outcome,
         )
-        await self.intake.reply(msg, encode(answer))
+        await reply(self.broker, msg, encode(answer))
         if outcome != "started":
             await msg.ack()
             return
@@ -434,8 +400,7 @@ class Scheduler:
     async def _refuse(self, msg: Delivery, code: str, why: str) -> None:
         """Keep a record of a message on a fire subject that is not a fire we made; ack it."""
         record = dead_letter(msg, "other", code, why, limit=self.broker.max_payload or 1 << 20)
-        await self.broker.publish(self.names.dlq("other"), encode(record))
-        metrics.DEAD_LETTERS.labels(code).inc()
+        await send_dead_letter(self.broker, self.names, record)
         await msg.ack()
 
     async def on_fire(self, msg: Delivery, agent_name: str) -> None:
@@ -478,7 +443,7 @@ class Scheduler:
                 await msg.ack()  # deleted
                 return
             rec, seq = got
-            if not fresh and not _expected(rec, fire.revision, fire.fire_at, agent_name):
+            if not fresh and not expected(rec, fire.revision, fire.fire_at, agent_name):
                 continue  # the copy kept here is not the record now: read it
             if rec.spec.agent != agent_name or rec.revision != fire.revision or rec.paused:
                 # Armed before a change, which armed its own. Should this stale one have
@@ -507,13 +472,13 @@ class Scheduler:
             plan = plan_fire(cal, rec.spec.catch_up, fire.fire_at, now, delay_of)
             starts, skipped, cancel = await self._overlap(rec, list(plan.start))
             failed: list[float] = []
-            if starts and not _fits(agent, rec.spec):
+            if starts and not fits(agent, rec.spec):
                 failed, starts = starts, []
             ids = [run_id_for(name, t) for t in starts]
             outcome: FireOutcome = (
                 "started" if ids else "skipped" if skipped else "failed" if failed else "missed"
             )
-            record = _after(
+            record = after(
                 rec,
                 now,
                 started=ids,
@@ -548,12 +513,11 @@ class Scheduler:
         if failed:
             for _ in failed:
                 metrics.schedule_fired(name, agent_name, "failed", None)
-            why = _input_error(agent, rec.spec) or "input does not fit the agent"
+            why = input_error(agent, rec.spec) or "input does not fit the agent"
             letter = dead_letter(
                 msg, "start", "invalid_input", f"schedule {name!r}: {why}", limit=1 << 20
             )
-            await self.broker.publish(self.names.dlq("start"), encode(letter))
-            metrics.DEAD_LETTERS.labels("invalid_input").inc()
+            await send_dead_letter(self.broker, self.names, letter)
         if cancel is not None:
             await self._cancel(cancel, name)
         await self._start_runs(record, agent, [(run_id_for(name, t), t) for t in starts], msg)
@@ -621,7 +585,7 @@ class Scheduler:
             events = decode_events(last.data)
         except msgspec.DecodeError:
             return None  # a poison history is not a live run
-        if events and isinstance(events[-1], RunCompleted | RunFailed | RunCancelled):
+        if events and isinstance(events[-1], TERMINAL_EVENTS):
             if rid == run_id:
                 self.run_ended(run_id)
             return None
@@ -656,7 +620,7 @@ class Scheduler:
             trigger = StartTrigger(input=rec.spec.input, run_id=run_id, budget=rec.spec.budget)
             fire = ScheduledFire(name=rec.name, at=at)
             try:
-                got = await self.intake.create_scheduled(msg, agent.name, trigger, fire)
+                got = await self.starts.create_scheduled(msg, agent.name, trigger, fire)
             except Rejected as r:
                 log.warning("schedule %s: run %s not started: %s", rec.name, run_id, r.message)
                 continue
@@ -672,68 +636,3 @@ class Scheduler:
             if wake:
                 await publish_wake(self.broker, self.names, run_id, "start", agent=agent.name)
         await msg.ack()
-
-
-def _expected(rec: ScheduleRecord, revision: int, fire_at: float, agent: str) -> bool:
-    """Whether ``rec`` is what a record must be for this fire to be handled normally."""
-    return (
-        rec.spec.agent == agent
-        and rec.revision == revision
-        and not rec.paused
-        and rec.next_fire_at == fire_at
-        and (rec.last_fire_at is None or rec.last_fire_at < fire_at)
-    )
-
-
-def _fits(agent: Agent[Any, Any], spec: ScheduleSpec) -> bool:
-    return _input_error(agent, spec) is None
-
-
-def _input_error(agent: Agent[Any, Any], spec: ScheduleSpec) -> str | None:
-    try:
-        agent.decode_input(bytes(spec.input))
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        return f"input does not match agent '{agent.name}': {e}"
-    return None
-
-
-def _check_input(agent: Agent[Any, Any], spec: ScheduleSpec) -> None:
-    why = _input_error(agent, spec)
-    if why is not None:
-        raise Rejected("invalid_input", why)
-
-
-def _after(
-    rec: ScheduleRecord,
-    now: float,
-    *,
-    started: list[str],
-    skipped: int = 0,
-    missed: int = 0,
-    failed: int = 0,
-    outcome: FireOutcome,
-    chain: bool,
-    newest: float | None = None,
-    next_at: float | None = None,
-    cancelled: str | None = None,
-) -> ScheduleRecord:
-    """``rec`` after a fire (``chain``: by its timer, which moves the schedule on) or a
-    trigger."""
-    c = rec.counts
-    counts = ScheduleCounts(
-        started=c.started + len(started),
-        skipped=c.skipped + skipped,
-        missed=c.missed + missed,
-        failed=c.failed + failed,
-    )
-    return msgspec.structs.replace(
-        rec,
-        updated_at=now,
-        last_fire_at=newest if chain else rec.last_fire_at,
-        next_fire_at=next_at if chain else rec.next_fire_at,
-        last_runs=tuple(started) if chain else rec.last_runs,
-        last_cancelled=cancelled if chain else rec.last_cancelled,
-        last_run_id=started[-1] if started else rec.last_run_id,
-        last_outcome=outcome,
-        counts=counts,
-    )

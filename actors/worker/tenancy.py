@@ -23,9 +23,10 @@ from sojourn.broker.eventstore import Decision
 from sojourn.broker.progress import Progress, ProgressStore
 from sojourn.schemas.events import StepStarted
 
-from .activation import EXTERNAL_EVENTS
+from ..ops import metrics
+from .appends import EXTERNAL_EVENTS
 
-__all__ = ["Tenancy", "held_step", "times_delivered"]
+__all__ = ["Tenancy", "count_redelivery", "held_step", "times_delivered"]
 
 log = logging.getLogger("sojourn.worker")
 
@@ -60,6 +61,13 @@ def times_delivered(delivery: Delivery) -> int:
         return delivery.num_delivered
     except NotADelivery:
         return 1
+
+
+def count_redelivery(msg: Delivery, consumer: str) -> None:
+    """Count ``msg`` in ``sojourn_redeliveries_total{consumer}`` if it was delivered before."""
+    with contextlib.suppress(NotADelivery):
+        if msg.num_delivered > 1:
+            metrics.REDELIVERIES.labels(consumer).inc()
 
 
 class Tenancy:

@@ -7,6 +7,11 @@ other live worker holds, it loads and folds the history and runs an ``Activation
 wake's ack deadline alive; its heartbeat lists the run meanwhile, which is all it writes to hold
 it. When a worker's heartbeats stop, the others wake its runs, which continue from their last
 recorded event (docs/decisions/0018-claims-without-lease-writes.md).
+
+``Worker`` starts and stops the loops and executes each activation; the loops are their own:
+the inbox loop (``worker/inbox.py``, handing messages to the ``Intake``), the wake and timer
+loops (``worker/wakes.py``), the heartbeats and the watch on the others' (``worker/heartbeats.py``)
+and the schedules' fire loops (``Scheduler``).
 """
 
 from __future__ import annotations
@@ -20,18 +25,14 @@ import os
 import socket
 import time
 import uuid
-from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-import msgspec
-
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, ConnectOptions, PullConsumer
-from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
+from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
-from sojourn.broker.follow import read_all
-from sojourn.broker.names import InboxSubject, Names
+from sojourn.broker.names import Names
 from sojourn.broker.progress import ProgressStore
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import (
@@ -42,13 +43,10 @@ from sojourn.broker.topology import (
     retry_unsettled,
 )
 from sojourn.broker.wake import publish_wake
-from sojourn.schemas.codec import decode_worker_beat, encode, peek_run_id
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import HistoryError, InvalidName, SojournError
-from sojourn.schemas.events import RunStarted
-from sojourn.schemas.health import BEAT_RUNS_MAX, ActiveRun, WedgeRecord, WorkerBeat, vouches
-from sojourn.schemas.names import validate_token
-from sojourn.schemas.wire import DeadLetter
+from sojourn.schemas.errors import HistoryError
+from sojourn.schemas.health import BEAT_RUNS_MAX
+from sojourn.schemas.vocabulary import is_terminal
 
 from ..agents.agent import Agent
 from ..agents.callbacks import CallbackKeys
@@ -57,13 +55,18 @@ from ..history.snapshots import SNAPSHOT_EVENTS, as_snapshot
 from ..history.snapshots import keep as keep_snapshot
 from ..ops import metrics
 from .activation import Activation
+from .dead_letters import FailureCounts, give_up
 from .faults import fault, pause
-from .intake import HANDBACK_MAX_DELAY, Intake, Screened, dead_letter
+from .heartbeats import Heartbeats
+from .inbox import InboxLoop
+from .intake import Intake
 from .interrupt import Interrupts
 from .scheduler import Scheduler
+from .starts import HANDBACK_MAX_DELAY, started_by
 from .sticky import STICKY_RUNS, StickyRuns
-from .tenancy import Tenancy, held_step, times_delivered
+from .tenancy import Tenancy, times_delivered
 from .timers import InProcessTimers
+from .wakes import WakeLoops, resume_cause
 
 __all__ = ["Worker"]
 
@@ -73,9 +76,6 @@ FAILURES_KEPT = 10_000
 """Runs whose recent activation failures a worker remembers (the oldest are forgotten: a run
 another worker finished, or that never came back here, must not stay in memory forever)."""
 
-TIMER_TRIES = 8
-"""Times a due in-process timer of a run another worker holds is looked at again (every two
-beat intervals) before it is left to the broker's copy."""
 
 HISTORY_CACHE_MIN = 16
 """Histories shorter than this are read again on every wake (a few messages: < 1 ms)."""
@@ -85,9 +85,6 @@ HELD_TRIGGERS_MAX = 64
 it a new run is acked and woken instead (one wake more): the intake consumer's unacked
 messages stay bounded, so starts, signals and cancels keep flowing however many runs execute
 and however long their steps take."""
-
-BEAT_TTL = "24h"
-"""How long the broker keeps a worker's last heartbeat (the watchdog forgets it after 1 h)."""
 
 
 class Worker:
@@ -183,22 +180,41 @@ class Worker:
         wake published again when a run rests)."""
         self.membership = Membership(self.settings.worker_dead_after)
         """Which workers are alive, and which runs they hold, from their heartbeats."""
-        self._looked_at = 0.0
-        self._beaten_at = 0.0
-        """When this worker's own last heartbeat was stored (monotonic)."""
         self._since: dict[str, float] = {}
         """When each activation executing here began (wall clock), as the beats list it."""
-        self.timers_fired = 0
-        """Runs woken here by their in-process timers."""
-        self._beating = True
-        """Heartbeats go on until the last activation of a stopping worker has ended."""
+        self.heartbeats = Heartbeats(
+            worker_id=self.worker_id,
+            agents=self.agents,
+            concurrency=concurrency,
+            started_at=self.started_at,
+            names=self.names,
+            settings=self.settings,
+            membership=self.membership,
+            broker=self._broker_or_fail,
+            active=self._active,
+            run_agents=self._run_agents,
+            since=self._since,
+        )
+        """This worker's heartbeats (listing its runs) and its reading of the others'."""
         self.timers = InProcessTimers(self.settings.timer_backstop)
         """Timers of the runs this worker parked, kept in process (the broker's copies fire
         ``timer_backstop`` later, should this worker be gone)."""
-        self.handed_back: Counter[str] = Counter()
-        """Wakes handed back because another live worker holds the run, by why it was judged
-        held: ``listed`` (its beat lists the run) or ``open_step`` (it may be running the
-        run's open step)."""
+        self.wakes = WakeLoops(
+            names=self.names,
+            settings=self.settings,
+            broker=self._broker_or_fail,
+            heartbeats=self.heartbeats,
+            timers=self.timers,
+            stopping=self._stopping,
+            slots=self._slots,
+            active=self._active,
+            rewake=self._rewake,
+            free_slots=self._free_slots,
+            spawn=self._spawn,
+        )
+        """Takes wakes and due in-process timers into slots (or hands them back)."""
+        self.handed_back = self.wakes.handed_back
+        """Wakes handed back because another live worker holds the run (``WakeLoops``)."""
         self.misrouted = 0
         """Wakes taken for runs of agents this worker does not serve (and handed back)."""
         self._background: set[asyncio.Task[None]] = set()
@@ -242,7 +258,7 @@ class Worker:
             broker=b,
             names=self.names,
             settings=self.settings,
-            intake=self.intake,
+            starts=self.intake.starts,
             registry=self.registry,
             agents=self.agents,
             run_new=self._run_new,
@@ -267,12 +283,13 @@ class Worker:
             check(self.names, [await retry_unsettled(ensure)])
             fire_subs[name] = await b.pull(self.names.schedules_stream, config["durable_name"])
         await self.interrupts.subscribe(b)
-        await retry_unsettled(self._beat)
-        await retry_unsettled(self._look_at_workers)
+        await retry_unsettled(self.heartbeats.beat)
+        await retry_unsettled(self.heartbeats.look)
+        inbox = InboxLoop(self.intake, self.settings)
         self._tasks = [
-            asyncio.create_task(self._intake_loop(intake_sub), name="sojourn-intake"),
+            asyncio.create_task(inbox.run(intake_sub, self._stopping), name="sojourn-intake"),
             *(
-                asyncio.create_task(self._wake_loop(sub, consumer), name=f"sojourn-{consumer}")
+                asyncio.create_task(self.wakes.wake_loop(sub, consumer), name=f"sojourn-{consumer}")
                 for consumer, sub in wake_subs.items()
             ),
             *(
@@ -282,9 +299,9 @@ class Worker:
                 )
                 for agent, sub in fire_subs.items()
             ),
-            asyncio.create_task(self._heartbeat_loop(), name="sojourn-heartbeat"),
-            asyncio.create_task(self._timer_loop(), name="sojourn-timers"),
-            asyncio.create_task(self._membership_loop(), name="sojourn-membership"),
+            asyncio.create_task(self.heartbeats.beat_loop(), name="sojourn-heartbeat"),
+            asyncio.create_task(self.wakes.timer_loop(), name="sojourn-timers"),
+            asyncio.create_task(self.heartbeats.watch(self._stopping), name="sojourn-membership"),
         ]
         metrics.track_worker(self)
         log.info("worker %s serving %s on %s", self.worker_id, sorted(self.agents), b.url)
@@ -313,7 +330,7 @@ class Worker:
                 t.cancel()
             await _settle(still, grace)
         await self.sticky.close(grace)  # any that parked while the worker was stopping
-        self._beating = False
+        self.heartbeats.beating = False
         await self.interrupts.close()
         for t in beating:
             t.cancel()
@@ -325,10 +342,15 @@ class Worker:
             # within a couple of seconds whatever the server's state.
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
-                    await self._beat(stopped=True)
+                    await self.heartbeats.beat(stopped=True)
         if self._owns_broker and self._broker is not None:
             await self._broker.close()
         self._closed.set()
+
+    @property
+    def timers_fired(self) -> int:
+        """Runs woken here by their in-process timers."""
+        return self.wakes.timers_fired
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -339,206 +361,7 @@ class Worker:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    # --- heartbeats --------------------------------------------------------------------------
-
-    async def _beat(self, stopped: bool = False) -> None:
-        runs = tuple(
-            ActiveRun(run_id, self._run_agents.get(run_id, ""), self._since.get(run_id, 0.0))
-            for run_id in itertools.islice(self._active, BEAT_RUNS_MAX)
-        )
-        beat = WorkerBeat(
-            worker_id=self.worker_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            agents=tuple(sorted(self.agents)),
-            active=len(self._active),
-            capacity=self.concurrency,
-            started_at=self.started_at,
-            at=time.time(),
-            interval=self.settings.worker_beat_interval,
-            stopped=stopped,
-            runs=() if stopped else runs,
-        )
-        await self._broker_or_fail().publish(
-            self.names.worker(self.worker_id), encode(beat), {h.TTL: BEAT_TTL}
-        )
-        self._beaten_at = time.monotonic()
-
-    async def _heartbeat_loop(self) -> None:
-        """The worker's heartbeat: one write per interval, listing the runs it executes; while
-        it goes on, no other worker executes them (however long they take)."""
-        while self._beating:
-            await asyncio.sleep(self.settings.worker_beat_interval)
-            try:
-                await self._beat()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.debug("heartbeat failed: %s", e)
-
-    async def _look_at_workers(self) -> None:
-        """Read every worker's heartbeat and judge who is alive (``Membership``)."""
-        b = self._broker_or_fail()
-        beats: list[tuple[int, WorkerBeat]] = []
-        for m in await read_all(b, self.names.health_stream, self.names.workers_all):
-            with contextlib.suppress(msgspec.MsgspecError, InvalidName):  # any other shape
-                beats.append((m.seq, _checked_beat(decode_worker_beat(m.data))))
-        now = time.monotonic()
-        blind = self.settings.worker_dead_after / 2
-        if (self._looked_at and now - self._looked_at > blind) or now - self._beaten_at > blind:
-            # Blind for a while (this connection, or the broker, was down: no worker could
-            # heartbeat either), or this worker cannot heartbeat itself (on a cluster, the
-            # health stream may be electing a leader while its replicas still answer reads):
-            # the others' silence is not their fault.
-            self.membership.resume(now)
-        self._looked_at = now
-        for dead in self.membership.observe(beats, now, time.time()):
-            if dead.worker_id != self.worker_id:
-                await self._take_over(dead)
-
-    async def _membership_loop(self) -> None:
-        """Watch the other workers; when one dies, wake its runs at once (``_take_over``)."""
-        while not self._stopping.is_set():
-            await asyncio.sleep(self.settings.worker_beat_interval)
-            try:
-                await self._look_at_workers()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.debug("reading worker heartbeats failed: %s", e)
-
-    async def _take_over(self, dead: WorkerBeat) -> None:
-        """A worker died (its beats stopped): wake the runs it was executing, of the agents
-        served here, so they resume now rather than when their wakes' ack deadline passes.
-        Every surviving worker does it; the wakes' Msg-Id makes them one."""
-        mine = [r for r in dead.runs if r.agent in self.agents]
-        if not mine:
-            return
-        log.warning(
-            "worker %s is silent (no heartbeat for %.1fs): waking %d of its runs",
-            dead.worker_id, self.settings.worker_dead_after, len(mine),
-        )  # fmt: skip
-        b = self._broker_or_fail()
-        incarnation = f"{dead.worker_id}:{dead.started_at:.6f}"
-        for r in mine:
-            await b.publish(
-                self.names.wake(r.run_id, r.agent),
-                b"",
-                {h.WAKE_REASON: "takeover", h.MSG_ID: f"takeover:{incarnation}:{r.run_id}"},
-            )
-        metrics.TAKEOVERS.inc(len(mine))
-
-    def _held(self, run_id: str) -> bool:
-        """Whether ``run_id`` executes here or a live other worker's last beat lists it."""
-        if run_id in self._active:
-            return True
-        return self.membership.holder(run_id, besides=self.worker_id) is not None
-
-    # --- loops -------------------------------------------------------------------------------
-
-    async def _intake_loop(self, sub: PullConsumer) -> None:
-        """Fetch inbox messages and handle them concurrently; messages about the same run
-        (same subject) are handled in arrival order."""
-        inflight = asyncio.Semaphore(64)
-        tails: dict[str, asyncio.Task[None]] = {}
-        while not self._stopping.is_set():
-            try:
-                msgs = await sub.fetch(batch=64, timeout=1.0)
-                for msg in msgs:
-                    _count_redelivery(msg, "intake")
-                    await inflight.acquire()
-                    screened = self._screen(msg)
-                    if screened is None or screened.rejected is not None:
-                        # Refused by its bytes alone: at once, never behind the messages about
-                        # the same run (it changes nothing about it).
-                        key, prev = f"refused:{id(msg)}", None
-                    else:
-                        key = self._order_key(msg, screened.inbox)
-                        prev = tails.get(key)
-                    task = asyncio.create_task(self._intake_one(msg, prev, inflight, screened))
-                    tails[key] = task
-                    task.add_done_callback(functools.partial(_forget, tails, key))
-            except asyncio.CancelledError:
-                for t in list(tails.values()):
-                    t.cancel()
-                raise
-            except Exception:
-                log.exception("intake loop error; continuing")
-                await asyncio.sleep(0.5)
-
-    def _order_key(self, m: Delivery, inbox: InboxSubject | None) -> str:
-        """Messages about one run are handled in order (a start before its cancel); ``inbox``
-        is the subject as ``screen`` parsed it. Total: whatever the message, a key (one that
-        names no run is handled alone)."""
-        if inbox is None:
-            return m.subject
-        if inbox.kind in ("start", "spawn"):
-            run_id = inbox.name or (
-                peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
-            )
-            return f"run:{run_id}" if run_id else m.subject
-        return f"run:{inbox.target}"
-
-    def _screen(self, m: Delivery) -> Screened | None:
-        """``Intake.screen``; ``None`` when even that failed (the bytes' fault: refused)."""
-        try:
-            return self.intake.screen(m)
-        except Exception:
-            log.exception("intake: cannot screen %r", m.subject[:200])
-            return None
-
-    async def _intake_one(
-        self,
-        m: Delivery,
-        after: asyncio.Task[None] | None,
-        inflight: asyncio.Semaphore,
-        screened: Screened | None,
-    ) -> None:
-        try:
-            if after is not None:
-                await self._wait_turn(m, after)
-            if screened is None:
-                raise msgspec.DecodeError("the message could not be screened")
-            await self.intake.handle(m, screened)
-        except (msgspec.MsgspecError, RecursionError, UnicodeError) as e:
-            # The bytes' fault, whatever decoder met them first: refused at once, not retried.
-            log.warning("intake: %r cannot be read: %s", m.subject[:200], type(e).__name__)
-            try:
-                await self.intake.refuse_malformed(m, e, screened)
-            except Exception:
-                log.exception("intake: cannot refuse %r; will retry", m.subject[:200])
-                with contextlib.suppress(Exception):
-                    await m.nak(delay=1.0)
-        except SojournError as e:  # broker trouble: retry the message later
-            log.warning("intake: %s; will retry %r", e, m.subject[:200])
-            with contextlib.suppress(Exception):
-                await m.nak(delay=1.0)
-        except Exception as e:
-            # A bug, not the message's fault: retried (up to Settings.max_deliveries, then
-            # dead-lettered), with its traceback logged once, not on every delivery.
-            if times_delivered(m) <= 1:
-                log.exception("intake: unexpected error on %r; will retry", m.subject[:200])
-            else:
-                log.warning(
-                    "intake: %r failed again (delivery %d): %s: %s",
-                    m.subject[:200], times_delivered(m), type(e).__name__, e,
-                )  # fmt: skip
-            with contextlib.suppress(Exception):
-                await m.nak(delay=1.0)
-        finally:
-            inflight.release()
-
-    async def _wait_turn(self, m: Delivery, after: asyncio.Task[None]) -> None:
-        """Wait for the message before ``m`` about the same run, keeping ``m`` alive meanwhile:
-        a run's messages are handled one at a time, and a long line of them (a burst of
-        signals, or of malformed messages each refused in turn) must not outlast the ack wait
-        of those at its end, which would be redelivered while they wait."""
-        keep_alive = max(0.5, self.settings.lease_ttl / 3)
-        while not after.done():
-            await asyncio.wait({after}, timeout=keep_alive)
-            if not after.done():
-                with contextlib.suppress(Exception):
-                    await m.in_progress()
+    # --- the runs executing here ------------------------------------------------------------
 
     async def _run_new(self, run_id: str, history: list[Decision], msg: Delivery) -> bool:
         """Run a run this worker's intake just created, at once, without a wake round trip.
@@ -582,113 +405,11 @@ class Worker:
         self._active[run_id] = task
         task.add_done_callback(functools.partial(self._done, run_id))
 
-    async def _wake_loop(self, sub: PullConsumer, consumer: str) -> None:
-        """Take wakes from one consumer (an agent's, or the unrouted one) while slots are free."""
-        while not self._stopping.is_set():
-            try:
-                await self._slots.acquire()
-                self._slots.release()
-                free = max(1, min(256, self._free_slots()))
-                msgs = await sub.fetch(batch=free, timeout=1.0)
-                for msg in msgs:
-                    _count_redelivery(msg, consumer)
-                    try:
-                        routed, run_id = self.names.parse_wake(msg.subject)
-                    except InvalidName as e:
-                        await self._drop_bad_wake(msg, e)
-                        continue
-                    if times_delivered(msg) >= self.settings.max_deliveries:
-                        await self._drop_wake(msg, run_id)
-                        continue
-                    if run_id in self._active:
-                        # Busy here. Handed back (kept for a crash), with growing pauses so
-                        # a long activation does not spin it; and woken afresh as it rests.
-                        self._rewake.add(run_id)
-                        await msg.nak(delay=min(5.0, 0.25 * times_delivered(msg)))
-                        continue
-                    holder = self.membership.holder(run_id, besides=self.worker_id)
-                    if holder is not None:
-                        await self._hand_back(msg, run_id, holder, "listed")
-                        continue
-                    await self._slots.acquire()
-                    self._spawn(run_id, msg, None, consumer, routed)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("wake loop error; continuing")
-                await asyncio.sleep(0.5)
-
-    async def _hand_back(self, msg: Delivery, run_id: str, holder: str, why: str) -> None:
-        """Another live worker holds the run: look again once its beats may say it let go
-        (two beat intervals at first, growing with the deliveries so that a long activation
-        there costs little)."""
-        self.handed_back[why] += 1
-        metrics.HANDED_BACK.labels(why).inc()
-        log.debug("run %s: held by %s (%s); wake handed back", run_id, holder, why)
-        beat = self.settings.worker_beat_interval
-        n = times_delivered(msg)
-        await msg.nak(delay=max(2 * beat, min(HANDBACK_MAX_DELAY, 0.25 * n)))
-
-    async def _held_step(self, run_id: str, history: list[Decision]) -> str | None:
-        """The worker that may still be executing the run's open step (one started and never
-        ended, by an activation of another worker that is alive and whose beats list the run or
-        predate the step), if any. Settling such a step as in doubt would run it twice."""
-        held = held_step(history)
-        if held is None:
-            return None
-        worker, since = held
-        if worker == self.worker_id or not worker:
-            return None
-        judged = self.membership.may_hold(worker, run_id, since)
-        if judged is None:  # a worker this one has not seen yet: ask the broker
-            try:
-                m = await self._broker_or_fail().direct_get_last(
-                    self.names.health_stream, self.names.worker(worker)
-                )
-            except InvalidName:
-                return None
-            beat = None
-            if m is not None:
-                with contextlib.suppress(msgspec.DecodeError):
-                    beat = decode_worker_beat(m.data)
-            fresh = beat is not None and time.time() - beat.at < self.settings.worker_dead_after
-            judged = fresh and vouches(beat, run_id, since)
-        return worker if judged else None
-
-    async def _timer_loop(self) -> None:
-        """Wake the runs whose in-process timers came due, as slots free up, without a wake
-        message. A run executing here is woken again as it rests; one another live worker
-        holds is looked at again a little later, a few times, and then left to the broker's
-        copy of its timer."""
-        beat = self.settings.worker_beat_interval
-        while not self._stopping.is_set():
-            try:
-                timer = await self.timers.due()
-                run_id = timer.run_id
-                if run_id in self._active:
-                    self._rewake.add(run_id)
-                    continue
-                if self.membership.holder(run_id, besides=self.worker_id) is not None:
-                    if timer.tries < TIMER_TRIES:
-                        self.timers.put_back(timer, 2 * beat)
-                    continue
-                await self._slots.acquire()
-                if self._stopping.is_set() or run_id in self._active:
-                    self._slots.release()
-                    if run_id in self._active:
-                        self._rewake.add(run_id)
-                    continue
-                wake = LocalWake(self.names.wake(run_id, timer.agent), {h.WAKE_REASON: "timer"})
-                metrics.IN_PROCESS_TIMERS_FIRED.inc()
-                self.timers_fired += 1
-                backstops = frozenset({timer.position})
-                kept = list(timer.history) if timer.history else None
-                self._spawn(run_id, wake, kept, "timer", timer.agent, backstops)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("timer loop error; continuing")
-                await asyncio.sleep(0.5)
+    def _held(self, run_id: str) -> bool:
+        """Whether ``run_id`` executes here or a live other worker's last beat lists it."""
+        if run_id in self._active:
+            return True
+        return self.heartbeats.holder(run_id) is not None
 
     def _free_slots(self) -> int:
         return self.concurrency - len(self._active)
@@ -712,34 +433,6 @@ class Worker:
             await publish_wake(self._broker_or_fail(), self.names, run_id, "rewake", agent=agent)
         except Exception as e:  # the watchdog re-wakes a run whose wake was lost
             log.warning("run %s: could not wake it again: %s", run_id, e)
-
-    async def _drop_wake(self, msg: Delivery, run_id: str) -> None:
-        """A wake delivered ``max_deliveries`` times is given up (dead-lettered, not retried
-        forever); a run left waiting for it is flagged and re-woken by the watchdog."""
-        reason = (
-            f"wake for run {run_id} delivered {times_delivered(msg)} times without being settled "
-            f"(Settings.max_deliveries = {self.settings.max_deliveries})"
-        )
-        log.error("%s; dead-lettered", reason)
-        b = self._broker_or_fail()
-        record = dead_letter(
-            msg, "other", "max_deliveries", reason, limit=b.max_payload or (1024 * 1024)
-        )
-        await b.publish(self.names.dlq("other"), encode(record))
-        metrics.DEAD_LETTERS.labels("max_deliveries").inc()
-        await msg.ack()
-
-    async def _drop_bad_wake(self, msg: Delivery, error: InvalidName) -> None:
-        """A message on a wake subject that names no valid run (only a deployment without
-        authentication lets anyone publish there): dead-lettered, never executed."""
-        log.error("dropped a wake on %r: %s", msg.subject[:200], error)
-        b = self._broker_or_fail()
-        record = dead_letter(
-            msg, "other", "invalid_run_id", str(error), limit=b.max_payload or (1024 * 1024)
-        )
-        await b.publish(self.names.dlq("other"), encode(record))
-        metrics.DEAD_LETTERS.labels("invalid_run_id").inc()
-        await msg.ack()
 
     # --- one activation ----------------------------------------------------------------------
 
@@ -793,7 +486,7 @@ class Worker:
                     return
             agent_name = act.metric_agent
             self._run_agents[run_id] = act.agent.name
-            cause, late = _resume_cause(act, wake, cause)
+            cause, late = resume_cause(act.state, wake, cause)
             metrics.RESUME_LATENCY.labels(agent_name, cause).observe(late)
             with self.interrupts.track(run_id, act):
                 outcome = await act.run()
@@ -803,7 +496,7 @@ class Worker:
             self.activations_completed += 1
             self._failures.clear(run_id)
             metrics.ACTIVATIONS.labels(agent_name, outcome).inc()
-            if outcome in ("completed", "failed", "cancelled"):
+            if is_terminal(outcome):
                 self.store.forget(run_id)
                 if act.state.schedule is not None and act.state.continued_as is None:
                     metrics.schedule_run_ended(act.state.schedule, outcome)
@@ -823,7 +516,10 @@ class Worker:
             log.error("run %s: %s", run_id, e)
             metrics.ACTIVATIONS.labels(agent_name, "wedged").inc()
             with contextlib.suppress(Exception):
-                await self._give_up(run_id, "poison", e.message, e.seq or 0, permanent=True)
+                b = self._broker_or_fail()
+                await give_up(
+                    b, self.names, run_id, "poison", e.message, e.seq or 0, permanent=True
+                )
                 await wake.ack()
         except Exception as e:
             failures = self._failures.add(run_id)
@@ -838,7 +534,9 @@ class Worker:
                 with contextlib.suppress(Exception):
                     seq = act.last_seq if act is not None else 0
                     text = f"{failures} activations failed, the last with {type(e).__name__}: {e}"
-                    await self._give_up(run_id, "max_deliveries", text, seq)
+                    await give_up(
+                        self._broker_or_fail(), self.names, run_id, "max_deliveries", text, seq
+                    )
                     await wake.ack()
                 return
             log.warning(
@@ -868,9 +566,9 @@ class Worker:
                 history = await self.store.history(run_id)
                 snapshot = as_snapshot(self.store.snapshot(run_id))
             loaded: float | None = time.perf_counter() - t0
-            holder = await self._held_step(run_id, history)
+            holder = await self.heartbeats.held_step(run_id, history)
             if holder is not None:
-                await self._hand_back(wake, run_id, holder, "open_step")
+                await self.wakes.hand_back(wake, run_id, holder, "open_step")
                 return None
         else:
             loaded = None
@@ -879,7 +577,7 @@ class Worker:
             if not history:  # not created (yet)
                 await wake.ack()
                 return None
-            started = _started_by(history)
+            started = started_by(history)
             if started is None:
                 # Its first message starts nothing: no intake wrote it (on a deployment
                 # without authentication anyone may publish on an event subject). No worker
@@ -963,28 +661,6 @@ class Worker:
         if act.resting:
             self.sticky.keep(run_id, act)
 
-    async def _give_up(
-        self, run_id: str, code: str, reason: str, seq: int, *, permanent: bool = False
-    ) -> None:
-        """Stop retrying a run: mark it wedged (the watchdog reports it) and keep a
-        dead-letter record for operators."""
-        now = time.time()
-        b = self._broker_or_fail()
-        wedge = WedgeRecord(
-            run_id=run_id, code=code, reason=reason, seq=seq, permanent=permanent, at=now
-        )
-        await b.publish(self.names.wedge(run_id), encode(wedge))
-        record = DeadLetter(
-            code=code,
-            message=reason,
-            subject=self.names.events(run_id),
-            data=b"",
-            rejected_at=now,
-            inbox_seq=seq,
-        )
-        await b.publish(self.names.dlq("other"), encode(record))
-        metrics.DEAD_LETTERS.labels(code).inc()
-
     def _broker_or_fail(self) -> Broker:
         assert self._broker is not None
         return self._broker
@@ -1008,85 +684,3 @@ async def _settle(tasks: Iterable[asyncio.Task[Any]], grace: float) -> None:
     for t in pending:
         if t.done() and not t.cancelled():
             t.exception()  # retrieved: not reported as never retrieved
-
-
-class FailureCounts:
-    """Consecutive failed activations per run, for at most ``limit`` runs: the runs failed
-    longest ago are forgotten, so runs another worker finished, or that never came back here,
-    do not stay in memory."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._counts: OrderedDict[str, int] = OrderedDict()
-
-    def add(self, run_id: str) -> int:
-        """Count one more failure of ``run_id``; return its count."""
-        n = self._counts.pop(run_id, 0) + 1
-        self._counts[run_id] = n  # most recent last
-        while len(self._counts) > self.limit:
-            self._counts.popitem(last=False)
-        return n
-
-    def clear(self, run_id: str) -> None:
-        self._counts.pop(run_id, None)
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-
-def _count_redelivery(msg: Delivery, consumer: str) -> None:
-    with contextlib.suppress(NotADelivery):
-        if msg.num_delivered > 1:
-            metrics.REDELIVERIES.labels(consumer).inc()
-
-
-def _resume_cause(act: Activation, wake: Delivery, cause: str) -> tuple[str, float]:
-    """Why the run was due, and how long ago: a timer's deadline, a signal's arrival, or
-    (for a plain wake or a new run) when its message was published."""
-    now = time.time()
-    st = act.state
-    if cause != "start" and st.status == "waiting":
-        if st.deadline is not None and st.deadline <= now:
-            return "timer", now - st.deadline
-        wanted = {w.partition(":")[2] for w in st.waiting_on if w.startswith("signal:")}
-        for sig in st.signals:
-            if sig.name in wanted:
-                return "signal", max(0.0, now - sig.at)
-    try:
-        published = wake.timestamp.timestamp()
-    except NotADelivery:
-        return cause, 0.0
-    return cause, max(0.0, now - published)
-
-
-def _checked_beat(beat: WorkerBeat) -> WorkerBeat:
-    """``beat`` if every run it lists is named by tokens (what a worker writes): the runs of a
-    worker that falls silent are woken by their subjects, and one that is no subject token
-    (anyone may publish a beat on a deployment without authentication) would fail that wake,
-    and with it the take-over of every other worker found silent in the same look.
-
-    Raises:
-        InvalidName: a run id, or an agent name other than ``""``, is not a token.
-    """
-    for r in beat.runs:
-        validate_token(r.run_id, "run id")
-        if r.agent:
-            validate_token(r.agent, "agent")
-    return beat
-
-
-def _started_by(history: list[Decision]) -> str | None:
-    """The agent a history's first event starts the run for; ``None`` when that event is not
-    a ``RunStarted`` naming one (the intake writes nothing else first)."""
-    first = history[0].events[0] if history and history[0].events else None
-    if not isinstance(first, RunStarted):
-        return None
-    try:
-        return validate_token(first.agent, "agent")
-    except InvalidName:
-        return None
-
-
-def _forget(tails: dict[str, asyncio.Task[None]], key: str, task: asyncio.Task[None]) -> None:
-    if tails.get(key) is task:
-        del tails[key]

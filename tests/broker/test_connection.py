@@ -12,7 +12,8 @@ import pytest
 import pytest_asyncio
 
 from sojourn.broker import Broker, EmbeddedServer
-from sojourn.broker.connection import (
+from sojourn.broker.connecting import _parse_version
+from sojourn.broker.options import (
     ENV_CREDS,
     ENV_TLS_CA,
     ENV_TLS_CERT,
@@ -20,7 +21,6 @@ from sojourn.broker.connection import (
     ENV_URL,
     ConnectOptions,
     CredentialsError,
-    _parse_version,
     redact_url,
     resolve_url,
     url_user,
@@ -168,7 +168,7 @@ def _creds(tmp_path: Path, claims: object) -> str:
 
 
 def test_a_creds_files_jwt_name_is_the_sender(tmp_path: Path) -> None:
-    from sojourn.broker.connection import ConnectOptions, creds_user
+    from sojourn.broker.options import creds_user
 
     path = _creds(tmp_path, {"name": "alice", "sub": "UABC"})
     assert creds_user(path) == "alice"

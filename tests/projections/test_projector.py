@@ -349,7 +349,7 @@ class _AlwaysLeads(Projector):
             await self._take_over(0, 0)
 
     async def _extend_horizon(self, horizon: int) -> bool:
-        self._horizon = horizon
+        self._lead.horizon = horizon
         return True
 
 

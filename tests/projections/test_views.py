@@ -14,7 +14,7 @@ from sojourn.broker.delivery import StoredMessage
 from sojourn.broker.names import Names
 from sojourn.projections.model import RunModel
 from sojourn.projections.projector import Projector
-from sojourn.projections.sqlite import Applied
+from sojourn.projections.sink import Applied
 from sojourn.projections.summary import summarize_all
 from sojourn.projections.views import pending_view, view_of
 from sojourn.schemas.codec import encode_events, to_raw

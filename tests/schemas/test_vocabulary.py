@@ -4,6 +4,7 @@ parse back (totally), and every word the code writes is in its Literal."""
 from __future__ import annotations
 
 import re
+from functools import reduce
 from pathlib import Path
 from typing import get_args
 
@@ -12,22 +13,38 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from sojourn.actors.core.state import fold
+from sojourn.projections.summary import RunSummary, summarize
 from sojourn.schemas.codec import decode_child_outcome, encode, to_raw
+from sojourn.schemas.events import RunEvent, RunStarted, RunSuspended, ValueRecorded
 from sojourn.schemas.vocabulary import (
     CHILD_STATUSES,
+    LLM_STEP,
+    OP_KINDS,
+    OP_STATUSES,
+    PATCH_KIND,
     POLL_WAIT,
     RUN_STATUSES,
+    SPEND_KIND,
+    STEP_KINDS,
     SUSPEND_REASONS,
     TERMINAL,
     VALUE_KINDS,
     WAIT_KINDS,
     WAITING_KINDS,
+    WAKE_REASONS,
     ChildStatus,
+    OpKind,
+    OpStatus,
     RunStatus,
     SuspendReason,
     WaitingOn,
     WaitKey,
+    WakeReason,
     is_terminal,
+    suspend_reason,
+    value_op,
+    wake_reason,
 )
 from sojourn.schemas.wire import (
     CHILD_SIGNAL,
@@ -37,7 +54,13 @@ from sojourn.schemas.wire import (
     child_signal,
     decide_signal,
 )
-from tests.strategies import run_ids, signal_names, wait_keys_typed, waiting_entries
+from tests.strategies import (
+    any_histories,
+    run_ids,
+    signal_names,
+    wait_keys_typed,
+    waiting_entries,
+)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -145,6 +168,76 @@ def test_statuses() -> None:
     assert set(TERMINAL) | {"rejected"} == set(CHILD_STATUSES)
     assert CHILD_STATUSES == get_args(ChildStatus)
     assert SUSPEND_REASONS == get_args(SuspendReason)
+
+
+def test_each_tuple_is_its_literal() -> None:
+    assert OP_KINDS == get_args(OpKind)
+    assert set(OP_KINDS) == {"step", "wait", "child", "other", *VALUE_KINDS}
+    assert OP_STATUSES == get_args(OpStatus)
+    assert WAKE_REASONS == get_args(WakeReason)
+    assert PATCH_KIND in VALUE_KINDS and SPEND_KIND in VALUE_KINDS and LLM_STEP in STEP_KINDS
+
+
+@given(st.text(max_size=12) | st.sampled_from(SUSPEND_REASONS))
+def test_reading_a_suspension_reason_is_total(text: str) -> None:
+    reason = suspend_reason(text)
+    assert reason in SUSPEND_REASONS
+    assert reason == (text if text in SUSPEND_REASONS else "other")
+
+
+@given(st.text(max_size=12) | st.sampled_from(VALUE_KINDS))
+def test_the_operation_of_a_value_is_total(text: str) -> None:
+    kind = value_op(text)
+    assert kind in OP_KINDS
+    assert kind == (text if text in VALUE_KINDS else "other")
+
+
+def test_wake_reasons() -> None:
+    assert wake_reason("start") == "start"
+    assert wake_reason("watchdog", "stalled") == "watchdog:stalled"
+
+
+def _written_wake_reasons() -> set[str]:
+    code = "\n".join((_sources("actors"), _sources("broker")))
+    written = set(re.findall(r'publish_wake\([^)]*?"(\w+)"', code, re.S))
+    written |= set(re.findall(r'WAKE_REASON: "(\w+)"', code))
+    written |= set(re.findall(r'wake_reason\(\s*"(\w+)"', code))
+    return written
+
+
+def test_every_wake_reason_the_code_writes_is_in_the_vocabulary() -> None:
+    written = _written_wake_reasons()
+    assert {"start", "timer", "watchdog"} <= written, "the patterns need updating"
+    assert written <= set(WAKE_REASONS), written - set(WAKE_REASONS)
+
+
+_UNKNOWN: list[RunEvent] = [
+    RunStarted(run_id="r", agent="a", input=to_raw(None), at=1.0),
+    ValueRecorded(position=0, kind="a-kind-from-a-newer-version", value=to_raw(1), at=2.0),
+    RunSuspended(reason="a-reason-from-a-newer-version", detail="d", at=3.0),
+]
+
+
+@given(any_histories)
+@example(_UNKNOWN)
+def test_the_folds_hold_only_typed_words(events: list[RunEvent]) -> None:
+    state = fold(events)
+    assert state.status in RUN_STATUSES
+    assert state.suspended_reason is None or state.suspended_reason in SUSPEND_REASONS
+    for op in state.ops:
+        assert op.kind in OP_KINDS and op.status in OP_STATUSES
+    summary = reduce(summarize, events, RunSummary())
+    assert summary.status in RUN_STATUSES
+    assert summary.suspended_reason is None or summary.suspended_reason in SUSPEND_REASONS
+    assert summary.suspended_reason == state.suspended_reason
+
+
+def test_words_a_newer_version_writes_read_as_other_and_keep_their_text() -> None:
+    state = fold(_UNKNOWN)
+    assert state.suspended_reason == "other" and state.suspended_detail == "d"
+    assert state.ops[0].kind == "other"
+    assert state.ops[0].name == "a-kind-from-a-newer-version"
+    assert reduce(summarize, _UNKNOWN, RunSummary()).suspended_reason == "other"
 
 
 def _sources(folder: str) -> str:

@@ -715,3 +715,15 @@ def test_the_code_that_wrote_a_valid_history_replays_it(
     assert not j.replaying
     j.finish()
     assert j.step("next") == Execute(position=len(exp.ops), attempt=1, in_doubt=False)
+
+
+def test_a_value_of_a_kind_this_version_does_not_know_replays_by_its_text() -> None:
+    # ``OpRecord.kind`` is ``other`` for it; ``name`` keeps the text, which replay matches and
+    # names, as it did when the kind was stored as it came.
+    later = ValueRecorded(position=0, kind="moon_phase", value=raw("full"))
+    assert history(later).value("moon_phase") == Recorded(position=0, result=raw("full"))
+    with pytest.raises(NondeterminismError, match=r"ctx\.moon_phase\(\)"):
+        history(later).value("now")
+    step = StepStarted(position=0, name="now")
+    with pytest.raises(NondeterminismError):
+        history(step).value("now")  # a step named like a value kind is not that value

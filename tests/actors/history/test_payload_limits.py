@@ -24,7 +24,8 @@ import pytest_asyncio
 from sojourn.actors import Agent, Client, RunFailedError, Worker
 from sojourn.actors.core.machine import error_info
 from sojourn.actors.core.state import fold
-from sojourn.actors.worker.activation import Activation, child_outcome, outcome_of
+from sojourn.actors.worker.activation import Activation
+from sojourn.actors.worker.children import child_outcome, outcome_of
 from sojourn.broker import EmbeddedServer
 from sojourn.broker.topology import ensure_topology, stream_configs
 from sojourn.schemas import (

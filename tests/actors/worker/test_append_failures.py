@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from sojourn.actors import Agent, Context, StepError, agent
 from sojourn.actors.core.state import fold
 from sojourn.actors.worker import activation as executor_module
-from sojourn.actors.worker.activation import Activation, fit_prefix
+from sojourn.actors.worker.activation import Activation
+from sojourn.actors.worker.appends import fit_prefix
 from sojourn.broker import Broker, EventStore, Names
 from sojourn.broker.connection import JetStreamError
 from sojourn.broker.eventstore import Decision

@@ -26,7 +26,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.actors.client.client import TriggerRejected
+from sojourn.actors.client.base import TriggerRejected
 from sojourn.actors.client.watching import follow_history, watch_run
 from sojourn.actors.gateway import BearerTokens, GatewayConfig, GatewayServer, create_app
 from sojourn.actors.gateway._sse import encode_event
@@ -469,7 +469,7 @@ async def test_heartbeats_agents_and_progress_records_a_stranger_writes_are_pass
         pub(w.p + b".worker.\xff", b"{}"),
         pub(w.p + b".agent.\xff", b"{}"),
     )
-    await w.worker._look_at_workers()  # raised on a stored Status header
+    await w.worker.heartbeats.look()  # raised on a stored Status header
     assert w.worker.membership.alive(w.worker.worker_id)
     registry = AgentRegistry(w.client.broker, n)
     known = await registry.known()

@@ -25,7 +25,7 @@ from sojourn.actors import Client, Watchdog, Worker
 from sojourn.broker import Broker, Delivery, EmbeddedServer, Names
 from sojourn.broker import headers as h
 from sojourn.broker.auth import default_users, permissions_for, render_accounts
-from sojourn.broker.connection import _inbox_prefix
+from sojourn.broker.connecting import _inbox_prefix
 from sojourn.projections.listing import ListingService
 from sojourn.projections.sqlite import SqliteModel
 from sojourn.schemas import decode_dead_letter

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.actors.client.client import TriggerRejected
+from sojourn.actors.client.base import TriggerRejected
 from sojourn.actors.core.cron import Every, ScheduleError
 from sojourn.actors.core.schedules import ON_TIME, fire_time_of, jitter_of, plan_fire, run_id_for
 from sojourn.broker import headers as h

@@ -359,7 +359,7 @@ async def test_cli_errors_are_one_line(dep: Deployment, tmp_path: Path) -> None:
 
 
 def test_a_workers_failure_counts_are_bounded() -> None:
-    from sojourn.actors.worker.worker import FailureCounts
+    from sojourn.actors.worker.dead_letters import FailureCounts
 
     counts = FailureCounts(3)
     assert [counts.add("a"), counts.add("a"), counts.add("b")] == [1, 2, 1]

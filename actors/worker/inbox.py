@@ -1,0 +1,151 @@
+"""The inbox loop: a worker's intake consumer, its messages handled concurrently and each run's
+in order.
+
+Messages about the same run (a start, then its cancel; a burst of signals) are handled one at a
+time in the order they arrived, each waiting for the one before while kept alive; messages about
+different runs go at once, up to 64 in flight. A message refused by its bytes alone
+(``Refusals.screen``) never waits behind the others. Trouble with one message is settled here:
+a message whose bytes no decoder could read is refused, broker trouble and bugs have it
+retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+
+import msgspec
+
+from sojourn.broker.connection import PullConsumer
+from sojourn.broker.delivery import Delivery
+from sojourn.broker.names import InboxSubject
+from sojourn.schemas.codec import peek_run_id
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import SojournError
+
+from .intake import Intake
+from .refusals import Screened
+from .tenancy import count_redelivery, times_delivered
+
+__all__ = ["InboxLoop"]
+
+log = logging.getLogger("sojourn.worker")
+
+
+class InboxLoop:
+    """Takes one worker's inbox messages and hands them to its ``Intake``."""
+
+    def __init__(self, intake: Intake, settings: Settings) -> None:
+        self.intake = intake
+        self.settings = settings
+
+    async def run(self, sub: PullConsumer, stopping: asyncio.Event) -> None:
+        """Fetch inbox messages and handle them concurrently; messages about the same run
+        (same subject) are handled in arrival order."""
+        inflight = asyncio.Semaphore(64)
+        tails: dict[str, asyncio.Task[None]] = {}
+        while not stopping.is_set():
+            try:
+                msgs = await sub.fetch(batch=64, timeout=1.0)
+                for msg in msgs:
+                    count_redelivery(msg, "intake")
+                    await inflight.acquire()
+                    screened = self._screen(msg)
+                    if screened is None or screened.rejected is not None:
+                        # Refused by its bytes alone: at once, never behind the messages about
+                        # the same run (it changes nothing about it).
+                        key, prev = f"refused:{id(msg)}", None
+                    else:
+                        key = self._order_key(msg, screened.inbox)
+                        prev = tails.get(key)
+                    task = asyncio.create_task(self._one(msg, prev, inflight, screened))
+                    tails[key] = task
+                    task.add_done_callback(functools.partial(_forget, tails, key))
+            except asyncio.CancelledError:
+                for t in list(tails.values()):
+                    t.cancel()
+                raise
+            except Exception:
+                log.exception("intake loop error; continuing")
+                await asyncio.sleep(0.5)
+
+    def _order_key(self, m: Delivery, inbox: InboxSubject | None) -> str:
+        """Messages about one run are handled in order (a start before its cancel); ``inbox``
+        is the subject as ``screen`` parsed it. Total: whatever the message, a key (one that
+        names no run is handled alone)."""
+        if inbox is None:
+            return m.subject
+        if inbox.kind in ("start", "spawn"):
+            run_id = inbox.name or (
+                peek_run_id(m.data) if len(m.data) <= self.settings.max_payload else None
+            )
+            return f"run:{run_id}" if run_id else m.subject
+        return f"run:{inbox.target}"
+
+    def _screen(self, m: Delivery) -> Screened | None:
+        """``Refusals.screen``; ``None`` when even that failed (the bytes' fault: refused)."""
+        try:
+            return self.intake.refusals.screen(m)
+        except Exception:
+            log.exception("intake: cannot screen %r", m.subject[:200])
+            return None
+
+    async def _one(
+        self,
+        m: Delivery,
+        after: asyncio.Task[None] | None,
+        inflight: asyncio.Semaphore,
+        screened: Screened | None,
+    ) -> None:
+        try:
+            if after is not None:
+                await self._wait_turn(m, after)
+            if screened is None:
+                raise msgspec.DecodeError("the message could not be screened")
+            await self.intake.handle(m, screened)
+        except (msgspec.MsgspecError, RecursionError, UnicodeError) as e:
+            # The bytes' fault, whatever decoder met them first: refused at once, not retried.
+            log.warning("intake: %r cannot be read: %s", m.subject[:200], type(e).__name__)
+            try:
+                await self.intake.refusals.refuse_malformed(m, e, screened)
+            except Exception:
+                log.exception("intake: cannot refuse %r; will retry", m.subject[:200])
+                with contextlib.suppress(Exception):
+                    await m.nak(delay=1.0)
+        except SojournError as e:  # broker trouble: retry the message later
+            log.warning("intake: %s; will retry %r", e, m.subject[:200])
+            with contextlib.suppress(Exception):
+                await m.nak(delay=1.0)
+        except Exception as e:
+            # A bug, not the message's fault: retried (up to Settings.max_deliveries, then
+            # dead-lettered), with its traceback logged once, not on every delivery.
+            if times_delivered(m) <= 1:
+                log.exception("intake: unexpected error on %r; will retry", m.subject[:200])
+            else:
+                log.warning(
+                    "intake: %r failed again (delivery %d): %s: %s",
+                    m.subject[:200], times_delivered(m), type(e).__name__, e,
+                )  # fmt: skip
+            with contextlib.suppress(Exception):
+                await m.nak(delay=1.0)
+        finally:
+            inflight.release()
+
+    async def _wait_turn(self, m: Delivery, after: asyncio.Task[None]) -> None:
+        """Wait for the message before ``m`` about the same run, keeping ``m`` alive meanwhile:
+        a run's messages are handled one at a time, and a long line of them (a burst of
+        signals, or of malformed messages each refused in turn) must not outlast the ack wait
+        of those at its end, which would be redelivered while they wait."""
+        keep_alive = max(0.5, self.settings.lease_ttl / 3)
+        while not after.done():
+            await asyncio.wait({after}, timeout=keep_alive)
+            if not after.done():
+                with contextlib.suppress(Exception):
+                    await m.in_progress()
+
+
+def _forget(tails: dict[str, asyncio.Task[None]], key: str, task: asyncio.Task[None]) -> None:
+    if tails.get(key) is task:
+        del tails[key]

@@ -1,0 +1,201 @@
+"""Taking wakes: which runs a worker starts activations of, from its wake consumers and its
+in-process timers.
+
+A wake names a run with work to do; a worker takes it when it has a free slot, unless the run
+executes here already (then it is woken again as it rests) or another live worker's heartbeat
+lists it (then the wake is handed back, to be looked at again once that worker may have let
+go). A wake delivered ``max_deliveries`` times, or one naming no valid run, is dead-lettered.
+An in-process timer that came due wakes its run the same way, without a wake message.
+``resume_cause`` says why a run was due, for ``sojourn_resume_latency_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from sojourn.broker import headers as h
+from sojourn.broker.connection import Broker, PullConsumer
+from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
+from sojourn.broker.eventstore import Decision
+from sojourn.broker.names import Names
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.vocabulary import WaitingOn
+
+from ..core.state import RunState
+from ..ops import metrics
+from .dead_letters import drop_bad_wake, drop_wake
+from .heartbeats import Heartbeats
+from .starts import HANDBACK_MAX_DELAY
+from .tenancy import count_redelivery, times_delivered
+from .timers import InProcessTimers
+
+__all__ = ["Spawn", "WakeLoops", "resume_cause"]
+
+log = logging.getLogger("sojourn.worker")
+
+TIMER_TRIES = 8
+"""Times a due in-process timer of a run another worker holds is looked at again (every two
+beat intervals) before it is left to the broker's copy."""
+
+
+class Spawn(Protocol):
+    """The worker's ``_spawn``: start an activation of ``run_id`` in a slot the caller holds."""
+
+    def __call__(
+        self,
+        run_id: str,
+        msg: Delivery,
+        history: list[Decision] | None,
+        consumer: str,
+        agent: str | None,
+        backstops: frozenset[int] = ...,
+    ) -> None: ...
+
+
+class WakeLoops:
+    """One worker's wake loops (one per wake consumer) and its timer loop.
+
+    ``slots`` holds a permit per run that may still start here; ``active`` is the runs
+    executing here, and ``rewake`` the ones of them to wake again as they rest.
+    """
+
+    def __init__(
+        self,
+        *,
+        names: Names,
+        settings: Settings,
+        broker: Callable[[], Broker],
+        heartbeats: Heartbeats,
+        timers: InProcessTimers,
+        stopping: asyncio.Event,
+        slots: asyncio.Semaphore,
+        active: Mapping[str, object],
+        rewake: set[str],
+        free_slots: Callable[[], int],
+        spawn: Spawn,
+    ) -> None:
+        self.names = names
+        self.settings = settings
+        self._broker = broker
+        self.heartbeats = heartbeats
+        self.timers = timers
+        self._stopping = stopping
+        self._slots = slots
+        self._active = active
+        self._rewake = rewake
+        self._free_slots = free_slots
+        self._spawn = spawn
+        self.handed_back: Counter[str] = Counter()
+        """Wakes handed back because another live worker holds the run, by why it was judged
+        held: ``listed`` (its beat lists the run) or ``open_step`` (it may be running the
+        run's open step)."""
+        self.timers_fired = 0
+        """Runs woken here by their in-process timers."""
+
+    async def wake_loop(self, sub: PullConsumer, consumer: str) -> None:
+        """Take wakes from one consumer (an agent's, or the unrouted one) while slots are free."""
+        while not self._stopping.is_set():
+            try:
+                await self._slots.acquire()
+                self._slots.release()
+                free = max(1, min(256, self._free_slots()))
+                msgs = await sub.fetch(batch=free, timeout=1.0)
+                for msg in msgs:
+                    count_redelivery(msg, consumer)
+                    try:
+                        routed, run_id = self.names.parse_wake(msg.subject)
+                    except InvalidName as e:
+                        await drop_bad_wake(self._broker(), self.names, msg, e)
+                        continue
+                    if times_delivered(msg) >= self.settings.max_deliveries:
+                        b = self._broker()
+                        await drop_wake(b, self.names, self.settings, msg, run_id)
+                        continue
+                    if run_id in self._active:
+                        # Busy here. Handed back (kept for a crash), with growing pauses so
+                        # a long activation does not spin it; and woken afresh as it rests.
+                        self._rewake.add(run_id)
+                        await msg.nak(delay=min(5.0, 0.25 * times_delivered(msg)))
+                        continue
+                    holder = self.heartbeats.holder(run_id)
+                    if holder is not None:
+                        await self.hand_back(msg, run_id, holder, "listed")
+                        continue
+                    await self._slots.acquire()
+                    self._spawn(run_id, msg, None, consumer, routed)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("wake loop error; continuing")
+                await asyncio.sleep(0.5)
+
+    async def hand_back(self, msg: Delivery, run_id: str, holder: str, why: str) -> None:
+        """Another live worker holds the run: look again once its beats may say it let go
+        (two beat intervals at first, growing with the deliveries so that a long activation
+        there costs little)."""
+        self.handed_back[why] += 1
+        metrics.HANDED_BACK.labels(why).inc()
+        log.debug("run %s: held by %s (%s); wake handed back", run_id, holder, why)
+        beat = self.settings.worker_beat_interval
+        n = times_delivered(msg)
+        await msg.nak(delay=max(2 * beat, min(HANDBACK_MAX_DELAY, 0.25 * n)))
+
+    async def timer_loop(self) -> None:
+        """Wake the runs whose in-process timers came due, as slots free up, without a wake
+        message. A run executing here is woken again as it rests; one another live worker
+        holds is looked at again a little later, a few times, and then left to the broker's
+        copy of its timer."""
+        beat = self.settings.worker_beat_interval
+        while not self._stopping.is_set():
+            try:
+                timer = await self.timers.due()
+                run_id = timer.run_id
+                if run_id in self._active:
+                    self._rewake.add(run_id)
+                    continue
+                if self.heartbeats.holder(run_id) is not None:
+                    if timer.tries < TIMER_TRIES:
+                        self.timers.put_back(timer, 2 * beat)
+                    continue
+                await self._slots.acquire()
+                if self._stopping.is_set() or run_id in self._active:
+                    self._slots.release()
+                    if run_id in self._active:
+                        self._rewake.add(run_id)
+                    continue
+                wake = LocalWake(self.names.wake(run_id, timer.agent), {h.WAKE_REASON: "timer"})
+                metrics.IN_PROCESS_TIMERS_FIRED.inc()
+                self.timers_fired += 1
+                backstops = frozenset({timer.position})
+                kept = list(timer.history) if timer.history else None
+                self._spawn(run_id, wake, kept, "timer", timer.agent, backstops)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("timer loop error; continuing")
+                await asyncio.sleep(0.5)
+
+
+def resume_cause(st: RunState, wake: Delivery, cause: str) -> tuple[str, float]:
+    """Why the run was due, and how long ago: a timer's deadline, a signal's arrival, or
+    (for a plain wake or a new run) when its message was published."""
+    now = time.time()
+    if cause != "start" and st.status == "waiting":
+        if st.deadline is not None and st.deadline <= now:
+            return "timer", now - st.deadline
+        on = (WaitingOn.parse(w) for w in st.waiting_on)
+        wanted = {w.target for w in on if w.kind == "signal"}
+        for sig in st.signals:
+            if sig.name in wanted:
+                return "signal", max(0.0, now - sig.at)
+    try:
+        published = wake.timestamp.timestamp()
+    except NotADelivery:
+        return cause, 0.0
+    return cause, max(0.0, now - published)
