@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from sojourn.schemas.vocabulary import wake_reason
+
 from . import headers as h
 from .connection import Broker, JetStreamError
 from .names import Names
@@ -38,7 +40,7 @@ async def schedule_timer(
     headers = {
         h.SCHEDULE: f"@at {rfc3339(deadline)}",
         h.SCHEDULE_TARGET: names.wake(run_id, agent),
-        h.WAKE_REASON: "timer",
+        h.WAKE_REASON: wake_reason("timer"),
     }
     ack = await broker.publish(names.timer(run_id, timer_id), b"", headers)
     return ack.seq

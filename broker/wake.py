@@ -8,6 +8,8 @@ the workers that serve it.
 
 from __future__ import annotations
 
+from sojourn.schemas.vocabulary import WakeReason, wake_reason
+
 from . import headers as h
 from .connection import Broker
 from .names import Names
@@ -16,11 +18,18 @@ __all__ = ["publish_wake"]
 
 
 async def publish_wake(
-    broker: Broker, names: Names, run_id: str, reason: str = "", *, agent: str | None
+    broker: Broker,
+    names: Names,
+    run_id: str,
+    reason: WakeReason,
+    detail: str = "",
+    *,
+    agent: str | None,
 ) -> int:
-    """Durably ask a worker serving ``agent`` to look at ``run_id``; returns the wake's stream
+    """Durably ask a worker serving ``agent`` to look at ``run_id`` for ``reason`` (with
+    ``detail``: header ``Sojourn-Wake-Reason``, see ``wake_reason``); returns the wake's stream
     sequence. ``agent=None`` (the run's agent is not known here) asks any worker; one that does
     not serve the run hands it back, so pass the agent whenever it is known."""
-    headers = {h.WAKE_REASON: reason} if reason else None
+    headers = {h.WAKE_REASON: wake_reason(reason, detail)}
     ack = await broker.publish(names.wake(run_id, agent), b"", headers)
     return ack.seq

@@ -16,28 +16,8 @@ from typing import Any
 
 import msgspec
 
+from sojourn.schemas import events as ev
 from sojourn.schemas.codec import decode_spend
-from sojourn.schemas.events import (
-    BudgetChanged,
-    CancelRequested,
-    CancelTaken,
-    ChildStarted,
-    RunCancelled,
-    RunCompleted,
-    RunEvent,
-    RunFailed,
-    RunResumed,
-    RunStarted,
-    RunSuspended,
-    SignalReceived,
-    StepCompleted,
-    StepFailed,
-    StepStarted,
-    Usage,
-    ValueRecorded,
-    WaitCompleted,
-    WaitStarted,
-)
 from sojourn.schemas.lifecycle import (
     awaited_signals,
     child_notices,
@@ -137,7 +117,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
         return None
 
 
-def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
+def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
     """Apply one event. Status and waiting follow ``sojourn.schemas.lifecycle``, the rules the
     full fold applies too."""
     rep = msgspec.structs.replace
@@ -147,7 +127,7 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
     if s.terminal:
         return s  # a cancel request after the end: ignored
     match event:
-        case RunStarted():
+        case ev.RunStarted():
             s = rep(
                 s,
                 run_id=s.run_id or event.run_id,
@@ -160,14 +140,14 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 budget_usd=event.budget.usd if event.budget else event.budget_usd,
                 budget_tokens=event.budget.tokens if event.budget else event.budget_tokens,
             )
-        case BudgetChanged():
+        case ev.BudgetChanged():
             b = event.budget
             return rep(
                 s,
                 budget_usd=s.budget_usd if b.usd is None else b.usd,
                 budget_tokens=s.budget_tokens if b.tokens is None else b.tokens,
             )
-        case StepStarted():
+        case ev.StepStarted():
             in_doubt = s.step is not None and s.step_position == event.position
             retry = event.attempt > 1 and not in_doubt
             s = rep(
@@ -182,58 +162,58 @@ def summarize(s: RunSummary, event: RunEvent) -> RunSummary:
                 # a later attempt of a step keeps showing why the one before failed
                 error=s.error if event.attempt > 1 else None,
             )
-        case StepCompleted():
+        case ev.StepCompleted():
             s = _charged(_step_closed(s, steps_done=s.steps_done + 1, error=None), event.usage)
-        case StepFailed():
+        case ev.StepFailed():
             error = _error(event.error.type, event.error.message)
             s = _charged(_step_closed(s, error=error), event.usage)
-        case WaitStarted():
+        case ev.WaitStarted():
             s = rep(s, idle_polls=s.idle_polls + (WaitKey.parse(event.key).kind == "poll"))
-        case WaitCompleted():
+        case ev.WaitCompleted():
             if event.signal_id is not None:
                 s = rep(s, signals=tuple(x for x in s.signals if x.signal_id != event.signal_id))
             elif event.outcome == "child":
                 # The child's notification may have been buffered: it is consumed with the wait.
                 done = child_notices(s.waiting_on)
                 s = rep(s, signals=tuple(x for x in s.signals if x.name not in done))
-        case SignalReceived():
+        case ev.SignalReceived():
             if any(x.signal_id == event.signal_id for x in s.signals):
                 return s
             sig = PendingSignal(event.signal_id, event.name, event.at)
             return rep(s, signals=(*s.signals, sig))
-        case ValueRecorded():
+        case ev.ValueRecorded():
             spent = decode_spend(event.value) if event.kind == SPEND_KIND else None
             if spent is None:
                 return s
             return rep(
                 s, spent_usd=s.spent_usd + spent.usd, spent_tokens=s.spent_tokens + spent.tokens
             )
-        case ChildStarted():
+        case ev.ChildStarted():
             shown = s.children
             if len(shown) < CHILDREN_SHOWN:
                 shown = (*shown, event.child_run_id)
             return rep(s, children=shown, children_count=s.children_count + 1)
-        case CancelRequested():
+        case ev.CancelRequested():
             return rep(s, cancel_requested=True)
-        case CancelTaken():  # the compensation's steps that follow say what runs
+        case ev.CancelTaken():  # the compensation's steps that follow say what runs
             return s
-        case RunSuspended():
+        case ev.RunSuspended():
             reason = suspend_reason(event.reason)
             s = rep(s, suspended_reason=reason, suspended_detail=event.detail)
-        case RunResumed():
+        case ev.RunResumed():
             grants = s.budget_grants + (event.grant and s.suspended_reason == "budget")
             s = rep(s, suspended_reason=None, suspended_detail=None, budget_grants=grants)
-        case RunFailed():
+        case ev.RunFailed():
             failed = _ended(s, next_status(s.status, event), event.at)
             return rep(failed, error=_error(event.error.type, event.error.message))
-        case RunCompleted() | RunCancelled():
+        case ev.RunCompleted() | ev.RunCancelled():
             return rep(_ended(s, next_status(s.status, event), event.at), error=None)
         case _:  # pragma: no cover
             return rep(s, anomalies=s.anomalies + 1)
     return _lifecycle(s, event)
 
 
-def _charged(s: RunSummary, usage: Usage | None) -> RunSummary:
+def _charged(s: RunSummary, usage: ev.Usage | None) -> RunSummary:
     """``s`` with what a step attempt charged added to its spending."""
     if usage is None:
         return s
@@ -242,14 +222,14 @@ def _charged(s: RunSummary, usage: Usage | None) -> RunSummary:
     )
 
 
-def _lifecycle(s: RunSummary, event: RunEvent) -> RunSummary:
+def _lifecycle(s: RunSummary, event: ev.RunEvent) -> RunSummary:
     """Status and waiting after an event the run takes (``sojourn.schemas.lifecycle``); a new
     wait (or retry backoff) starts ``waiting_since``."""
     status = next_status(s.status, event)
     waiting = next_waiting(s.waiting_on, event)
     if waiting is None:
         return s if status == s.status else msgspec.structs.replace(s, status=status)
-    began = isinstance(event, (WaitStarted, StepFailed))
+    began = isinstance(event, (ev.WaitStarted, ev.StepFailed))
     return msgspec.structs.replace(
         s,
         status=status,
@@ -290,7 +270,7 @@ def close_decision(s: RunSummary, seq: int, size: int) -> RunSummary:
 
 
 def summarize_all(
-    decisions: Iterable[tuple[int, int, Iterable[RunEvent]]], s: RunSummary | None = None
+    decisions: Iterable[tuple[int, int, Iterable[ev.RunEvent]]], s: RunSummary | None = None
 ) -> RunSummary:
     """Fold decisions given as ``(seq, size_in_bytes, events)``: equal to applying
     ``summarize`` to each event and ``close_decision`` to each decision, in time linear in the
@@ -308,14 +288,14 @@ def summarize_all(
     for seq, size, events in decisions:
         for e in events:
             ended = s.terminal
-            if not ended and isinstance(e, (SignalReceived, WaitCompleted)):
+            if not ended and isinstance(e, (ev.SignalReceived, ev.WaitCompleted)):
                 if pending is None and aside:
                     if len({x.signal_id for x in s.signals}) == len(s.signals):
                         pending = _Pending(s.signals)
                         s = msgspec.structs.replace(s, signals=())
                     else:
                         aside = False
-                if pending is not None and isinstance(e, WaitCompleted):
+                if pending is not None and isinstance(e, ev.WaitCompleted):
                     pending.complete(e, s.waiting_on)
             s = summarize(s, e)
             if pending is not None:
@@ -346,7 +326,7 @@ class _Pending:
             self._by_id[x.signal_id] = x
             self._by_name.setdefault(x.name, []).append(x.signal_id)
 
-    def complete(self, e: WaitCompleted, waiting_on: tuple[str, ...]) -> None:
+    def complete(self, e: ev.WaitCompleted, waiting_on: tuple[str, ...]) -> None:
         """What ``summarize`` does to the buffered signals on ``e`` in a run not ended."""
         if e.signal_id is not None:
             self._by_id.pop(e.signal_id, None)

@@ -12,21 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from .events import (
-    CancelRequested,
-    RunCancelled,
-    RunCompleted,
-    RunEvent,
-    RunFailed,
-    RunResumed,
-    RunStarted,
-    RunSuspended,
-    StepCompleted,
-    StepFailed,
-    StepStarted,
-    WaitCompleted,
-    WaitStarted,
-)
+from . import events as ev
 from .vocabulary import TERMINAL, RunStatus, TerminalStatus, WaitingOn
 from .wire import child_signal
 
@@ -46,23 +32,23 @@ __all__ = [
     "parked_on",
 ]
 
-TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
+TERMINAL_EVENTS = (ev.RunCompleted, ev.RunFailed, ev.RunCancelled)
 """The events that end a run (``isinstance(e, TERMINAL_EVENTS)``); at most one per history."""
 
 
-def end_status(event: RunEvent) -> TerminalStatus | None:
+def end_status(event: ev.RunEvent) -> TerminalStatus | None:
     """The status ``event`` ends a run with, or ``None`` if it does not end one."""
     match event:
-        case RunCompleted():
+        case ev.RunCompleted():
             return "completed"
-        case RunFailed():
+        case ev.RunFailed():
             return "failed"
-        case RunCancelled():
+        case ev.RunCancelled():
             return "cancelled"
     return None
 
 
-def has_work(last: Sequence[RunEvent]) -> bool:
+def has_work(last: Sequence[ev.RunEvent]) -> bool:
     """Whether a run whose last stored decision holds ``last`` has work for a worker, as far as
     that decision tells: it neither ended nor parked on a wait or a retry, nor is suspended.
     A decision that changes no status (a signal recorded for a waiting run) says yes: a wake
@@ -73,19 +59,19 @@ def has_work(last: Sequence[RunEvent]) -> bool:
     return status in ("pending", "running")
 
 
-def out_of_place(status: RunStatus, event: RunEvent) -> str | None:
+def out_of_place(status: RunStatus, event: ev.RunEvent) -> str | None:
     """Why a run in ``status`` refuses ``event`` (the anomaly, in words), or ``None``.
 
     An ended run takes nothing more (a cancel request after the end is no anomaly: it is
     ignored); a run starts once; only a suspended run is resumed. The full fold also refuses
     operation events that do not fit its operation index (``sojourn.actors.core.state``)."""
     if status in TERMINAL:
-        if isinstance(event, CancelRequested):
+        if isinstance(event, ev.CancelRequested):
             return None
         return f"{type(event).__name__} after the run ended"
-    if isinstance(event, RunStarted) and status != "new":
+    if isinstance(event, ev.RunStarted) and status != "new":
         return "RunStarted twice"
-    if isinstance(event, RunResumed) and status != "suspended":
+    if isinstance(event, ev.RunResumed) and status != "suspended":
         return "RunResumed while not suspended"
     return None
 
@@ -101,7 +87,7 @@ def parked(status: RunStatus) -> RunStatus:
     return "suspended" if status == "suspended" else "waiting"
 
 
-def next_status(status: RunStatus, event: RunEvent) -> RunStatus:
+def next_status(status: RunStatus, event: ev.RunEvent) -> RunStatus:
     """The status after ``event``, for an event the run takes (``out_of_place`` is ``None``).
 
     ``RunStarted`` and ``RunResumed`` make a run ``pending`` (a worker is to replay it); a step
@@ -119,21 +105,21 @@ def next_status(status: RunStatus, event: RunEvent) -> RunStatus:
     to = _FIXED.get(kind)
     if to is not None:
         return to
-    if isinstance(event, StepFailed):
+    if isinstance(event, ev.StepFailed):
         return active(status) if event.retry_at is None else parked(status)
-    if kind is WaitStarted:
+    if kind is ev.WaitStarted:
         return parked(status)
     return status
 
 
-_ACTIVE: frozenset[type] = frozenset({StepStarted, StepCompleted, WaitCompleted})
+_ACTIVE: frozenset[type] = frozenset({ev.StepStarted, ev.StepCompleted, ev.WaitCompleted})
 _FIXED: dict[type, RunStatus] = {
-    RunStarted: "pending",
-    RunResumed: "pending",
-    RunSuspended: "suspended",
-    RunCompleted: "completed",
-    RunFailed: "failed",
-    RunCancelled: "cancelled",
+    ev.RunStarted: "pending",
+    ev.RunResumed: "pending",
+    ev.RunSuspended: "suspended",
+    ev.RunCompleted: "completed",
+    ev.RunFailed: "failed",
+    ev.RunCancelled: "cancelled",
 }
 
 
@@ -162,7 +148,7 @@ def parked_on(
     )
 
 
-def next_waiting(on: tuple[str, ...], event: RunEvent) -> Waiting | None:
+def next_waiting(on: tuple[str, ...], event: ev.RunEvent) -> Waiting | None:
     """What the run waits on after ``event`` (one it takes, in a run not ended), or ``None``
     when ``event`` leaves that as it is.
 
@@ -171,20 +157,22 @@ def next_waiting(on: tuple[str, ...], event: RunEvent) -> Waiting | None:
     starting again, ends the waiting."""
     if type(event) not in _WAITING_EVENTS:  # the bulk of a history: decided in one lookup
         return None
-    if isinstance(event, StepStarted):
+    if isinstance(event, ev.StepStarted):
         if on and on == (WaitingOn.retry(event.name).format(),):
             return NOT_WAITING
-    elif isinstance(event, StepFailed):
+    elif isinstance(event, ev.StepFailed):
         if event.retry_at is not None:
             return Waiting((WaitingOn.retry(event.name).format(),), event.retry_at)
-    elif isinstance(event, WaitStarted):
+    elif isinstance(event, ev.WaitStarted):
         return Waiting(parked_on(event.signals, event.children, event.deadline), event.deadline)
-    elif isinstance(event, WaitCompleted):
+    elif isinstance(event, ev.WaitCompleted):
         return NOT_WAITING
     return None
 
 
-_WAITING_EVENTS: frozenset[type] = frozenset({StepStarted, StepFailed, WaitStarted, WaitCompleted})
+_WAITING_EVENTS: frozenset[type] = frozenset(
+    {ev.StepStarted, ev.StepFailed, ev.WaitStarted, ev.WaitCompleted}
+)
 
 
 def awaited_signals(on: Iterable[str]) -> set[str]:

@@ -17,7 +17,7 @@ from sojourn.schemas.errors import ChildRunError, PayloadTooLarge
 from sojourn.schemas.vocabulary import WaitKey
 from sojourn.schemas.wire import ChildOutcome, child_signal
 
-from ..core.machine import Return
+from ..core.actions import Return
 from .gather import ChildCall, ChildResult
 from .waits import Waits
 

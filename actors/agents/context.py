@@ -33,7 +33,7 @@ import msgspec
 from sojourn.schemas.codec import to_raw
 from sojourn.schemas.errors import CallbackKeysMissing
 
-from ..core.machine import Parked
+from ..core.actions import Parked
 from ..history.chain import ContinueAsNew
 from ..ops import metrics as _metrics
 from . import gather as _gather

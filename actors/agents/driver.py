@@ -24,7 +24,8 @@ from sojourn.schemas.vocabulary import ValueKind
 from sojourn.schemas.wire import ChildOutcome
 
 from ..client.output import StepOutput
-from ..core.machine import Machine, Park
+from ..core.actions import Park
+from ..core.machine import Machine
 from ..ops import metrics as _metrics
 from ..worker.interrupt import StepGuard
 from .callbacks import CallbackKeys

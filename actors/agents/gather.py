@@ -40,7 +40,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ..core.machine import Machine, Parked
+from ..core.actions import Parked
+from ..core.machine import Machine
 
 __all__ = ["GATHER_MAX", "ChildCall", "ChildResult", "GatherError", "gather"]
 

@@ -20,7 +20,7 @@ from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.events import Usage
 
 from ..client.output import StepOutput
-from ..core.machine import (
+from ..core.actions import (
     Attempt,
     Backoff,
     InDoubtPolicy,
@@ -28,10 +28,10 @@ from ..core.machine import (
     Reconcile,
     Return,
     RunCancelledInterrupt,
-    StepTurn,
     Suspend,
 )
 from ..core.retry import NOT_DONE, step_options
+from ..core.steps import StepTurn
 from ..ops import metrics as _metrics
 from ..worker.faults import fault
 from ..worker.interrupt import StepInterrupted, run_step

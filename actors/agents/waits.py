@@ -16,8 +16,9 @@ from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.names import validate_signal_name
 from sojourn.schemas.vocabulary import WaitKey
 
+from ..core.actions import LookupChildren
 from ..core.journal import RecordedWait
-from ..core.machine import LookupChildren, WaitTurn
+from ..core.waits import WaitTurn
 from .driver import ContextBase, Duration, seconds
 
 __all__ = ["Selected", "Waits"]

@@ -28,6 +28,7 @@ __all__ = [
     "add_seconds",
     "connection_options",
     "monitoring_options",
+    "parent_parser",
 ]
 
 
@@ -63,21 +64,23 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def _port(text: str) -> int:
+def _whole_number(text: str, what: str) -> int:
+    """``text`` as an int; ``what`` names the argument in the error when it is not one."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+
+
+def _port(text: str) -> int:
+    value = _whole_number(text, "a port number")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"not a port number: {text!r} (0-65535)")
     return value
 
 
 def _replicas(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _whole_number(text, "a number")
     if not 1 <= value <= 5:
         raise argparse.ArgumentTypeError(f"must be from 1 to 5, got {text}")
     return value
@@ -125,11 +128,17 @@ def add_run_id(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", metavar="RUN", help="run id")
 
 
+def parent_parser(title: str) -> tuple[argparse.ArgumentParser, argparse._ArgumentGroup]:
+    """A parser to give commands as a parent (it has no ``-h``), and its one argument group,
+    ``title``, for the options the commands share."""
+    parser = argparse.ArgumentParser(add_help=False)
+    return parser, parser.add_argument_group(title)
+
+
 def connection_options() -> argparse.ArgumentParser:
     """The deployment and how to reach it (``--nats``, ``--prefix``, ``--replicas``,
     ``--creds``, ``--tls-*``): the parent parser of every command that connects."""
-    common = argparse.ArgumentParser(add_help=False)
-    g = common.add_argument_group("deployment")
+    common, g = parent_parser("deployment")
     g.add_argument(
         "--nats",
         metavar="URL",
@@ -154,37 +163,19 @@ def connection_options() -> argparse.ArgumentParser:
         "credentials and TLS",
         "A user and password go in the URL (nats://user:password@host:4222).",
     )
-    c.add_argument(
-        "--creds",
-        metavar="FILE",
-        default=None,
-        help=f"NATS credentials file (JWT + seed) to authenticate with (default: ${ENV_CREDS})",
-    )
-    c.add_argument(
-        "--tls-ca",
-        metavar="FILE",
-        default=None,
-        help=f"CA certificate to verify the server's certificate with (default: ${ENV_TLS_CA})",
-    )
-    c.add_argument(
-        "--tls-cert",
-        metavar="FILE",
-        default=None,
-        help=f"client certificate, for servers that verify clients (default: ${ENV_TLS_CERT})",
-    )
-    c.add_argument(
-        "--tls-key",
-        metavar="FILE",
-        default=None,
-        help=f"the client certificate's private key (default: ${ENV_TLS_KEY})",
-    )
+    for flag, what, env in (
+        ("--creds", "NATS credentials file (JWT + seed) to authenticate with", ENV_CREDS),
+        ("--tls-ca", "CA certificate to verify the server's certificate with", ENV_TLS_CA),
+        ("--tls-cert", "client certificate, for servers that verify clients", ENV_TLS_CERT),
+        ("--tls-key", "the client certificate's private key", ENV_TLS_KEY),
+    ):
+        c.add_argument(flag, metavar="FILE", default=None, help=f"{what} (default: ${env})")
     return common
 
 
 def monitoring_options() -> argparse.ArgumentParser:
     """``--metrics-port`` and ``--metrics-host``: the parent parser of the serving commands."""
-    observe = argparse.ArgumentParser(add_help=False)
-    o = observe.add_argument_group("monitoring")
+    observe, o = parent_parser("monitoring")
     o.add_argument(
         "--metrics-port",
         metavar="PORT",

@@ -12,20 +12,7 @@ from typing import Any
 
 import msgspec
 
-from sojourn.schemas.events import (
-    CancelRequested,
-    RunCancelled,
-    RunCompleted,
-    RunEvent,
-    RunFailed,
-    RunResumed,
-    RunStarted,
-    RunSuspended,
-    StepCompleted,
-    StepFailed,
-    StepStarted,
-    ValueRecorded,
-)
+from sojourn.schemas import events
 from sojourn.schemas.health import Liveness
 from sojourn.schemas.vocabulary import BUDGET_LIMITS, BudgetLimit, ValueKind
 
@@ -84,55 +71,55 @@ def one_line(text: str) -> str:
     return " | ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
-def describe_event(e: RunEvent) -> tuple[str, str]:
+def describe_event(e: events.RunEvent) -> tuple[str, str]:
     """An event's type name and its key fields, for timelines."""
     match e:
-        case RunStarted():
+        case events.RunStarted():
             version = f" version={e.code_version}" if e.code_version else ""
             by = f" by={e.trigger.sent_by}" if e.trigger.sent_by else ""
             detail = f"agent={e.agent}{version}{by} input={short(e.input)}"
             if e.previous_run_id:
                 detail += f" continues={e.previous_run_id} generation={e.generation}"
-        case StepStarted():
+        case events.StepStarted():
             detail = f"{e.name} pos={e.position} attempt={e.attempt}"
-        case StepCompleted():
+        case events.StepCompleted():
             detail = (
                 f"{e.name} pos={e.position} attempt={e.attempt} took={e.duration:.3f}s"
                 f" -> {short(e.result, 40)}"
             )
-        case StepFailed():
+        case events.StepFailed():
             detail = (
                 f"{e.name} pos={e.position} attempt={e.attempt} took={e.duration:.3f}s"
                 f" error={e.error.type}: {one_line(e.error.message)}"
             )
-        case ValueRecorded() if e.kind == _REFUSAL:  # a decision ctx.approval refused
+        case events.ValueRecorded() if e.kind == _REFUSAL:  # a decision ctx.approval refused
             detail = f"refused pos={e.position}: {short(e.value, 160)}"
-        case ValueRecorded():
+        case events.ValueRecorded():
             detail = f"ctx.{e.kind}() pos={e.position} = {short(e.value, 40)}"
-        case RunCompleted():
+        case events.RunCompleted():
             detail = f"output={short(e.output)}"
             if e.continued_as:
                 detail = f"continued as {e.continued_as}"
-        case RunFailed():
+        case events.RunFailed():
             detail = f"error={e.error.type}: {one_line(e.error.message)}"
-        case CancelRequested():
+        case events.CancelRequested():
             detail = f"reason={e.reason!r}" + (f" by={e.by}" if e.by else "")
             detail += " terminate" if e.terminate else ""
-        case RunCancelled():
+        case events.RunCancelled():
             detail = f"reason={e.reason!r}" + (" terminated" if e.terminated else "")
             if e.compensation_error is not None:
                 err = e.compensation_error
                 detail += f" compensation_error={err.type}: {one_line(err.message)}"
-        case RunSuspended():
+        case events.RunSuspended():
             detail = f"reason={e.reason}: {one_line(e.detail)}"
-        case RunResumed():
+        case events.RunResumed():
             detail = (f"by={e.by} " if e.by else "") + (f"note={e.note!r}" if e.note else "")
         case _:  # waits, signals, children and any later event type: its fields
             detail = _fields(e)
     return type(e).__name__, detail.strip()
 
 
-def _fields(e: RunEvent) -> str:
+def _fields(e: events.RunEvent) -> str:
     """``key=value`` of an event's non-empty fields (JSON payloads shortened)."""
     parts = []
     for name in e.__struct_fields__:

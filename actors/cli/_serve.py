@@ -37,6 +37,7 @@ from ._args import (
     add_log_level,
     add_seconds,
     monitoring_options,
+    parent_parser,
 )
 from ._common import EXIT_OK, UsageError, configure_logging, probed_options, serve_settings, serving
 from ._gateway import add_gateway_arguments, callers, describe, gateway_config
@@ -337,8 +338,7 @@ def _concurrency(text: str) -> int:
 
 def _worker_options() -> argparse.ArgumentParser:
     """The options of a process that executes runs (``dev``, ``worker``)."""
-    serve = argparse.ArgumentParser(add_help=False)
-    s = serve.add_argument_group("worker")
+    serve, s = parent_parser("worker")
     s.add_argument(
         "--app",
         metavar="MODULE",
@@ -388,9 +388,7 @@ def _dev_arguments(p: argparse.ArgumentParser) -> None:
         "--no-watchdog", action="store_true", help="do not run a watchdog in this process"
     )
     p.add_argument(
-        "--no-gateway",
-        action="store_true",
-        help="do not run the HTTP gateway in this process",
+        "--no-gateway", action="store_true", help="do not run the HTTP gateway in this process"
     )
     p.add_argument(
         "--gateway-port",

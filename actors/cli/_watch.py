@@ -15,17 +15,9 @@ import argparse
 import sys
 from typing import Any
 
+from sojourn.schemas import events
 from sojourn.schemas.codec import encode
 from sojourn.schemas.errors import RunNotFound
-from sojourn.schemas.events import (
-    ChildStarted,
-    RunCompleted,
-    RunEvent,
-    SignalReceived,
-    StepFailed,
-    WaitCompleted,
-    WaitStarted,
-)
 from sojourn.schemas.names import validate_token
 
 from ..client.watching import follow_history, presence
@@ -55,11 +47,11 @@ def _until(deadline: float, at: float) -> str:
     return f"{clock(deadline)} (in {max(deadline - at, 0.0):.3f}s)"
 
 
-def what_happened(e: RunEvent) -> str:
+def what_happened(e: events.RunEvent) -> str:
     """What ``e`` means for the run, in words: the events a watcher cares about are spelled
     out (waits, retries, signals, children), the others are ``describe_event``'s fields."""
     match e:
-        case WaitStarted():
+        case events.WaitStarted():
             on = ", ".join(
                 [*(f"signal {s}" for s in e.signals), *(f"child {c}" for c in e.children)]
             )
@@ -67,7 +59,7 @@ def what_happened(e: RunEvent) -> str:
                 on = ""  # the key says it all
             until = f" until {_until(e.deadline, e.at)}" if e.deadline is not None else ""
             return f"waiting at pos={e.position} for {e.key}" + (f" ({on})" if on else "") + until
-        case WaitCompleted():
+        case events.WaitCompleted():
             match e.outcome:
                 case "signal":
                     how = f"by signal {e.signal} (id {e.signal_id}) payload={short(e.payload, 40)}"
@@ -78,23 +70,23 @@ def what_happened(e: RunEvent) -> str:
                 case other:
                     how = str(other)
             return f"resumed at pos={e.position} ({e.key}): {how}"
-        case StepFailed() if e.retry_at is not None:
+        case events.StepFailed() if e.retry_at is not None:
             return (
                 f"{e.name} pos={e.position} attempt {e.attempt} failed after {e.duration:.3f}s: "
                 f"{e.error.type}: {one_line(e.error.message)}; attempt {e.attempt + 1} at "
                 f"{_until(e.retry_at, e.at)}"
             )
-        case StepFailed():
+        case events.StepFailed():
             return (
                 f"{e.name} pos={e.position} attempt {e.attempt} failed for good: "
                 f"{e.error.type}: {one_line(e.error.message)}"
             )
-        case SignalReceived():
+        case events.SignalReceived():
             by = f" from {e.sent_by}" if e.sent_by else ""
             return f"signal {e.name} received{by} (id {e.signal_id}) payload={short(e.payload, 40)}"
-        case ChildStarted():
+        case events.ChildStarted():
             return f"child {e.child_run_id} started (agent {e.agent}) at pos={e.position}"
-        case RunCompleted():
+        case events.RunCompleted():
             return f"completed: output={short(e.output, OUTPUT_SHOWN)}"
         case _:
             return describe_event(e)[1]
@@ -107,7 +99,7 @@ class Timeline:
         self.json = json
         self.previous: float | None = None
 
-    def line(self, seq: int, e: RunEvent) -> str:
+    def line(self, seq: int, e: events.RunEvent) -> str:
         """The line of event ``e`` of the decision stored at ``seq``; remembers its time."""
         since = 0.0 if self.previous is None else e.at - self.previous
         self.previous = e.at

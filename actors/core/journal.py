@@ -18,7 +18,7 @@ import msgspec
 from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import ErrorInfo
-from sojourn.schemas.vocabulary import PATCH_KIND, value_op
+from sojourn.schemas.vocabulary import PATCH_KIND, ValueKind, WaitOutcome, value_op
 
 from .state import OpRecord, RunState
 
@@ -77,7 +77,7 @@ class RecordedWait:
     """The wait already ended: return what it ended with."""
 
     position: int
-    outcome: str
+    outcome: WaitOutcome
     payload: msgspec.Raw
     signal: str | None
     sent_by: str | None = None
@@ -174,7 +174,7 @@ class Journal:
         )
         return self._open(doubt)
 
-    def value(self, kind: str) -> Recorded | Execute:
+    def value(self, kind: ValueKind) -> Recorded | Execute:
         self._claim("value")
         p, rec = self._take()
         if rec is None:
@@ -193,13 +193,13 @@ class Journal:
             raise self._mismatch(p, rec, f"a wait on {key}")
         if rec.status == "waiting":
             return self._open(OpenWait(position=p, recorded=rec))
-        assert rec.result is not None
+        assert rec.result is not None and rec.outcome is not None  # both from its WaitCompleted
         # ``detail`` is the signal's name for a signal outcome but the child's status for a
         # child outcome; live (``WaitTurn.child_ended``) the latter has no signal.
         signal = rec.detail if rec.outcome == "signal" else None
         return RecordedWait(
             position=p,
-            outcome=rec.outcome or "",
+            outcome=rec.outcome,
             payload=rec.result,
             signal=signal,
             sent_by=rec.sent_by,

@@ -12,7 +12,8 @@ The machine itself keeps an activation's position and what it took (signals, chi
 live spending) and decides cancels, compensation, lifetime, values, patches and the budget; the
 actions are in ``actions``, what bounds a run in ``limits``, and the calls that take several
 turns in ``steps`` (``StepTurn``: attempts, retries, in-doubt settlement) and ``waits``
-(``WaitTurn``: signals, select, deadlines, children).
+(``WaitTurn``: signals, select, deadlines, children). A turn holds this machine as what its own
+module asks of it (``StepHost``, ``WaitHost``), so those modules do not import this one.
 
 Everything here is a plain function of the folded history, the code's calls and the times
 the caller passes in: no clock, no event loop, no broker. That is what lets retries, in-doubt
@@ -45,43 +46,29 @@ from sojourn.schemas.events import (
     Usage,
     ValueRecorded,
 )
-from sojourn.schemas.vocabulary import PATCH_KIND as PATCH_KIND
-from sojourn.schemas.vocabulary import SPEND_KIND, StepKind
+from sojourn.schemas.vocabulary import PATCH_KIND, SPEND_KIND, StepKind, ValueKind
 from sojourn.schemas.wire import InDoubtDecision, decide_signal
 
-# The actions, the limits, ``StepTurn`` and ``WaitTurn`` are defined in their own modules and
-# re-exported here (``X as X``): the rest of the run core takes the whole machine from here.
-from .actions import Attempt as Attempt
-from .actions import Backoff as Backoff
-from .actions import ChildStart as ChildStart
-from .actions import InDoubtPolicy as InDoubtPolicy
-from .actions import LookupChildren as LookupChildren
-from .actions import Park as Park
-from .actions import Parked as Parked
-from .actions import Raise as Raise
-from .actions import Reconcile as Reconcile
-from .actions import Return as Return
-from .actions import RunCancelledInterrupt as RunCancelledInterrupt
-from .actions import Suspend as Suspend
+from .actions import ChildStart, InDoubtPolicy, Return, RunCancelledInterrupt, Suspend
 from .journal import Execute, Journal, OpenWait, Recorded, RecordedFailure, RecordedWait
-from .limits import Limits as Limits
-from .limits import budget_suspension as budget_suspension
-from .limits import chain_spending, used_up, with_attempt, with_usage
-from .limits import format_duration as format_duration
+from .limits import (
+    Limits,
+    budget_suspension,
+    chain_spending,
+    format_duration,
+    used_up,
+    with_attempt,
+    with_usage,
+)
 from .retry import RetryPolicy
 from .state import OpRecord, RunState, SignalRecord
-from .steps import ERROR_TEXT_MAX as ERROR_TEXT_MAX
-from .steps import StepTurn as StepTurn
-from .steps import clip_text as clip_text
-from .steps import error_info as error_info
-from .steps import retry_delay as retry_delay
-from .steps import step_error
-from .waits import WaitTurn as WaitTurn
-from .waits import child_run_id as child_run_id
+from .steps import StepTurn, step_error
+from .waits import WaitTurn, child_run_id
 
 __all__ = ["Machine"]
 
 P = TypeVar("P")
+A = TypeVar("A", bound=str)
 
 
 def _open(op: OpRecord) -> bool:
@@ -267,7 +254,7 @@ class Machine:
                 self.expired = f"lifetime of {format_duration(life)} exceeded"
         return self.expired is not None
 
-    def _ask(self, plan: Callable[[str], P], arg: str) -> P:
+    def _ask(self, plan: Callable[[A], P], arg: A) -> P:
         """The journal's ``plan`` for the next operation; a divergence is kept (the first one,
         even if the agent's code catches the exception) and raised."""
         try:
@@ -326,7 +313,7 @@ class Machine:
 
     # --- values, patches, spend and caps -------------------------------------------------------
 
-    def value(self, kind: str, make: Callable[[], Any], now: float) -> Return:
+    def value(self, kind: ValueKind, make: Callable[[], Any], now: float) -> Return:
         """``ctx.now()`` and the like: the recorded value, or ``make()`` recorded now.
 
         Raises:

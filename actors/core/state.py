@@ -14,31 +14,8 @@ from typing import Any
 
 import msgspec
 
+from sojourn.schemas import events as ev
 from sojourn.schemas.codec import decode_spend
-from sojourn.schemas.events import (
-    Budget,
-    BudgetChanged,
-    CancelRequested,
-    CancelTaken,
-    Carried,
-    ChildStarted,
-    ErrorInfo,
-    RunCancelled,
-    RunCompleted,
-    RunEvent,
-    RunFailed,
-    RunResumed,
-    RunStarted,
-    RunSuspended,
-    SignalReceived,
-    StepCompleted,
-    StepFailed,
-    StepStarted,
-    Usage,
-    ValueRecorded,
-    WaitCompleted,
-    WaitStarted,
-)
 from sojourn.schemas.lifecycle import next_status, next_waiting, out_of_place
 from sojourn.schemas.vocabulary import (
     LLM_STEP,
@@ -73,7 +50,7 @@ class OpRecord(msgspec.Struct, frozen=True, kw_only=True):
     status: OpStatus
     attempts: int = 0
     result: msgspec.Raw | None = None
-    error: ErrorInfo | None = None
+    error: ev.ErrorInfo | None = None
     signals: tuple[str, ...] = ()
     deadline: float | None = None
     children: tuple[str, ...] = ()
@@ -106,14 +83,14 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     status: RunStatus = "new"
     input: msgspec.Raw | None = None
     output: msgspec.Raw | None = None
-    error: ErrorInfo | None = None
+    error: ev.ErrorInfo | None = None
     suspended_reason: SuspendReason | None = None
     """Why the run is suspended (``RunSuspended.reason``, read with ``suspend_reason``)."""
     suspended_detail: str | None = None
     cancel_requested: str | None = None
     terminate_requested: bool = False
     """A cancel asked to end the run without its compensation (``sojourn terminate``)."""
-    cancel_taken: CancelTaken | None = None
+    cancel_taken: ev.CancelTaken | None = None
     """Where the agent's code was stopped for a cancel whose compensation runs (replay stops
     the code there again, then replays the compensation)."""
     started_at: float = 0.0
@@ -142,9 +119,9 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     model_calls: int = 0
     """Step executions of kind ``llm`` (model requests); the rest of ``step_attempts`` are
     tool calls."""
-    carried: Carried | None = None
+    carried: ev.Carried | None = None
     """What the earlier runs of its continue-as-new chain used (``RunStarted.carried``)."""
-    budget: Budget | None = None
+    budget: ev.Budget | None = None
     """The run's budget in effect: ``RunStarted.budget`` (or, for a run started before that was
     recorded, its ``budget_usd``/``budget_tokens``), each ``BudgetChanged`` replacing limits."""
     budget_usd: float | None = None
@@ -203,14 +180,14 @@ def _anomaly(state: RunState, text: str) -> RunState:
     return msgspec.structs.replace(state, anomalies=(*state.anomalies, text))
 
 
-def evolve(state: RunState, event: RunEvent) -> RunState:
+def evolve(state: RunState, event: ev.RunEvent) -> RunState:
     """Apply one event. Total: an out-of-place event is recorded as an anomaly, never raised."""
     s = msgspec.structs.replace(state, events=state.events + 1, updated_at=event.at)
     why = out_of_place(s.status, event)
     if why is not None:
         return _anomaly(s, why)
     match event:
-        case RunStarted():
+        case ev.RunStarted():
             return msgspec.structs.replace(
                 s,
                 run_id=event.run_id,
@@ -230,19 +207,19 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 schedule=event.schedule,
                 scheduled_at=event.scheduled_at,
             )
-        case BudgetChanged():
-            base = s.budget or Budget()
+        case ev.BudgetChanged():
+            base = s.budget or ev.Budget()
             return msgspec.structs.replace(s, budget=base.over(event.budget))
-        case SignalReceived():
+        case ev.SignalReceived():
             return msgspec.structs.replace(s, signals=(*s.signals, _signal_record(event)))
         case (
-            StepStarted()
-            | StepCompleted()
-            | StepFailed()
-            | ValueRecorded()
-            | WaitStarted()
-            | WaitCompleted()
-            | ChildStarted()
+            ev.StepStarted()
+            | ev.StepCompleted()
+            | ev.StepFailed()
+            | ev.ValueRecorded()
+            | ev.WaitStarted()
+            | ev.WaitCompleted()
+            | ev.ChildStarted()
         ):
             why = _misplaced(s.ops, event)
             if why is not None:
@@ -250,7 +227,7 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
             ops = list(s.ops)
             s = _apply_op(s, ops, event)
             return msgspec.structs.replace(s, ops=tuple(ops))
-        case CancelRequested():
+        case ev.CancelRequested():
             if s.terminal:
                 return s
             return msgspec.structs.replace(
@@ -259,18 +236,18 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 cancel_requested=event.reason or s.cancel_requested or "cancelled",
                 terminate_requested=s.terminate_requested or event.terminate,
             )
-        case CancelTaken():
+        case ev.CancelTaken():
             if s.cancel_taken is not None:
                 return _anomaly(s, "CancelTaken twice")
             return msgspec.structs.replace(s, cancel_taken=event)
-        case RunSuspended():
+        case ev.RunSuspended():
             return msgspec.structs.replace(
                 s,
                 status=next_status(s.status, event),
                 suspended_reason=suspend_reason(event.reason),
                 suspended_detail=event.detail,
             )
-        case RunResumed():
+        case ev.RunResumed():
             return msgspec.structs.replace(
                 s,
                 status=next_status(s.status, event),
@@ -279,7 +256,7 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 cap_resumes=s.cap_resumes + (event.grant and s.suspended_reason == "cap"),
                 budget_resumes=s.budget_resumes + (event.grant and s.suspended_reason == "budget"),
             )
-        case RunCompleted():
+        case ev.RunCompleted():
             return msgspec.structs.replace(
                 s,
                 status=next_status(s.status, event),
@@ -287,11 +264,11 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
                 ended_at=event.at,
                 continued_as=event.continued_as,
             )
-        case RunFailed():
+        case ev.RunFailed():
             return msgspec.structs.replace(
                 s, status=next_status(s.status, event), error=event.error, ended_at=event.at
             )
-        case RunCancelled():
+        case ev.RunCancelled():
             return msgspec.structs.replace(
                 s,
                 status=next_status(s.status, event),
@@ -301,15 +278,15 @@ def evolve(state: RunState, event: RunEvent) -> RunState:
     return _anomaly(s, f"unknown event {type(event).__name__}")  # pragma: no cover
 
 
-def _started_budget(event: RunStarted) -> Budget | None:
+def _started_budget(event: ev.RunStarted) -> ev.Budget | None:
     if event.budget is not None:
         return event.budget
     if event.budget_usd is None and event.budget_tokens is None:
         return None
-    return Budget(usd=event.budget_usd, tokens=event.budget_tokens)
+    return ev.Budget(usd=event.budget_usd, tokens=event.budget_tokens)
 
 
-def _charged(s: RunState, usage: Usage | None) -> RunState:
+def _charged(s: RunState, usage: ev.Usage | None) -> RunState:
     """``s`` with what a step attempt charged added to its spending."""
     if usage is None:
         return s
@@ -322,7 +299,7 @@ def _charged(s: RunState, usage: Usage | None) -> RunState:
     )
 
 
-def _signal_record(event: SignalReceived) -> SignalRecord:
+def _signal_record(event: ev.SignalReceived) -> SignalRecord:
     return SignalRecord(
         name=event.name,
         payload=event.payload,
@@ -334,26 +311,26 @@ def _signal_record(event: SignalReceived) -> SignalRecord:
 
 
 _OP_EVENTS = (
-    StepStarted,
-    StepCompleted,
-    StepFailed,
-    ValueRecorded,
-    WaitStarted,
-    WaitCompleted,
-    ChildStarted,
+    ev.StepStarted,
+    ev.StepCompleted,
+    ev.StepFailed,
+    ev.ValueRecorded,
+    ev.WaitStarted,
+    ev.WaitCompleted,
+    ev.ChildStarted,
 )
 _OpEvent = (
-    StepStarted
-    | StepCompleted
-    | StepFailed
-    | ValueRecorded
-    | WaitStarted
-    | WaitCompleted
-    | ChildStarted
+    ev.StepStarted
+    | ev.StepCompleted
+    | ev.StepFailed
+    | ev.ValueRecorded
+    | ev.WaitStarted
+    | ev.WaitCompleted
+    | ev.ChildStarted
 )
 
 
-def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
+def fold(events: Iterable[ev.RunEvent], state: RunState | None = None) -> RunState:
     """Fold many events. Equal to ``reduce(evolve, events, state)``, in linear time.
 
     ``evolve`` copies a tuple for every event that grows one, so the fields that grow along a
@@ -375,7 +352,7 @@ def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
     signals: _Buffered | None = None  # once set, the buffered signals (``s.signals`` is empty)
     children: list[str] | None = None  # once set, the children (``s.children`` is empty)
     for event in events:
-        if isinstance(event, SignalReceived) and not s.terminal:
+        if isinstance(event, ev.SignalReceived) and not s.terminal:
             if signals is None:
                 signals, s = _Buffered(s.signals), msgspec.structs.replace(s, signals=())
             signals.add(_signal_record(event))
@@ -383,11 +360,11 @@ def fold(events: Iterable[RunEvent], state: RunState | None = None) -> RunState:
             continue
         if isinstance(event, _OP_EVENTS):
             if not s.terminal and _misplaced(ops, event) is None:
-                if isinstance(event, WaitCompleted) and event.signal_id is not None:
+                if isinstance(event, ev.WaitCompleted) and event.signal_id is not None:
                     if signals is None:
                         signals, s = _Buffered(s.signals), msgspec.structs.replace(s, signals=())
                     signals.consume(event.signal_id)
-                elif isinstance(event, ChildStarted) and children is None:
+                elif isinstance(event, ev.ChildStarted) and children is None:
                     children, s = list(s.children), msgspec.structs.replace(s, children=())
                 s = msgspec.structs.replace(s, events=s.events + 1, updated_at=event.at)
                 if isinstance(ops, tuple):
@@ -467,17 +444,17 @@ def _misplaced(ops: Sequence[OpRecord], event: _OpEvent) -> str | None:
         was = f"{prev.kind} {prev.name}"
     else:  # a value: its name is its kind as recorded ("value now", not "now now")
         was = f"value {prev.name}"
-    if isinstance(event, WaitCompleted):
+    if isinstance(event, ev.WaitCompleted):
         if prev.kind == "wait" and prev.name == event.key and prev.status == "waiting":
             return None
         return f"wait {p} completed over {was} ({prev.status})"
-    if isinstance(event, (WaitStarted, ChildStarted)):
+    if isinstance(event, (ev.WaitStarted, ev.ChildStarted)):
         return f"{_NOUN[type(event)]} {p} {verb} again over {was} ({prev.status})"
-    if isinstance(event, ValueRecorded):
+    if isinstance(event, ev.ValueRecorded):
         return f"value {p} recorded again over {was} ({prev.status})"
     if prev.kind != "step" or prev.name != event.name:
         return f"step {p} '{event.name}' {verb} over {was} ({prev.status})"
-    if isinstance(event, StepStarted):
+    if isinstance(event, ev.StepStarted):
         ok = prev.status != "completed"
     else:
         ok = prev.status == "started"
@@ -485,30 +462,30 @@ def _misplaced(ops: Sequence[OpRecord], event: _OpEvent) -> str | None:
 
 
 _VERB: dict[type, str] = {
-    StepStarted: "started",
-    StepCompleted: "completed",
-    StepFailed: "failed",
-    ValueRecorded: "recorded",
-    WaitStarted: "started",
-    WaitCompleted: "completed",
-    ChildStarted: "started",
+    ev.StepStarted: "started",
+    ev.StepCompleted: "completed",
+    ev.StepFailed: "failed",
+    ev.ValueRecorded: "recorded",
+    ev.WaitStarted: "started",
+    ev.WaitCompleted: "completed",
+    ev.ChildStarted: "started",
 }
 _NOUN: dict[type, str] = {
-    StepStarted: "step",
-    StepCompleted: "step",
-    StepFailed: "step",
-    ValueRecorded: "value",
-    WaitStarted: "wait",
-    WaitCompleted: "wait",
-    ChildStarted: "child",
+    ev.StepStarted: "step",
+    ev.StepCompleted: "step",
+    ev.StepFailed: "step",
+    ev.ValueRecorded: "value",
+    ev.WaitStarted: "wait",
+    ev.WaitCompleted: "wait",
+    ev.ChildStarted: "child",
 }
 
 
-def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
+def _apply_op(s: RunState, ops: list[OpRecord], event: ev.RunEvent) -> RunState:
     """Apply an operation event that fits (see ``_misplaced``) to ``ops`` in place; return ``s``
     with status, waiting and counters updated (its ``ops`` field is the caller's to set)."""
     match event:
-        case StepStarted():
+        case ev.StepStarted():
             prev = ops[event.position] if event.position < len(ops) else None
             interrupted = prev.interrupted + 1 if prev and prev.status == "started" else 0
             rec = _step_record(event, "started", interrupted=interrupted)
@@ -517,15 +494,15 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 step_attempts=s.step_attempts + 1,
                 model_calls=s.model_calls + (event.kind == LLM_STEP),
             )
-        case StepCompleted():
+        case ev.StepCompleted():
             rec = _step_record(event, "completed", result=event.result)
             s = _charged(
                 msgspec.structs.replace(s, steps_completed=s.steps_completed + 1), event.usage
             )
-        case StepFailed():
+        case ev.StepFailed():
             rec = _step_record(event, "failed", error=event.error, deadline=event.retry_at)
             s = _charged(s, event.usage)
-        case ValueRecorded():
+        case ev.ValueRecorded():
             rec = OpRecord(
                 position=event.position,
                 kind=value_op(event.kind),
@@ -541,7 +518,7 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                         spent_usd=s.spent_usd + spent.usd,
                         spent_tokens=s.spent_tokens + spent.tokens,
                     )
-        case WaitStarted():
+        case ev.WaitStarted():
             rec = _wait_record(
                 event,
                 "waiting",
@@ -549,7 +526,7 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
                 deadline=event.deadline,
                 children=event.children,
             )
-        case WaitCompleted():
+        case ev.WaitCompleted():
             rec = _wait_record(
                 event,
                 "completed",
@@ -562,7 +539,7 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
             if event.signal_id is not None:
                 signals = tuple(r for r in s.signals if r.signal_id != event.signal_id)
                 s = msgspec.structs.replace(s, signals=signals)
-        case ChildStarted():
+        case ev.ChildStarted():
             rec = OpRecord(
                 position=event.position,
                 kind="child",
@@ -581,7 +558,7 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: RunEvent) -> RunState:
 
 
 def _step_record(
-    event: StepStarted | StepCompleted | StepFailed, status: OpStatus, **fields: Any
+    event: ev.StepStarted | ev.StepCompleted | ev.StepFailed, status: OpStatus, **fields: Any
 ) -> OpRecord:
     """The record of the step ``event`` is about, at the attempt it names, with ``fields``."""
     return OpRecord(
@@ -594,12 +571,14 @@ def _step_record(
     )
 
 
-def _wait_record(event: WaitStarted | WaitCompleted, status: OpStatus, **fields: Any) -> OpRecord:
+def _wait_record(
+    event: ev.WaitStarted | ev.WaitCompleted, status: OpStatus, **fields: Any
+) -> OpRecord:
     """The record of the wait ``event`` is about, under its key, with ``fields``."""
     return OpRecord(position=event.position, kind="wait", name=event.key, status=status, **fields)
 
 
-def _lifecycle(s: RunState, event: RunEvent) -> RunState:
+def _lifecycle(s: RunState, event: ev.RunEvent) -> RunState:
     """Status and waiting after an event the run takes: the shared rules of
     ``sojourn.schemas.lifecycle``."""
     status = next_status(s.status, event)

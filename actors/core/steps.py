@@ -10,13 +10,14 @@ clipped to ``ERROR_TEXT_MAX``), so a replay raises the same ``StepError``. Pure.
 from __future__ import annotations
 
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
-from sojourn.schemas.errors import RetryableError, StepError, TerminalError
+from sojourn.schemas.errors import PayloadTooLarge, RetryableError, StepError, TerminalError
 from sojourn.schemas.events import (
     ErrorInfo,
+    RunEvent,
     RunSuspended,
     StepCompleted,
     StepFailed,
@@ -24,16 +25,16 @@ from sojourn.schemas.events import (
     Usage,
 )
 from sojourn.schemas.vocabulary import StepKind
+from sojourn.schemas.wire import InDoubtDecision
 
 from .actions import Attempt, Backoff, InDoubtPolicy, Raise, Reconcile, Return, StepAction, Suspend
-from .journal import Execute
+from .journal import Execute, Journal
+from .limits import Limits
 from .retry import DEFAULT_RETRYABLE, RetryPolicy
-
-if TYPE_CHECKING:
-    from .machine import Machine
 
 __all__ = [
     "ERROR_TEXT_MAX",
+    "StepHost",
     "StepTurn",
     "clip_text",
     "error_info",
@@ -90,6 +91,42 @@ def retry_delay(e: BaseException, policy: RetryPolicy | None, attempt: int) -> f
     return policy.delay(attempt)
 
 
+class StepHost(Protocol):
+    """What a ``StepTurn`` asks of the run machine that made it (``Machine``): the run's id,
+    limits and journal, operator decisions, the budget, and the recording of what happened."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def journal(self) -> Journal: ...
+
+    def record(self, *events: RunEvent) -> None:
+        """Queue ``events`` to be stored."""
+
+    def decision(self, position: int, attempt: int) -> InDoubtDecision | None:
+        """An operator's decision about attempt ``attempt`` of the in-doubt step at
+        ``position``, if one was sent."""
+
+    def oversized(self, raw: bytes, what: str) -> PayloadTooLarge | None:
+        """The error to record if ``raw`` is too large to store, else ``None``."""
+
+    def over_budget(self, now: float, kind: StepKind | None = None) -> Suspend | None:
+        """The suspension due now if the run has used up a limit of its budget."""
+
+    def attempted(self, kind: StepKind) -> None:
+        """A live step execution of ``kind`` starts: count it."""
+
+    def charged(self, usage: Usage | None) -> None:
+        """A live step attempt ended having charged ``usage``: count it."""
+
+    def stop(self, position: int, compensate_at: int | None = None) -> None:
+        """The code stops at ``position`` (a cancel interrupted it)."""
+
+
 class StepTurn:
     """How one step call is carried out: attempts, backoffs, in-doubt settlement."""
 
@@ -97,7 +134,7 @@ class StepTurn:
 
     def __init__(
         self,
-        machine: Machine,
+        machine: StepHost,
         name: str,
         plan: Execute,
         in_doubt: InDoubtPolicy,

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
 from sojourn.schemas.codec import to_raw
-from sojourn.schemas.events import WaitCompleted, WaitStarted
+from sojourn.schemas.events import RunEvent, WaitCompleted, WaitStarted
+from sojourn.schemas.vocabulary import ChildStatus
 
 from .actions import LookupChildren, Park, WaitAction
 from .journal import RecordedWait
+from .state import SignalRecord
 
-if TYPE_CHECKING:
-    from .machine import Machine
-
-__all__ = ["WaitTurn", "child_run_id"]
+__all__ = ["WaitHost", "WaitTurn", "child_run_id"]
 
 _NULL = to_raw(None)
 
@@ -39,12 +38,27 @@ def child_run_id(parent: str, position: int) -> str:
     return f"{parent[:80]}-h{digest}-c{position}"
 
 
+class WaitHost(Protocol):
+    """What a ``WaitTurn`` asks of the run machine that made it (``Machine``): the buffered
+    signals it may take, and the recording of how the wait went."""
+
+    @property
+    def consumed(self) -> set[str]:
+        """Ids of the buffered signals taken by waits in this activation."""
+
+    def find_signal(self, names: tuple[str, ...]) -> SignalRecord | None:
+        """The first buffered signal named in ``names`` that no wait has taken yet."""
+
+    def record(self, *events: RunEvent) -> None:
+        """Queue ``events`` to be stored."""
+
+
 @dataclass(slots=True, eq=False)
 class WaitTurn:
     """How one open wait is decided: a buffered signal, a passed deadline, an ended child, or
     parking (recording the wait once, and looking again if a signal came in meanwhile)."""
 
-    _m: Machine = field(repr=False)
+    _m: WaitHost = field(repr=False)
     position: int
     key: str
     signals: tuple[str, ...]
@@ -105,7 +119,9 @@ class WaitTurn:
             )
         return Park(p, self.deadline, event)
 
-    def child_ended(self, outcome_raw: msgspec.Raw, status: str, now: float) -> RecordedWait:
+    def child_ended(
+        self, outcome_raw: msgspec.Raw, status: ChildStatus, now: float
+    ) -> RecordedWait:
         """A child's history says it ended (its notice never reached us): record that."""
         self._m.record(
             WaitCompleted(

@@ -45,7 +45,6 @@ from sojourn.schemas.events import (
     TriggerInfo,
 )
 from sojourn.schemas.names import RESERVED_SIGNAL_PREFIX, validate_token
-from sojourn.schemas.vocabulary import wake_reason
 from sojourn.schemas.wire import CancelBody
 
 from ..core.state import RunState
@@ -250,7 +249,7 @@ async def start_next(
                 "is held by another run",
                 run_id=run_id,
             ) from None
-    await publish_wake(store.broker, store.names, nxt, wake_reason("start"), agent=agent)
+    await publish_wake(store.broker, store.names, nxt, "start", agent=agent)
     return nxt
 
 

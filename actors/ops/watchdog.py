@@ -44,7 +44,6 @@ from sojourn.schemas.codec import decode_watch_claim, encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import Liveness, WatchClaim
-from sojourn.schemas.vocabulary import wake_reason
 
 from .archive import Archiver
 from .metrics import WATCHDOG_ACTIONS, track_watchdog
@@ -258,9 +257,13 @@ class Watchdog:
         self._acted[key] = now
         if not await self._claim(liv, seq, now):
             return
-        reason = wake_reason("watchdog", liv.state)
         await publish_wake(
-            self._broker_or_fail(), self.names, liv.run_id, reason, agent=liv.agent or None
+            self._broker_or_fail(),
+            self.names,
+            liv.run_id,
+            "watchdog",
+            liv.state,
+            agent=liv.agent or None,
         )
         self.actions += 1
         WATCHDOG_ACTIONS.labels("rewake", liv.state).inc()

@@ -49,15 +49,11 @@ from ..agents.agent import Agent
 from ..agents.callbacks import CallbackKeys
 from ..agents.context import Context
 from ..client.output import StepOutput, chunk_limit
-from ..core.machine import (
-    Limits,
-    Machine,
-    Park,
-    Parked,
-    RunCancelledInterrupt,
-    error_info,
-)
+from ..core.actions import Park, Parked, RunCancelledInterrupt
+from ..core.limits import Limits
+from ..core.machine import Machine
 from ..core.state import RunState, fold
+from ..core.steps import error_info
 from ..history.chain import ChainTaken, ContinueAsNew, pass_on, start_next
 from ..history.snapshots import Snapshot, fold_history
 from ..ops.metrics import TOOL_CALLS, agent_label

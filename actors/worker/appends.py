@@ -39,7 +39,8 @@ from sojourn.schemas.events import (
     StepStarted,
 )
 
-from ..core.machine import Machine, RunCancelledInterrupt
+from ..core.actions import RunCancelledInterrupt
+from ..core.machine import Machine
 from ..core.state import _OP_EVENTS, fold
 from ..history.values import Values, values_for
 from ..ops.metrics import APPENDS, EVENTS_APPENDED

@@ -16,8 +16,8 @@ from sojourn.schemas.codec import decode_events, encode, to_raw
 from sojourn.schemas.events import RunCancelled, RunCompleted, RunFailed
 from sojourn.schemas.wire import CancelBody, ChildOutcome, ErrorBody
 
-from ..core.machine import clip_text
 from ..core.state import RunState
+from ..core.steps import clip_text
 from ..history.chain import current_run
 from ..history.values import values_for
 

@@ -32,6 +32,7 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import InvalidName
 from sojourn.schemas.health import BEAT_RUNS_MAX, ActiveRun, WorkerBeat, vouches
 from sojourn.schemas.names import validate_token
+from sojourn.schemas.vocabulary import wake_reason
 
 from ..core.membership import Membership
 from ..ops import metrics
@@ -167,11 +168,11 @@ class Heartbeats:
         b = self._broker()
         incarnation = f"{dead.worker_id}:{dead.started_at:.6f}"
         for r in mine:
-            await b.publish(
-                self.names.wake(r.run_id, r.agent),
-                b"",
-                {h.WAKE_REASON: "takeover", h.MSG_ID: f"takeover:{incarnation}:{r.run_id}"},
-            )
+            wake = {
+                h.WAKE_REASON: wake_reason("takeover"),
+                h.MSG_ID: f"takeover:{incarnation}:{r.run_id}",
+            }
+            await b.publish(self.names.wake(r.run_id, r.agent), b"", wake)
         metrics.TAKEOVERS.inc(len(mine))
 
     def holder(self, run_id: str) -> str | None:

@@ -33,7 +33,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..core.machine import Parked
+from ..core.actions import Parked
 
 __all__ = ["STICKY_RUNS", "Body", "Keepable", "StickyRuns"]
 

@@ -25,7 +25,7 @@ from sojourn.broker.eventstore import Decision
 from sojourn.broker.names import Names
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import InvalidName
-from sojourn.schemas.vocabulary import WaitingOn
+from sojourn.schemas.vocabulary import WaitingOn, wake_reason
 
 from ..core.state import RunState
 from ..ops import metrics
@@ -169,7 +169,9 @@ class WakeLoops:
                     if run_id in self._active:
                         self._rewake.add(run_id)
                     continue
-                wake = LocalWake(self.names.wake(run_id, timer.agent), {h.WAKE_REASON: "timer"})
+                wake = LocalWake(
+                    self.names.wake(run_id, timer.agent), {h.WAKE_REASON: wake_reason("timer")}
+                )
                 metrics.IN_PROCESS_TIMERS_FIRED.inc()
                 self.timers_fired += 1
                 backstops = frozenset({timer.position})

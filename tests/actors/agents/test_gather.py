@@ -33,8 +33,9 @@ from sojourn.actors import (
     Worker,
     step,
 )
+from sojourn.actors.core.actions import Park, Parked
 from sojourn.actors.core.journal import Journal
-from sojourn.actors.core.machine import Machine, Park, Parked
+from sojourn.actors.core.machine import Machine
 from sojourn.actors.core.replay import replay_run
 from sojourn.actors.core.state import fold
 from sojourn.broker import EmbeddedServer

@@ -8,13 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sojourn.actors.core.machine import (
-    Limits,
-    Return,
-    RunCancelledInterrupt,
-    StepTurn,
-    format_duration,
-)
+from sojourn.actors.core.actions import Return, RunCancelledInterrupt
+from sojourn.actors.core.limits import Limits, format_duration
+from sojourn.actors.core.steps import StepTurn
 from sojourn.schemas.events import (
     CancelRequested,
     CancelTaken,

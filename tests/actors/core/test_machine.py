@@ -16,26 +16,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sojourn.actors.core.journal import RecordedWait, ReplayFrontier
-from sojourn.actors.core.machine import (
+from sojourn.actors.core.actions import (
     Attempt,
     Backoff,
     ChildStart,
-    Limits,
     LookupChildren,
-    Machine,
     Park,
     Raise,
     Reconcile,
     Return,
     RunCancelledInterrupt,
-    StepTurn,
     Suspend,
-    WaitTurn,
-    child_run_id,
 )
+from sojourn.actors.core.journal import RecordedWait, ReplayFrontier
+from sojourn.actors.core.limits import Limits
+from sojourn.actors.core.machine import Machine
 from sojourn.actors.core.retry import RetryPolicy
 from sojourn.actors.core.state import RunState, fold
+from sojourn.actors.core.steps import StepTurn
+from sojourn.actors.core.waits import WaitTurn, child_run_id
 from sojourn.schemas.codec import encode, to_raw
 from sojourn.schemas.errors import (
     NondeterminismError,

@@ -22,8 +22,8 @@ import pytest
 import pytest_asyncio
 
 from sojourn.actors import Agent, Client, RunFailedError, Worker
-from sojourn.actors.core.machine import error_info
 from sojourn.actors.core.state import fold
+from sojourn.actors.core.steps import error_info
 from sojourn.actors.worker.activation import Activation
 from sojourn.actors.worker.children import child_outcome, outcome_of
 from sojourn.broker import EmbeddedServer

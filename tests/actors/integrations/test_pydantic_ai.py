@@ -399,7 +399,7 @@ def test_a_price_table_or_function_prices_a_response() -> None:
 
 
 def test_sojourns_control_flow_is_unwrapped_from_task_groups() -> None:
-    from sojourn.actors.core.machine import Parked
+    from sojourn.actors.core.actions import Parked
     from sojourn.actors.integrations.pydantic_ai import _control
 
     parked = Parked()

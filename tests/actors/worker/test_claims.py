@@ -198,7 +198,7 @@ async def test_a_wake_for_a_run_inside_a_step_elsewhere_is_handed_back(
             run_id = "held-1"
             await client.start("claims_slow", 1, run_id=run_id)
             await wait_for(lambda: _true(bool(executions)), timeout=30, what="A inside the step")
-            await publish_wake(client.broker, client.names, run_id, "test", agent="claims_slow")
+            await publish_wake(client.broker, client.names, run_id, "rewake", agent="claims_slow")
             await wait_for(
                 lambda: _true(b.handed_back["open_step"] > 0),
                 timeout=30,
@@ -210,7 +210,7 @@ async def test_a_wake_for_a_run_inside_a_step_elsewhere_is_handed_back(
                 timeout=30,
                 what="A's beat to list the run",
             )
-            await publish_wake(client.broker, client.names, run_id, "test2", agent="claims_slow")
+            await publish_wake(client.broker, client.names, run_id, "rewake", agent="claims_slow")
             await wait_for(
                 lambda: _true(b.handed_back["listed"] > 0),
                 timeout=30,

@@ -94,7 +94,7 @@ async def test_two_workers_flooded_with_wakes_make_one_history(
         run_ids = [await client.start("racer", 6, run_id=f"flood-{i}") for i in range(20)]
         for _ in range(3):  # duplicate wakes: both workers see the same runs at once
             for run_id in run_ids:
-                await publish_wake(broker, names, run_id, "test", agent=None)
+                await publish_wake(broker, names, run_id, "rewake", agent=None)
 
         async def all_done() -> bool:
             for r in run_ids:

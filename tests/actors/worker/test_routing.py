@@ -96,7 +96,7 @@ async def test_a_wake_that_names_no_agent_is_handed_back_by_a_worker_that_does_n
         await wait_for(lambda: all_waiting(client, [run_id]), what="the run to park")
     async with Worker([route_a], nats=url, settings=settings, worker_id="wa") as wa:
         # The only worker up serves route_a; a wake without the agent reaches it anyway.
-        await publish_wake(client.broker, client.names, run_id, "test", agent=None)
+        await publish_wake(client.broker, client.names, run_id, "rewake", agent=None)
         await wait_for(lambda: _counted(wa), what="the wake to be taken and handed back")
         await client.signal(run_id, "go")  # recorded by wa's intake, woken for route_b
     async with Worker([route_b], nats=url, settings=settings, worker_id="wb2"):

@@ -22,7 +22,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.actors.core.machine import Parked
+from sojourn.actors.core.actions import Parked
 from sojourn.actors.core.state import fold
 from sojourn.actors.history.snapshots import Snapshot, fold_history
 from sojourn.actors.worker.activation import Activation
