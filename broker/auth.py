@@ -321,6 +321,8 @@ def permissions_for(
             names.child_end("*", "*", user),
             # the intake's notice that a cancel is recorded (read by every worker)
             names.interrupt("*"),
+            # asking whether another worker's connection is still there (a core request)
+            names.presence_all,
             # signals that reached a run as it continued as new, passed on to the next run
             names.signal("*", ">", user),
             # the read side: a projector runs with the worker role; steps write output
@@ -359,7 +361,13 @@ def permissions_for(
         # The listing service listens on its subject (the replies go to the asker's inbox);
         # a projector takes appends on the event subjects as hints to read at once; every
         # worker hears the intake's interrupt notices.
-        subscribe = (own_inboxes, names.query_runs, names.events_all, names.interrupts_all)
+        subscribe = (
+            own_inboxes,
+            names.query_runs,
+            names.events_all,
+            names.interrupts_all,
+            names.presence_all,  # a worker answers on its own (``Names.presence``)
+        )
         return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     raise ValueError(f"unknown role {role!r}")
 

@@ -261,6 +261,20 @@ class Broker:
         except NatsTimeoutError:
             raise TimeoutError(f"no answer on {subject} within {timeout}s") from None
 
+    async def present(self, subject: str, timeout: float) -> bool | None:
+        """Whether a connection subscribes to ``subject``: ``True`` when a request there is
+        answered, ``False`` when the server says at once that nobody subscribes ("no
+        responders": the subscriber's connection is gone), ``None`` when it cannot tell within
+        ``timeout`` (a subscriber that does not answer, such as a stopped process whose
+        connection is still open)."""
+        try:
+            await self._request(subject, b"", None, timeout)
+        except NoRespondersError:
+            return False
+        except (NatsTimeoutError, TimeoutError):
+            return None
+        return True
+
     # --- permissions ---------------------------------------------------------------------------
 
     def denied(self, subject: str, *, since: float = 0.0) -> bool:

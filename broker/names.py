@@ -448,6 +448,16 @@ class Names:
     def workers_all(self) -> str:
         return f"{self.prefix}.worker.*"
 
+    def presence(self, worker_id: str) -> str:
+        """Core NATS, never stored: where a worker answers while its connection is up. A
+        request there is answered "no responders" by the server the moment that connection is
+        gone (the process was killed), long before its heartbeats are missed for long."""
+        return f"{self.prefix}.presence.{_WORKER_UNSAFE.sub('_', worker_id)[:128]}"
+
+    @property
+    def presence_all(self) -> str:
+        return f"{self.prefix}.presence.*"
+
     def watch(self, run_id: str) -> str:
         """Where watchdogs record (by compare-and-set) the last action taken on a run."""
         return f"{self.prefix}.watch.{run_id}"

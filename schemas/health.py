@@ -87,6 +87,10 @@ class WorkerBeat(msgspec.Struct, frozen=True, kw_only=True):
     """Set by the last beat of a worker that stopped gracefully (it is not "down")."""
     runs: tuple[ActiveRun, ...] = ()
     """The runs it executes (at most ``BEAT_RUNS_MAX``), each with its agent."""
+    answers: bool = False
+    """Whether it answers on its presence subject (``Names.presence``) while connected, so
+    that others may ask the server whether its connection is gone. ``False`` from a worker of
+    an older version: only its heartbeats tell."""
 
 
 class Liveness(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

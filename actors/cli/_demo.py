@@ -4,7 +4,8 @@ The demo needs nothing set up. It starts a NATS server in a temporary directory 
 ``--nats``), worker A as a subprocess serving ``examples/welcome.py``, and one ``welcome`` run.
 When worker A is inside the third operation (``provision_account``: the account exists, the
 step's completion is not recorded), it SIGKILLs worker A and starts worker B. Worker B takes
-the run over once A's heartbeats have stopped for ``worker_dead_after``, replays the recorded
+the run over once it finds A dead (A's connection is gone, which the server tells at once, or
+A's heartbeats stopped for ``worker_dead_after``), replays the recorded
 steps without running them, runs the in-doubt step again with the same idempotency key, and
 finishes. The demo then prints the history, the outbox and how often each step's code really
 ran, and checks that every effect (two emails, one account) exists exactly once.
@@ -323,8 +324,9 @@ async def _run(demo: _Demo) -> int:
 
         b = await demo.start_worker("B")
         out(
-            f"worker B started (pid {b.proc.pid}); it takes the run over once A's heartbeats "
-            f"have stopped for {Settings().worker_dead_after:g}s"
+            f"worker B started (pid {b.proc.pid}); it takes the run over once it finds A dead: "
+            f"A's connection gone, or its heartbeats stopped for "
+            f"{Settings().worker_dead_after:g}s"
         )
         result = await client.result(demo.run_id, timeout=DEADLINE)
         out(f"run completed: {encode(result).decode()}")

@@ -42,6 +42,8 @@ class _Seen:
     beat: WorkerBeat
     changed_at: float
     dead: bool = False
+    asked: bool = False
+    """Whether its connection was asked after since its beat last changed (``overdue``)."""
 
 
 class Membership:
@@ -75,7 +77,7 @@ class Membership:
                 if beat.started_at != seen.beat.started_at and not seen.dead:
                     died.append(seen.beat)  # restarted under the same id: the old one is gone
                 seen.seq, seen.beat, seen.changed_at = seq, beat, now
-                seen.dead = beat.stopped
+                seen.dead, seen.asked = beat.stopped, False
                 continue
             if not seen.dead and now - seen.changed_at > self.dead_after:
                 seen.dead = True
@@ -85,6 +87,31 @@ class Membership:
             if not gone.dead:
                 died.append(gone.beat)
         return died
+
+    def overdue(self, now: float, after: float) -> list[WorkerBeat]:
+        """The last beats of the live workers whose beats have not changed for ``after`` (well
+        short of ``dead_after``: a beat or two missed) and that answer on their presence
+        subject, each once per silence: whether their connection is still there is worth
+        asking (``condemn`` those whose connection is gone)."""
+        late = []
+        for seen in self._seen.values():
+            if not seen.dead and not seen.asked and seen.beat.answers:
+                if now - seen.changed_at > after:
+                    seen.asked = True
+                    late.append(seen.beat)
+        return late
+
+    def condemn(self, worker_id: str) -> WorkerBeat | None:
+        """``worker_id`` is dead without waiting for ``dead_after`` (the server says its
+        connection is gone): its last beat, if it was alive until now (reported once, as
+        ``observe`` reports the dead). Should its beats go on after all (a connection that came
+        back), it is alive again from its next beat."""
+        seen = self._seen.get(worker_id)
+        if seen is None or seen.dead:
+            return None
+        seen.dead = True
+        self._holders = None
+        return seen.beat
 
     def resume(self, now: float) -> None:
         """This process has not been able to look since long before ``now``: restart every

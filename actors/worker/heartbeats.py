@@ -24,6 +24,7 @@ import msgspec
 
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker
+from sojourn.broker.delivery import Delivery, Subscription
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.follow import read_all
 from sojourn.broker.names import Names
@@ -38,12 +39,17 @@ from ..core.membership import Membership
 from ..ops import metrics
 from .tenancy import held_step
 
-__all__ = ["BEAT_TTL", "Heartbeats"]
+__all__ = ["ASK_AFTER", "BEAT_TTL", "Heartbeats"]
 
 log = logging.getLogger("sojourn.worker")
 
 BEAT_TTL = "24h"
 """How long the broker keeps a worker's last heartbeat (the watchdog forgets it after 1 h)."""
+
+ASK_AFTER = 1.5
+"""Beat intervals without a new beat after which a worker's connection is asked after: the
+server answers "no responders" on its presence subject at once if the connection is gone (a
+killed process), so its runs are taken over long before ``worker_dead_after``."""
 
 
 class Heartbeats:
@@ -84,6 +90,7 @@ class Heartbeats:
         self._looked_at = 0.0
         self._beaten_at = 0.0
         """When this worker's own last heartbeat was stored (monotonic)."""
+        self._presence: Subscription | None = None
 
     async def beat(self, stopped: bool = False) -> None:
         """Store this worker's heartbeat, listing the runs it executes (none once ``stopped``)."""
@@ -103,11 +110,44 @@ class Heartbeats:
             interval=self.settings.worker_beat_interval,
             stopped=stopped,
             runs=() if stopped else runs,
+            answers=self._presence is not None,
         )
         await self._broker().publish(
             self.names.worker(self.worker_id), encode(beat), {h.TTL: BEAT_TTL}
         )
         self._beaten_at = time.monotonic()
+
+    async def answer(self) -> None:
+        """Answer on this worker's presence subject while its connection is up (from the next
+        beat on, beats say so): when the connection goes, the server itself tells the others."""
+
+        async def on_ask(msg: Delivery) -> None:
+            if msg.reply:
+                with contextlib.suppress(Exception):  # the asker may be gone: nothing to tell
+                    await msg.respond(b"")
+
+        b = self._broker()
+        subject, since = self.names.presence(self.worker_id), time.monotonic()
+        sub = await b.subscribe(subject, cb=on_ask)
+        await b.flush()  # the server refuses a subscription before the flush's answer
+        if b.denied(subject, since=since):
+            # Answering nobody while the beats say it answers would let others condemn this
+            # worker at its first late beat: its beats say it does not answer.
+            log.warning(
+                "may not subscribe to %s (the worker role's permissions predate decision 0031):"
+                " other workers judge this one by its heartbeats alone", subject,
+            )  # fmt: skip
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            return
+        self._presence = sub
+
+    async def close(self) -> None:
+        """Stop answering on the presence subject (after the last beat, which says stopped)."""
+        if self._presence is not None:
+            sub, self._presence = self._presence, None
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def beat_loop(self) -> None:
         """The worker's heartbeat: one write per interval, listing the runs it executes; while
@@ -133,6 +173,17 @@ class Heartbeats:
         for dead in self.membership.observe(beats, now, time.time()):
             if dead.worker_id != self.worker_id:
                 await self.take_over(dead)
+        ask_after = ASK_AFTER * self.settings.worker_beat_interval
+        late = [w for w in self.membership.overdue(now, ask_after) if w.worker_id != self.worker_id]
+        if late:
+            timeout = self.settings.worker_beat_interval
+            asked = [b.present(self.names.presence(w.worker_id), timeout) for w in late]
+            # An error (this connection may not ask: an older role) tells nothing, like silence.
+            answers = await asyncio.gather(*asked, return_exceptions=True)
+            for w, present in zip(late, answers, strict=True):
+                gone = self.membership.condemn(w.worker_id) if present is False else None
+                if gone is not None:
+                    await self.take_over(gone, "its connection is gone")
 
     async def watch(self, stopping: asyncio.Event) -> None:
         """Watch the other workers; when one dies, wake its runs at once (``take_over``)."""
@@ -154,17 +205,15 @@ class Heartbeats:
             except Exception as e:
                 log.debug("%s failed: %s", what, e)
 
-    async def take_over(self, dead: WorkerBeat) -> None:
-        """A worker died (its beats stopped): wake the runs it was executing, of the agents
-        served here, so they resume now rather than when their wakes' ack deadline passes.
-        Every surviving worker does it; the wakes' Msg-Id makes them one."""
+    async def take_over(self, dead: WorkerBeat, why: str = "") -> None:
+        """A worker died (its beats stopped, or its connection is gone): wake the runs it was
+        executing, of the agents served here, so they resume now rather than when their wakes'
+        ack deadline passes. Every surviving worker does it; the wakes' Msg-Id makes them one."""
         mine = [r for r in dead.runs if r.agent in self.agents]
         if not mine:
             return
-        log.warning(
-            "worker %s is silent (no heartbeat for %.1fs): waking %d of its runs",
-            dead.worker_id, self.settings.worker_dead_after, len(mine),
-        )  # fmt: skip
+        why = why or f"no heartbeat for {self.settings.worker_dead_after:g}s"
+        log.warning("worker %s is dead (%s): waking %d of its runs", dead.worker_id, why, len(mine))
         b = self._broker()
         incarnation = f"{dead.worker_id}:{dead.started_at:.6f}"
         for r in mine:

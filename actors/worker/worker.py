@@ -283,6 +283,7 @@ class Worker:
             check(self.names, [await retry_unsettled(ensure)])
             fire_subs[name] = await b.pull(self.names.schedules_stream, config["durable_name"])
         await self.interrupts.subscribe(b)
+        await self.heartbeats.answer()
         await retry_unsettled(self.heartbeats.beat)
         await retry_unsettled(self.heartbeats.look)
         inbox = InboxLoop(self.intake, self.settings)
@@ -343,6 +344,7 @@ class Worker:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await self.heartbeats.beat(stopped=True)
+        await self.heartbeats.close()
         if self._owns_broker and self._broker is not None:
             await self._broker.close()
         self._closed.set()

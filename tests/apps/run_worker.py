@@ -22,7 +22,11 @@ async def main() -> None:
     mod = importlib.import_module(module)
     agents = [v for v in vars(mod).values() if isinstance(v, Agent)]
     limit = int(os.environ.get("SOJOURN_TEST_CRASH_LOOP_LIMIT", "0"))
-    settings = Settings(prefix=prefix, lease_ttl=ttl, crash_loop_limit=limit)
+    # SOJOURN_TEST_DEAD_AFTER: how long a silent worker has before it counts as dead.
+    dead_after = float(os.environ.get("SOJOURN_TEST_DEAD_AFTER", Settings().worker_dead_after))
+    settings = Settings(
+        prefix=prefix, lease_ttl=ttl, crash_loop_limit=limit, worker_dead_after=dead_after
+    )
     concurrency = int(os.environ.get("SOJOURN_TEST_CONCURRENCY", "256"))
     worker = Worker(agents, nats=url, settings=settings, concurrency=concurrency)
     await worker.start()

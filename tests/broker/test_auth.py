@@ -326,6 +326,25 @@ async def test_worker_starts_against_existing_streams_without_reconfiguring(
     assert not [r for r in caplog.records if "may not update" in r.getMessage()]
 
 
+async def test_a_worker_answers_and_asks_on_presence_subjects(worker: Broker) -> None:
+    """The worker role may subscribe to a presence subject and ask on one (decision 0031);
+    the server says "no responders" when nobody answers there."""
+    subject = NAMES.presence("w-presence")
+    assert await worker.present(subject, 2.0) is False
+
+    async def on_ask(msg: Delivery) -> None:
+        await msg.respond(b"")
+
+    since = time.monotonic()
+    sub = await worker.subscribe(subject, cb=on_ask)
+    await worker.flush()
+    assert not worker.denied(subject, since=since)
+    assert await worker.present(subject, 2.0) is True
+    await sub.unsubscribe()
+    await worker.flush()
+    assert await worker.present(subject, 2.0) is False
+
+
 async def test_worker_appends_wakes_and_purges_timers(worker: Broker, admin: Broker) -> None:
     events = await state_of(admin, NAMES.events_stream)
     await worker.publish(NAMES.events("w-1"), b"[]", {h.EXPECTED_LAST_SUBJECT_SEQUENCE: "0"})

@@ -117,3 +117,60 @@ def test_dead_exactly_when_silent_longer_than_dead_after(steps: list[tuple[bool,
         if now - changed_at > DEAD_AFTER and not was_dead:
             deaths, was_dead = deaths + 1, True
     assert reported == deaths
+
+
+# --- asking after a late worker's connection (``overdue``, ``condemn``) ------------------------
+
+ASK = 0.375
+
+
+def test_a_late_worker_that_answers_is_asked_after_once_per_silence() -> None:
+    m = Membership(DEAD_AFTER)
+    m.observe([(1, beat(answers=True))], now=0.0)
+    assert m.overdue(0.3, ASK) == []  # not late yet
+    assert [b.worker_id for b in m.overdue(0.4, ASK)] == ["w1"]
+    assert m.overdue(0.5, ASK) == []  # asked already: not again in the same silence
+    m.observe([(2, beat(at=101.0, answers=True))], now=0.6)  # it beat again
+    assert m.overdue(0.9, ASK) == [] and len(m.overdue(1.0, ASK)) == 1
+
+
+def test_a_worker_that_does_not_answer_or_is_dead_is_never_asked_after() -> None:
+    m = Membership(DEAD_AFTER)
+    m.observe([(1, beat()), (2, beat("w2", answers=True, stopped=True))], now=0.0)
+    assert m.overdue(1.0, ASK) == []  # w1 answers nothing (an older worker); w2 stopped
+
+
+def test_a_condemned_worker_is_dead_at_once_reported_once_and_alive_again_if_it_beats() -> None:
+    m = Membership(DEAD_AFTER)
+    held = beat(answers=True, runs=(ActiveRun("r1", "a"),))
+    m.observe([(1, held)], now=0.0)
+    assert m.holder("r1") == "w1"
+    assert m.condemn("w1") == held
+    assert not m.alive("w1") and m.holder("r1") is None
+    assert m.condemn("w1") is None and m.condemn("nobody") is None
+    assert m.observe([(1, held)], now=2.0) == []  # not reported dead a second time
+    m.observe([(2, beat(at=103.0, answers=True))], now=2.1)  # its connection came back
+    assert m.alive("w1")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.floats(min_value=0.0, max_value=1.0)), min_size=1, max_size=40
+    )
+)
+def test_asked_after_exactly_once_per_silence_longer_than_the_ask_delay(
+    steps: list[tuple[bool, float]],
+) -> None:
+    m = Membership(DEAD_AFTER)
+    now, seq, changed_at, asked = 0.0, 1, 0.0, False
+    m.observe([(seq, beat(answers=True))], now=now)
+    for beats, gap in steps:
+        now += gap
+        if beats:
+            seq, changed_at, asked = seq + 1, now, False
+        m.observe([(seq, beat(at=100.0 + seq, answers=True))], now=now)
+        late = m.overdue(now, ASK)
+        due = m.alive("w1") and not asked and now - changed_at > ASK
+        assert len(late) == (1 if due else 0)
+        asked = asked or due

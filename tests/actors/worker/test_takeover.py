@@ -214,3 +214,28 @@ async def test_a_broker_outage_longer_than_dead_after_takes_no_run_over(
             assert {w for w, _ in await writers_of(client, r)} == {owner_id}, r
     finally:
         await client.close()
+
+
+async def test_a_killed_workers_runs_resume_long_before_its_silence_would_condemn_it(
+    nats_server: EmbeddedServer, settings: Settings, client: Client, procs: list[WorkerProc]
+) -> None:
+    """With ``worker_dead_after`` at 30 s (and the wakes' ack deadline 30 s), a SIGKILLed
+    worker's runs still resume within seconds: the survivor, seeing one beat missed, asks the
+    server after the dead worker's presence subject and hears "no responders" (its connection
+    is gone), so it takes the runs over without waiting for either deadline."""
+    slow = {"SOJOURN_TEST_DEAD_AFTER": "30"}
+    first = await start_worker(nats_server, settings.prefix, procs, **slow)
+    run_ids = [f"gone-{i}" for i in range(10)]
+    await asyncio.gather(*(client.start("takeover", STEPS, run_id=r) for r in run_ids))
+    first_id = (await worker_ids(client))[first.proc.pid]
+    await wait_for(
+        lambda: runs_on(client, run_ids, first_id, 2), timeout=60, what="every run under way"
+    )
+    await start_worker(nats_server, settings.prefix, procs, **slow)
+    killed_at = time.time()
+    first.kill()
+    # 20 s: well short of the 30 s either deadline would take, well above the ~1 s it takes.
+    results = await asyncio.gather(*(client.result(r, timeout=20) for r in run_ids))
+    assert results == [sum(range(STEPS))] * len(run_ids)
+    delays = sorted(await resumed_after(client, run_ids, first_id, killed_at))
+    print(f"\nkill -> next recorded step (dead_after 30 s): max {delays[-1]:.2f}s")
