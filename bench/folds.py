@@ -8,8 +8,8 @@ Run from the repository root::
 Pure CPU: no server, no I/O. For N buffered signals (``--sizes``, default 5,000 / 20,000 /
 100,000) it times, best of ``--repeats`` (``gc.collect()`` before each, the collector on):
 
-- **fold, buffered**: ``actors.state.fold`` of ``RunStarted`` + N ``SignalReceived`` (a run that
-  received N signals no wait has taken yet);
+- **fold, buffered**: ``actors.core.state.fold`` of ``RunStarted`` + N ``SignalReceived`` (a
+  run that received N signals no wait has taken yet);
 - **fold, buffered + taken**: the same + N ``WaitCompleted``, each taking one signal by its
   ``signal_id``, oldest first (a run whose waits work through its backlog);
 - **summarize_all**, the same two histories, one decision per event (as the intake writes
@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 
 from bench.util import git_state, machine_facts
-from sojourn.actors import state as state_now
+from sojourn.actors.core import state as state_now
 from sojourn.broker.server import find_nats_server
 from sojourn.projections import summary as summary_now
 from sojourn.schemas.events import RunEvent, RunStarted, SignalReceived, WaitCompleted

@@ -5,8 +5,8 @@ Python time goes. Untimed; runs after the measured sections on its own deploymen
 ``nc.request`` (a round trip the caller awaits), every batched direct get (history load) and
 every fire-and-forget ``nc.publish`` (acks, pull requests, replies) is recorded with its
 subject category, start time and duration. To see those it reaches inside the façade on
-purpose (``Broker._nc``, the nats-py connection, and ``Broker._direct_batch``): a diagnostic,
-not a pattern.
+purpose (``Broker._nc``, the nats-py connection, and ``Broker._direct.batch``, its batched
+direct gets): a diagnostic, not a pattern.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class TracedBroker:
         nc = broker._nc
         orig_request = nc.request
         orig_publish = nc.publish
-        orig_batch = broker._direct_batch
+        orig_batch = broker._direct.batch
 
         async def request(
             subject: str,
@@ -132,7 +132,7 @@ class TracedBroker:
         broker.pull = pull  # type: ignore[method-assign]
         nc.request = request  # type: ignore[method-assign]
         nc.publish = publish  # type: ignore[method-assign]
-        broker._direct_batch = direct_batch  # type: ignore[method-assign]
+        broker._direct.batch = direct_batch  # type: ignore[method-assign]
 
     def _record(self, t0: float, kind: str, subject: str) -> None:
         if self.enabled:
