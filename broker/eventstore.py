@@ -112,6 +112,9 @@ class EventStore:
         self.cache_decisions = cache_decisions
         self.cache_min = cache_min
         self.cache_bytes = cache_bytes
+        self.high_seq = 0
+        """The highest events-stream sequence of an append this store had acknowledged (or a
+        floor set by its owner): every later append of this connection lands above it."""
         self._cache: OrderedDict[str, _Cached] = OrderedDict()
         self._cached = 0
         self._cached_bytes = 0
@@ -315,6 +318,7 @@ class EventStore:
             except ConnectionClosedError as e:
                 raise BrokerUnavailable("connection to NATS is closed", run_id=run_id) from e
             if not isinstance(ack, JetStreamError):
+                self.high_seq = max(self.high_seq, ack.seq)
                 if self._cache:
                     decision = Decision(ack.seq, tuple(events), writer, mid, len(data))
                     self._appended(run_id, expected_seq, decision)

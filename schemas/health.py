@@ -87,6 +87,10 @@ class WorkerBeat(msgspec.Struct, frozen=True, kw_only=True):
     """Set by the last beat of a worker that stopped gracefully (it is not "down")."""
     runs: tuple[ActiveRun, ...] = ()
     """The runs it executes (at most ``BEAT_RUNS_MAX``), each with its agent."""
+    events_seq: int = -1
+    """An events-stream sequence every decision this worker writes after this beat lands
+    above: a run it claims after the beat, which the beat cannot list, is found from there
+    should the worker die (-1 from older workers: not looked for)."""
     answers: bool = False
     """Whether it answers on its presence subject (``Names.presence``) while connected, so
     that others may ask the server whether its connection is gone. ``False`` from a worker of

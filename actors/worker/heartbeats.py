@@ -25,7 +25,7 @@ import msgspec
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import Delivery, Subscription
-from sojourn.broker.eventstore import Decision
+from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.follow import read_all
 from sojourn.broker.names import Names
 from sojourn.schemas.codec import decode_worker_beat, encode
@@ -37,6 +37,7 @@ from sojourn.schemas.vocabulary import wake_reason
 
 from ..core.membership import Membership
 from ..ops import metrics
+from .orphans import claimed_after_beat
 from .tenancy import held_step
 
 __all__ = ["ASK_AFTER", "BEAT_TTL", "Heartbeats"]
@@ -91,6 +92,7 @@ class Heartbeats:
         self._beaten_at = 0.0
         """When this worker's own last heartbeat was stored (monotonic)."""
         self._presence: Subscription | None = None
+        self._store: EventStore | None = None
 
     async def beat(self, stopped: bool = False) -> None:
         """Store this worker's heartbeat, listing the runs it executes (none once ``stopped``)."""
@@ -111,15 +113,24 @@ class Heartbeats:
             stopped=stopped,
             runs=() if stopped else runs,
             answers=self._presence is not None,
+            events_seq=-1 if self._store is None else self._store.high_seq,
         )
         await self._broker().publish(
             self.names.worker(self.worker_id), encode(beat), {h.TTL: BEAT_TTL}
         )
         self._beaten_at = time.monotonic()
 
-    async def answer(self) -> None:
-        """Answer on this worker's presence subject while its connection is up (from the next
-        beat on, beats say so): when the connection goes, the server itself tells the others."""
+    async def start(self, store: EventStore) -> None:
+        """Before the first beat: from now on each beat carries the events-stream sequence the
+        worker's later decisions land above (``store.high_seq``, at least the stream's last
+        sequence now), and the worker answers on its presence subject while its connection is
+        up (beats say so): when the connection goes, the server itself tells the others."""
+        info = await self._broker().api(f"$JS.API.STREAM.INFO.{self.names.events_stream}")
+        store.high_seq = max(store.high_seq, int(info.get("state", {}).get("last_seq", 0)))
+        self._store = store
+        await self._answer()
+
+    async def _answer(self) -> None:
 
         async def on_ask(msg: Delivery) -> None:
             if msg.reply:
@@ -209,12 +220,17 @@ class Heartbeats:
         """A worker died (its beats stopped, or its connection is gone): wake the runs it was
         executing, of the agents served here, so they resume now rather than when their wakes'
         ack deadline passes. Every surviving worker does it; the wakes' Msg-Id makes them one."""
-        mine = [r for r in dead.runs if r.agent in self.agents]
+        b = self._broker()
+        try:
+            unlisted = await claimed_after_beat(b, self.names, dead)
+        except Exception as e:  # the listed runs are woken all the same
+            log.warning("worker %s: runs claimed after its last beat unread: %s", dead.worker_id, e)
+            unlisted = []
+        mine = [r for r in (*dead.runs, *unlisted) if r.agent in self.agents]
         if not mine:
             return
         why = why or f"no heartbeat for {self.settings.worker_dead_after:g}s"
         log.warning("worker %s is dead (%s): waking %d of its runs", dead.worker_id, why, len(mine))
-        b = self._broker()
         incarnation = f"{dead.worker_id}:{dead.started_at:.6f}"
         for r in mine:
             wake = {

@@ -283,7 +283,7 @@ class Worker:
             check(self.names, [await retry_unsettled(ensure)])
             fire_subs[name] = await b.pull(self.names.schedules_stream, config["durable_name"])
         await self.interrupts.subscribe(b)
-        await self.heartbeats.answer()
+        await retry_unsettled(functools.partial(self.heartbeats.start, self.store))
         await retry_unsettled(self.heartbeats.beat)
         await retry_unsettled(self.heartbeats.look)
         inbox = InboxLoop(self.intake, self.settings)

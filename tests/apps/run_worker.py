@@ -24,8 +24,14 @@ async def main() -> None:
     limit = int(os.environ.get("SOJOURN_TEST_CRASH_LOOP_LIMIT", "0"))
     # SOJOURN_TEST_DEAD_AFTER: how long a silent worker has before it counts as dead.
     dead_after = float(os.environ.get("SOJOURN_TEST_DEAD_AFTER", Settings().worker_dead_after))
+    # SOJOURN_TEST_BEAT_INTERVAL: seconds between its heartbeats.
+    beat = float(os.environ.get("SOJOURN_TEST_BEAT_INTERVAL", Settings().worker_beat_interval))
     settings = Settings(
-        prefix=prefix, lease_ttl=ttl, crash_loop_limit=limit, worker_dead_after=dead_after
+        prefix=prefix,
+        lease_ttl=ttl,
+        crash_loop_limit=limit,
+        worker_dead_after=dead_after,
+        worker_beat_interval=beat,
     )
     concurrency = int(os.environ.get("SOJOURN_TEST_CONCURRENCY", "256"))
     worker = Worker(agents, nats=url, settings=settings, concurrency=concurrency)

@@ -106,6 +106,8 @@ async def raw(port: int, *frames: bytes) -> None:
         writer.close()
 
 
+START = RunStarted(run_id="claimed", agent="echo", input=msgspec.Raw(b"null"))
+
 # --- the deployment ----------------------------------------------------------------------------
 
 INTERRUPTED: set[str] = set()
@@ -509,6 +511,39 @@ async def test_a_beat_listing_runs_that_are_not_names_does_not_stop_takeovers(
 
     await wait_for(taken_over, DEADLINE, what="the silent worker's run woken")
     assert not w.worker.membership.known("bad") and not w.worker.membership.known("bad2")
+
+
+async def test_what_a_stranger_stores_above_a_dead_workers_last_beat_does_not_stop_takeovers(
+    world: World,
+) -> None:
+    """A dead worker's runs claimed after its last beat are read from the events stream above
+    the beat's ``events_seq``. A stranger's beat pointing there, and decisions signed with its
+    writer whose bodies are not events, whose subjects are no run ids, or that say nothing is
+    left to do, wake nothing and do not stop the listed run's takeover; one that names a run
+    with work is woken (a wake is only a hint: the run's own history decides)."""
+    w, n = world, world.names
+    floor = await w.mark(n.events("marker"))
+    signed = {h.WRITER: "ghost.1"}
+    await w.publish(n.events("junk"), b"not json", signed)
+    await w.publish(n.events("deep"), nested(100_000), signed)
+    await w.publish(n.events("bad$id"), encode_events([START]), signed)
+    await w.publish(n.events("notmine"), encode_events([START]), {h.WRITER: "other.1"})
+    await w.publish(n.events("claimed"), encode_events([START]), signed)
+    now = time.time()
+    runs = [["orphan2", "echo", now]]
+    body = {"worker_id": "ghost", "agents": ["echo"], "at": now, "started_at": now}
+    beat = {**body, "runs": runs, "interval": 0.25, "events_seq": floor}
+    await w.publish(n.worker("ghost"), json.dumps(beat).encode())
+
+    async def woken(run_id: str) -> bool:
+        m = await w.client.broker.direct_get_last(n.wake_stream, n.wake(run_id, "echo"))
+        return m is not None and m.header(h.WAKE_REASON) == "takeover"
+
+    await wait_for(functools.partial(woken, "orphan2"), DEADLINE, what="the listed run woken")
+    await wait_for(functools.partial(woken, "claimed"), DEADLINE, what="the claimed run woken")
+    for run_id in ("junk", "deep", "bad$id", "notmine"):
+        assert not await woken(run_id), run_id
+    await w.serves()
 
 
 # --- the watchdog ----------------------------------------------------------------------------

@@ -239,3 +239,39 @@ async def test_a_killed_workers_runs_resume_long_before_its_silence_would_condem
     assert results == [sum(range(STEPS))] * len(run_ids)
     delays = sorted(await resumed_after(client, run_ids, first_id, killed_at))
     print(f"\nkill -> next recorded step (dead_after 30 s): max {delays[-1]:.2f}s")
+
+
+async def test_a_run_claimed_after_the_dead_workers_last_beat_resumes_without_a_redelivery(
+    nats_server: EmbeddedServer, settings: Settings, client: Client, procs: list[WorkerProc]
+) -> None:
+    """A worker killed in the first milliseconds of a run, before any beat lists it: the
+    survivor finds the run from the events stream above the dead worker's last beat
+    (``WorkerBeat.events_seq``) and wakes it, long before the trigger's redelivery (30 s).
+
+    The doomed worker beats every 4 s and the run starts just after one of its beats, so the
+    kill lands before the next: its last beat cannot list the run (checked)."""
+    slow = {"SOJOURN_TEST_DEAD_AFTER": "30", "SOJOURN_TEST_BEAT_INTERVAL": "4"}
+    doomed = await start_worker(nats_server, settings.prefix, procs, **slow)
+    doomed_id = (await worker_ids(client))[doomed.proc.pid]
+    beats = await client.broker.subscribe(client.names.worker(doomed_id))
+    await beats.next_msg(timeout=30)  # a beat just went: the next is 4 s away
+    run_id = "claimed-early"
+    await client.start("takeover", 10, run_id=run_id)
+    await wait_for(
+        lambda: runs_on(client, [run_id], doomed_id, 1),
+        timeout=3,
+        interval=0.005,
+        what="the run's first step by the doomed worker, before its next beat",
+    )
+    killed_at = time.time()
+    doomed.kill()
+    await beats.unsubscribe()
+    names = client.names
+    last = await client.broker.direct_get_last(names.health_stream, names.worker(doomed_id))
+    assert last is not None
+    assert run_id not in {r.run_id for r in decode_worker_beat(last.data).runs}
+    await start_worker(nats_server, settings.prefix, procs, **slow)
+    # 20 s: well short of the 30 s the trigger's redelivery would take.
+    assert await client.result(run_id, timeout=20) == sum(range(10))
+    (delay,) = await resumed_after(client, [run_id], doomed_id, killed_at)
+    print(f"\nkill -> next recorded step (claimed after the last beat): {delay:.2f}s")
