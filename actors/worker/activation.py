@@ -61,6 +61,7 @@ from .appends import KEPT_HISTORY_MAX, Appender, AppendRefused, BrokerLost, brok
 from .children import cascade_cancel, child_outcome, tell_parent
 from .faults import fault
 from .interrupt import StepGuard
+from .opening import Opening
 from .run_timers import IN_PROCESS_BACKOFF, KeepTimer, RunTimers
 from .sticky import Body
 
@@ -89,6 +90,7 @@ class Activation:
         keep_run: Callable[[], bool] | None = None,
         snapshot: Snapshot | None = None,
         callback_keys: CallbackKeys | None = None,
+        opening: Opening | None = None,
     ) -> None:
         """``keep_timer``: the worker's in-process timers (``InProcessTimers.keep`` for this
         run), which take the timers of the waits this activation parks on; the broker's copy
@@ -98,7 +100,9 @@ class Activation:
         when it parks on a wait (its code then rests there instead of unwinding: ``rest``,
         ``worker/sticky.py``). ``snapshot``: a fold of a prefix of ``history``
         (``history/snapshots.py``), so that only what came after it is folded.
-        ``callback_keys``: the worker's keyring, which signs the run's ``ctx.callback`` tokens."""
+        ``callback_keys``: the worker's keyring, which signs the run's ``ctx.callback`` tokens.
+        ``opening``: the run is not stored yet (``history`` is its ``RunStarted``): the first
+        append stores it (``worker/opening.py``)."""
         self.agent = agent
         self.callback_keys = callback_keys
         self.progress = progress if progress is not None else Progress()
@@ -116,6 +120,7 @@ class Activation:
             flush_delay=flush_delay,
             metric_agent=self.metric_agent,
             machine=lambda: self.machine,
+            opening=opening,
         )
         """What this activation appends to the run's history (``worker/appends.py``)."""
         self.timers = RunTimers(
@@ -279,7 +284,11 @@ class Activation:
         raise Parked()
 
     async def start_child(self, agent: str, body: bytes, child_id: str) -> None:
-        """Publish a child's start on the spawn subject, idempotent by the child's run id."""
+        """Publish a child's start on the spawn subject, idempotent by the child's run id.
+        The intake starts a child only of a stored parent: a parent opened in memory is
+        stored first (``worker/opening.py``)."""
+        if not self.log.stored:
+            await self.commit([])
         await broker_io(
             self.store.broker.publish(
                 self.store.names.spawn(agent, self.sender),

@@ -14,6 +14,8 @@ The rules (the module doc of ``worker/activation.py`` says why):
   kept (``refused``) and raised again by every later append (``AppendRefused``).
 - A decision larger than the server takes is split into several messages, in order
   (``fit_prefix``).
+- A run this worker's intake opened in memory (``worker/opening.py``) is stored by the first
+  append: its ``RunStarted`` and the first decision as one message, create-only.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ..core.machine import Machine
 from ..core.state import _OP_EVENTS, fold
 from ..history.values import Values, values_for
 from ..ops.metrics import APPENDS, EVENTS_APPENDED
+from .opening import Opening
 
 __all__ = [
     "EXTERNAL_EVENTS",
@@ -130,8 +133,11 @@ class Appender:
         flush_delay: float,
         metric_agent: str,
         machine: Callable[[], Machine],
+        opening: Opening | None = None,
     ) -> None:
-        """``keep_history``: keep ``decisions`` while the history is short."""
+        """``keep_history``: keep ``decisions`` while the history is short. ``opening``: the
+        run is not stored yet; the first append stores it (``history`` is its ``RunStarted``,
+        held in memory)."""
         self.run_id = run_id
         self.store = store
         self.writer = writer
@@ -154,6 +160,12 @@ class Appender:
         self._unacked: list[RunEvent] = []
         """A decision whose append may have landed (its ack was lost in an outage): the next
         decision sends it first, unchanged, so the store can tell whether it landed."""
+        self._opening = opening
+
+    @property
+    def stored(self) -> bool:
+        """Whether the run is stored (not opened in memory, waiting for its first append)."""
+        return self._opening is None
 
     @property
     def values(self) -> Values:
@@ -237,6 +249,8 @@ class Appender:
                 self._flush_handle = None
             unacked, self._unacked = self._unacked, []
             batch = [*unacked, *taken, *events]
+            if self._opening is not None and await self._open(batch) == len(batch):
+                return  # stored with the run's RunStarted
             if not batch:
                 return
             ours = len(batch) - len(events)  # batch[ours:] are ``events``
@@ -292,6 +306,68 @@ class Appender:
                     if isinstance(dropped, StepStarted):
                         m.start_dropped(dropped)
                 raise RunCancelledInterrupt()
+
+    async def _open(self, batch: list[RunEvent]) -> int:
+        """Store the opened run's ``RunStarted``: with ``batch`` as one message when no cancel
+        waits behind the start and it fits, else alone (then the cancel). Returns how many of
+        ``batch`` were stored with it (all or none), and settles the opening.
+
+        Raises:
+            Fenced: the run was not created by this append (it existed, or an earlier delivery
+                of the trigger created it): this activation stops, and the intake answers.
+        """
+        opening = self._opening
+        assert opening is not None and not self._unacked
+        self._opening = None
+        try:
+            queued = None if opening.look is None else await opening.look
+            first: list[RunEvent] = [opening.started]
+            if queued is None and batch:
+                first += await self.values.externalize(batch)
+                if len(encode_events(first)) > self.store.max_decision:
+                    first = [opening.started]
+            seq, earlier = await self.store.append_once(
+                self.run_id, first, expected_seq=0, writer=self.writer, msg_id=opening.msg_id
+            )
+        except ConcurrencyConflict:
+            opening.settle("exists")
+            self.fenced = True
+            raise Fenced(self.run_id) from None
+        except BaseException as e:  # the intake hands the trigger back: nothing is stored
+            opening.fail(e)
+            self.fenced = True
+            raise Fenced(self.run_id) from e
+        if earlier:
+            opening.settle("earlier")
+            self.fenced = True
+            raise Fenced(self.run_id)
+        if self.decisions is not None:  # in place: an in-process timer may hold the list
+            stored = (opening.started, *(batch if len(first) > 1 else ()))
+            self.decisions[:] = [Decision(seq, stored, self.writer, opening.msg_id)]
+        self.last_seq = seq
+        self.appends += 1
+        self._appends_metric.inc()
+        self._events_metric.inc(len(first))
+        merged = batch if len(first) > 1 else []  # as recorded, not by reference
+        others = [e for e in merged if not isinstance(e, _OP_EVENTS)]
+        if others:
+            m = self._machine()
+            m.state = fold(others, m.state)
+        opening.settle("stored")
+        if queued is not None:
+            cancel_seq, cancel = queued
+            try:
+                seq = await self.store.append(
+                    self.run_id,
+                    [cancel],
+                    expected_seq=seq,
+                    writer=self.writer,
+                    msg_id=f"{self.run_id}:cancel:{cancel_seq}",  # what its delivery would write
+                )
+            except ConcurrencyConflict:
+                return 0  # something came in meanwhile: the cancel is recorded when delivered
+            self._stored([cancel], seq)
+        return len(merged)
 
     def _stored(self, batch: list[RunEvent], seq: int) -> None:
         self.appends += 1

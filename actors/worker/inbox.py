@@ -3,7 +3,7 @@ in order.
 
 Messages about the same run (a start, then its cancel; a burst of signals) are handled one at a
 time in the order they arrived, each waiting for the one before while kept alive; messages about
-different runs go at once, up to 64 in flight. A message refused by its bytes alone
+different runs go at once, up to ``IN_FLIGHT`` (256) at a time. A message refused by its bytes alone
 (``Refusals.screen``) never waits behind the others. Trouble with one message is settled here:
 a message whose bytes no decoder could read is refused, broker trouble and bugs have it
 retried.
@@ -29,7 +29,12 @@ from .intake import Intake
 from .refusals import Screened
 from .tenancy import count_redelivery, times_delivered
 
-__all__ = ["InboxLoop"]
+__all__ = ["IN_FLIGHT", "InboxLoop"]
+
+IN_FLIGHT = 256
+"""Inbox messages one worker fetches at a time and handles at once. A burst of starts is taken
+in one pull and opened together (each is light until its run's first append); 64 made a burst
+of 100 starts wait for the first 64 runs' first appends before the rest were even read."""
 
 log = logging.getLogger("sojourn.worker")
 
@@ -44,11 +49,11 @@ class InboxLoop:
     async def run(self, sub: PullConsumer, stopping: asyncio.Event) -> None:
         """Fetch inbox messages and handle them concurrently; messages about the same run
         (same subject) are handled in arrival order."""
-        inflight = asyncio.Semaphore(64)
+        inflight = asyncio.Semaphore(IN_FLIGHT)
         tails: dict[str, asyncio.Task[None]] = {}
         while not stopping.is_set():
             try:
-                msgs = await sub.fetch(batch=64, timeout=1.0)
+                msgs = await sub.fetch(batch=IN_FLIGHT, timeout=1.0)
                 for msg in msgs:
                     count_redelivery(msg, "intake")
                     await inflight.acquire()

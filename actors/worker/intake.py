@@ -47,17 +47,19 @@ from ..history.snapshots import current as current_snapshot
 from .control import cancel_body, cancel_requested, events_for, signal_id
 from .faults import fault
 from .interrupt import publish_interrupt
+from .opening import Opening
 from .refusals import Refusals, Rejected, Screened, dlq_kind, reply
-from .starts import Starts, handback_delay
+from .starts import Created, Starts, dismiss, handback_delay
 
 __all__ = ["Intake", "OnCreated", "ScheduleRequests"]
 
 UNKNOWN_RUN_RETRIES = 5
 """Deliveries of a cancel for a run that does not exist yet before it is dead-lettered."""
 
-OnCreated = Callable[[str, list[Decision], Delivery], Awaitable[bool]]
-"""Called with a freshly created run: return True to run it at once (then the callee settles
-the inbox message), False to have the intake wake it through the wake stream."""
+OnCreated = Callable[[str, list[Decision], Delivery, Opening | None], Awaitable[bool]]
+"""Called with a freshly created run (or one opened in memory, with its ``Opening``): return
+True to run it at once (then the callee settles the inbox message), False to have the intake
+wake it through the wake stream (an opened run is stored first)."""
 
 
 class ScheduleRequests(Protocol):
@@ -81,7 +83,10 @@ class Intake:
         agents: Mapping[str, Agent[object, object]],
         writer: str,
         on_created: OnCreated | None = None,
+        opens: Callable[[str], bool] | None = None,
     ) -> None:
+        """``opens``: whether the worker would execute a run created now at once (then it is
+        opened in memory and stored with its first decision: ``worker/opening.py``)."""
         self.broker = broker
         self.store = store
         self.names = names
@@ -92,7 +97,7 @@ class Intake:
         """Set by the worker: the handler of schedule requests."""
         self.refusals = Refusals(broker, names, settings)
         """Screens messages and refuses those not acted on."""
-        self.starts = Starts(store, registry, agents, writer)
+        self.starts = Starts(store, registry, agents, writer, opens=opens)
         """Creates the runs starts, spawns and schedule fires ask for."""
 
     async def _agent_of(self, run_id: str) -> str | None:
@@ -122,6 +127,8 @@ class Intake:
         try:
             if inbox.kind in ("start", "spawn"):
                 started = await self.starts.start(msg, inbox)
+                if isinstance(started, Opening):
+                    started = await self._open(started, msg)
                 if started is None:
                     return
                 answer, created, wake = started
@@ -129,7 +136,7 @@ class Intake:
                 if (
                     created is not None
                     and self.on_created is not None
-                    and await self.on_created(answer.run_id, created, msg)
+                    and await self.on_created(answer.run_id, created, msg, None)
                 ):
                     return  # the worker runs it now and settles msg when the run rests
                 if wake:
@@ -155,6 +162,29 @@ class Intake:
             await self.refusals.reject(msg, dlq_kind(kind), r.code, r.message, reply_ok)
         except HistoryError as e:  # the run's history cannot be read: retrying cannot help
             await self.refusals.reject(msg, dlq_kind(kind), "internal", e.message)
+
+    async def _open(self, opening: Opening, msg: Delivery) -> Created | None:
+        """Have the worker execute a run opened in memory, and answer once its first append
+        stored it (``worker/opening.py``); ``None`` when the worker settles ``msg`` itself
+        (the run executes, or its activation ended before storing anything). When the run
+        existed already, what a start of an existing run gets."""
+        run_id = opening.run_id
+        if self.on_created is None or not await self.on_created(
+            run_id, opening.history(), msg, opening
+        ):
+            return await self.starts.store_opening(opening)
+        try:
+            how = await opening.settled
+        finally:
+            await dismiss(opening.look)
+        if how == "stored":
+            await reply(self.broker, msg, encode(IntakeOk(run_id=run_id, created=True)))
+            return None
+        if how == "earlier":  # this trigger created it before: the run may not rest yet
+            return IntakeOk(run_id=run_id, created=True), None, True
+        if how == "exists":
+            return await self.starts.existing(opening.started)
+        return None  # abandoned: the activation settled msg; its redelivery creates the run
 
     # --- signals, resumes, decisions, child notices ------------------------------------------
 
@@ -247,9 +277,9 @@ class Intake:
 
     async def _cancelled_at_start(self, run_id: str, last: list[RunEvent]) -> bool:
         """Whether the run was asked to cancel at its start: a cancel sent while it was pending,
-        recorded in the decision right after ``RunStarted`` (``Starts`` looks for it; older
-        versions recorded it in the same one). Any cancel delivered since adds nothing: the
-        run never runs a step."""
+        recorded in the decision right after a ``RunStarted`` stored alone (``Starts`` looks
+        for it; older versions recorded it in the same one). Any cancel delivered since adds
+        nothing: the run never runs a step."""
         if any(isinstance(e, RunStarted) for e in last):
             return any(isinstance(e, CancelRequested) for e in last)
         first = await self.store.first(run_id)
@@ -257,6 +287,8 @@ class Intake:
             return False
         if any(isinstance(e, CancelRequested) for e in first.events):
             return True
+        if len(first.events) > 1:  # stored with its first decision: no cancel came before it
+            return False
         second = await self.broker.direct_get_next(
             self.names.events_stream, self.names.events(run_id), first.seq + 1
         )

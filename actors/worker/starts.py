@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -34,6 +34,7 @@ from ..agents.agent import Agent
 from ..core.state import fold
 from ..history.pending import scan_inbox
 from .control import cancel_body, cancel_requested
+from .opening import Opening, QueuedCancel
 from .refusals import REPLY_HEADER, Rejected
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Created",
     "ScheduledFire",
     "Starts",
+    "dismiss",
     "handback_delay",
     "started_by",
 ]
@@ -84,7 +86,10 @@ class Starts:
         registry: AgentRegistry,
         agents: Mapping[str, Agent[object, object]],
         writer: str,
+        opens: Callable[[str], bool] | None = None,
     ) -> None:
+        """``opens``: whether this worker executes a run it creates now at once (then it is
+        opened in memory and stored with its first decision, ``worker/opening.py``)."""
         self.broker = store.broker
         self.store = store
         self.names = store.names
@@ -92,9 +97,11 @@ class Starts:
         self.registry = registry
         self.agents = agents
         self.writer = writer
+        self.opens = opens
 
-    async def start(self, msg: Delivery, inbox: InboxSubject) -> Created | None:
-        """Create the run a start or a spawn asks for (``Created``).
+    async def start(self, msg: Delivery, inbox: InboxSubject) -> Created | Opening | None:
+        """Create the run a start or a spawn asks for (``Created``), or open it in memory when
+        this worker executes it at once (``Opening``: stored with its first decision).
 
         ``None`` means the message was handed back (nak) for another worker.
         """
@@ -166,7 +173,9 @@ class Starts:
         Raises:
             Rejected: the input no longer fits the agent (or the agent is unknown).
         """
-        return await self._create(msg, agent_name, trigger, fire)
+        created = await self._create(msg, agent_name, trigger, fire)
+        assert not isinstance(created, Opening)  # a fire's run is stored before it runs
+        return created
 
     async def _create(
         self,
@@ -176,7 +185,7 @@ class Starts:
         fire: ScheduledFire | None = None,
         *,
         sender: str | None = None,
-    ) -> Created | None:
+    ) -> Created | Opening | None:
         if trigger.parent_run_id:
             await self._check_parent(trigger.parent_run_id)
         agent = self.agents.get(agent_name)
@@ -223,37 +232,46 @@ class Starts:
             at=time.time(),
         )
         # A cancel sent while the run was pending waits in the inbox behind its start: looked
-        # for while the start is appended, and recorded right after it, before the run runs
-        # anything (every start pays this look, usually for nothing: in parallel it costs no
-        # time).
-        look = asyncio.ensure_future(
-            self._queued_cancel(run_id) if fire is None else _nothing_queued()
-        )
+        # for while the start is stored, and recorded right after it, before the run runs
+        # anything. Only a start delivered with messages behind it (or delivered before) can
+        # have one: a cancel stored after the start was delivered finds the run starting, and
+        # interrupts it like any cancel.
+        look = None
+        if fire is None and (msg.num_pending > 0 or msg.num_delivered > 1):
+            look = asyncio.ensure_future(self._queued_cancel(run_id))
         msg_id = f"{run_id}:start:{inbox_seq}" if fire is None else f"{run_id}:fire"
+        if fire is None and self.opens is not None and self.opens(run_id):
+            return Opening(started, msg_id, self.writer, look)
+        return await self._store(started, msg_id, look, fire)
+
+    async def store_opening(self, opening: Opening) -> Created:
+        """Store an opened run's ``RunStarted`` alone, as the intake does for a run it does
+        not execute at once (the worker declined it after all)."""
+        return await self._store(opening.started, opening.msg_id, opening.look, None)
+
+    async def _store(
+        self,
+        started: RunStarted,
+        msg_id: str,
+        look: Awaitable[QueuedCancel | None] | None,
+        fire: ScheduledFire | None,
+    ) -> Created:
+        run_id = started.run_id
         try:
             seq, earlier = await self.store.append_once(
                 run_id, [started], expected_seq=0, writer=self.writer, msg_id=msg_id
             )
         except ConcurrencyConflict:
-            await _dismiss(look)
-            first = await self.store.first(run_id)
-            made = first.events[0] if first and first.events else None
-            ours = isinstance(made, RunStarted) and (
-                made.trigger.inbox_seq == inbox_seq
-                if fire is None
-                else (made.schedule, made.scheduled_at) == (fire.name, fire.at)
-            )
-            # ours: a redelivery of the trigger that created this run. The worker that took it
-            # may have died before the run rested, so wake it (a wake is only a hint).
-            return IntakeOk(run_id=run_id, created=ours), None, ours
+            await dismiss(look)
+            return await self.existing(started, fire)
         except BaseException:
-            await _dismiss(look)
+            await dismiss(look)
             raise
         if earlier:  # we created it before and crashed or lost the ack: history may have grown
-            await _dismiss(look)
+            await dismiss(look)
             return IntakeOk(run_id=run_id, created=True), None, True
         history = [Decision(seq=seq, events=(started,), writer=self.writer, msg_id=msg_id)]
-        queued = await look
+        queued = None if look is None else await look
         if queued is not None:
             cancel_seq, cancel = queued
             cancel_id = f"{run_id}:cancel:{cancel_seq}"  # what its own delivery would write
@@ -269,7 +287,20 @@ class Starts:
             )
         return IntakeOk(run_id=run_id, created=True), history, True
 
-    async def _queued_cancel(self, run_id: str) -> tuple[int, CancelRequested] | None:
+    async def existing(self, started: RunStarted, fire: ScheduledFire | None = None) -> Created:
+        """The answer to a start of a run that exists: ``created`` when this very trigger (or
+        fire) created it (a redelivery), and then the run is woken, for the worker that took it
+        may have died before the run rested (a wake is only a hint)."""
+        first = await self.store.first(started.run_id)
+        made = first.events[0] if first and first.events else None
+        ours = isinstance(made, RunStarted) and (
+            made.trigger.inbox_seq == started.trigger.inbox_seq
+            if fire is None
+            else (made.schedule, made.scheduled_at) == (fire.name, fire.at)
+        )
+        return IntakeOk(run_id=started.run_id, created=ours), None, ours
+
+    async def _queued_cancel(self, run_id: str) -> QueuedCancel | None:
         """The oldest cancel of ``run_id`` stored in the inbox that the intake would accept:
         its inbox sequence and the event it would record (its sender is its subject's), or
         ``None``.
@@ -332,14 +363,11 @@ class Starts:
             )
 
 
-async def _nothing_queued() -> tuple[int, CancelRequested] | None:
-    """A scheduled run's start never waits behind a cancel in the inbox: a cancel for it
-    before it exists is refused ``unknown_run`` (no client can start a run of that id)."""
-    return None
-
-
-async def _dismiss(task: asyncio.Future[tuple[int, CancelRequested] | None]) -> None:
+async def dismiss(look: Awaitable[QueuedCancel | None] | None) -> None:
     """Cancel a look whose answer is no longer wanted, and let it end (whatever it raised)."""
+    if look is None:
+        return
+    task = asyncio.ensure_future(look)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 

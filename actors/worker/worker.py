@@ -61,6 +61,7 @@ from .heartbeats import Heartbeats
 from .inbox import InboxLoop
 from .intake import Intake
 from .interrupt import Interrupts
+from .opening import Opening
 from .scheduler import Scheduler
 from .starts import HANDBACK_MAX_DELAY, started_by
 from .sticky import STICKY_RUNS, StickyRuns
@@ -172,6 +173,9 @@ class Worker:
         self.started_at = time.time()
         self._failures = FailureCounts(FAILURES_KEPT)
         self._rewake: set[str] = set()
+        self._openings: dict[str, Opening] = {}
+        """Runs opened in memory that execute here, until their first append stores them
+        (``worker/opening.py``)."""
         self._holding: set[str] = set()
         """Runs executing here whose creating inbox message this worker holds (settled when
         the run rests; at most ``HELD_TRIGGERS_MAX``)."""
@@ -253,6 +257,7 @@ class Worker:
             agents=self.agents,
             writer=f"intake:{self.worker_id}",
             on_created=self._run_new,
+            opens=self._runs_new_now,
         )
         self.scheduler = Scheduler(
             broker=b,
@@ -365,23 +370,32 @@ class Worker:
 
     # --- the runs executing here ------------------------------------------------------------
 
-    async def _run_new(self, run_id: str, history: list[Decision], msg: Delivery) -> bool:
-        """Run a run this worker's intake just created, at once, without a wake round trip.
-
-        The inbox message stays unacknowledged (kept alive like a wake) until the run rests;
-        if this worker dies first, its redelivery makes the intake wake the run. When this
-        worker already holds ``HELD_TRIGGERS_MAX`` of them, it declines: the intake acks the
-        message and wakes the run.
-        """
-        if (
+    def _runs_new_now(self, run_id: str) -> bool:
+        """Whether a run created now would execute here at once (``_run_new``)."""
+        return not (
             self._stopping.is_set()
             or run_id in self._active
             or self._free_slots() <= 0
             or len(self._holding) >= HELD_TRIGGERS_MAX
-        ):
+        )
+
+    async def _run_new(
+        self, run_id: str, history: list[Decision], msg: Delivery, opening: Opening | None = None
+    ) -> bool:
+        """Run a run this worker's intake just created, at once, without a wake round trip;
+        with ``opening``, a run opened in memory, which its first append stores.
+
+        The inbox message stays unacknowledged (kept alive like a wake) until the run rests;
+        if this worker dies first, its redelivery makes the intake wake the run. When this
+        worker already holds ``HELD_TRIGGERS_MAX`` of them, it declines: the intake acks the
+        message and wakes the run (an opened run is stored first).
+        """
+        if not self._runs_new_now(run_id):
             return False
         self._holding.add(run_id)
         await self._slots.acquire()
+        if opening is not None:
+            self._openings[run_id] = opening
         self._spawn(run_id, msg, history, self.names.intake_consumer, self._agent_of(history))
         return True
 
@@ -417,6 +431,9 @@ class Worker:
         return self.concurrency - len(self._active)
 
     def _done(self, run_id: str, _task: object = None) -> None:
+        opening = self._openings.pop(run_id, None)
+        if opening is not None:  # ended before its first append: nothing was stored
+            opening.settle("abandoned")
         self._active.pop(run_id, None)
         self._since.pop(run_id, None)
         self._holding.discard(run_id)
@@ -524,6 +541,14 @@ class Worker:
                 )
                 await wake.ack()
         except Exception as e:
+            opening = self._openings.get(run_id)
+            if opening is not None and not opening.settled.done():
+                # Nothing of the run is stored: nothing to give up on. The trigger is handed
+                # back; its redelivery creates the run.
+                log.warning("run %s: activation error before the run was stored: %s", run_id, e)
+                with contextlib.suppress(Exception):
+                    await wake.nak(delay=1.0)
+                return
             failures = self._failures.add(run_id)
             if failures >= self.settings.max_activation_failures:
                 log.error(
@@ -560,6 +585,7 @@ class Worker:
         handed back (another worker may run the open step; not an agent served here)."""
         run_id, wake = tenancy.run_id, tenancy.delivery
         snapshot = None
+        opening = self._openings.get(run_id)
         if history is None or backstops:
             t0 = time.perf_counter()
             if history:  # kept by the timer: read only what came after
@@ -620,9 +646,11 @@ class Worker:
             keep_run=self._may_keep if self.sticky.limit > 0 else None,
             snapshot=snapshot,
             callback_keys=self.callback_keys,
+            opening=opening,
         )
         self.folds += 1
-        keep_snapshot(self.store, run_id, act.snapshot)
+        if opening is None:  # an opened run's history is not stored yet
+            keep_snapshot(self.store, run_id, act.snapshot)
         if loaded is not None:
             metrics.HISTORY_LOAD_SECONDS.labels(agent_name).observe(loaded)
             metrics.FOLD_SECONDS.labels(agent_name).observe(time.perf_counter() - t0)

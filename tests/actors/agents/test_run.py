@@ -67,8 +67,10 @@ async def test_n_step_run_has_exactly_the_expected_history(
         expected += ["StepStarted", "StepCompleted"]
     expected += ["RunCompleted"]
     assert kinds == expected
-    # One append per step in steady state: completion k and start k+1 share a message.
-    assert len(history) == 1 + 1 + 2 * n
+    # One append per step: the run's RunStarted goes out with the first step's start
+    # (worker/opening.py), and completion k shares a message with start k+1.
+    assert len(history) == 1 + 2 * n
+    assert [type(e).__name__ for e in history[0].events] == ["RunStarted", "StepStarted"]
     assert [d.seq for d in history] == sorted(d.seq for d in history)
     started = [e for e in events if isinstance(e, StepStarted)]
     assert [e.position for e in started] == list(range(2 * n))

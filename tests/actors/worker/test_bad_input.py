@@ -7,6 +7,7 @@ run was half-created, and that the worker still serves the next valid trigger.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -219,6 +220,26 @@ async def test_same_run_id_started_twice_is_one_run(
     assert await client.result("once", timeout=30) == "a@b"
     events = [e for d in await client.history("once") for e in d.events]
     assert sum(type(e).__name__ == "RunStarted" for e in events) == 1
+
+
+async def test_a_run_id_started_many_times_at_once_is_one_run_created_once(
+    deployment: tuple[Broker, Names, Client],
+) -> None:
+    """Ten starts of one run id in one burst (raw, no Msg-Id): the worker opens each in memory
+    (``worker/opening.py``) and the first append of each is create-only, so one is stored and
+    answered ``created``; the others find the run and are answered ``created: false``, their
+    activations writing nothing."""
+    broker, names, client = deployment
+    bodies = [b'{"input": {"email": "%d@b"}, "run_id": "burst"}' % i for i in range(10)]
+    answers = await asyncio.gather(*(send_raw(broker, names.start("signup"), b) for b in bodies))
+    assert sorted(a["created"] for a in answers) == [False] * 9 + [True]  # type: ignore[type-var]
+    assert {a["run_id"] for a in answers} == {"burst"}
+    winner = await client.result("burst", timeout=30)
+    history = await client.history("burst")
+    events = [e for d in history for e in d.events]
+    assert sum(type(e).__name__ == "RunStarted" for e in events) == 1
+    assert [type(e).__name__ for e in events] == ["RunStarted", "RunCompleted"]
+    assert isinstance(winner, str) and winner.endswith("@b")
 
 
 async def test_broker_down_is_a_clear_error() -> None:
