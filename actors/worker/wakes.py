@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 from sojourn.broker import headers as h
@@ -23,15 +23,16 @@ from sojourn.broker.connection import Broker, PullConsumer
 from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.names import Names
+from sojourn.broker.wake import publish_wake
 from sojourn.schemas.config import Settings
-from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.errors import HistoryError, InvalidName
 from sojourn.schemas.vocabulary import WaitingOn, wake_reason
 
 from ..core.state import RunState
 from ..ops import metrics
 from .dead_letters import drop_bad_wake, drop_wake
 from .heartbeats import Heartbeats
-from .starts import HANDBACK_MAX_DELAY
+from .starts import HANDBACK_MAX_DELAY, started_by
 from .tenancy import count_redelivery, times_delivered
 from .timers import InProcessTimers
 
@@ -145,6 +146,46 @@ class WakeLoops:
         beat = self.settings.worker_beat_interval
         n = times_delivered(msg)
         await msg.nak(delay=max(2 * beat, min(HANDBACK_MAX_DELAY, 0.25 * n)))
+
+    async def not_served(
+        self,
+        wake: Delivery,
+        run_id: str,
+        history: list[Decision],
+        consumer: str,
+        agents: Collection[str],
+    ) -> bool:
+        """Settle a wake of a run whose agent is not one of ``agents`` (served here); True
+        when it was misrouted and handed back for a worker that serves it.
+
+        Raises:
+            HistoryError: the run's first message starts no run: no worker can execute it.
+        """
+        if not history:  # not created (yet)
+            await wake.ack()
+            return False
+        started = started_by(history)
+        if started is None:
+            # Its first message starts nothing: no intake wrote it (on a deployment without
+            # authentication anyone may publish on an event subject). No worker can execute
+            # it; handed back, its wake would come back for hours.
+            raise HistoryError(
+                f"run {run_id}: its first event message ({history[0].seq}) is not a "
+                "run.started.v1 naming an agent: the run cannot be executed",
+                run_id=run_id,
+                seq=history[0].seq,
+            )
+        if consumer in {self.names.agent_wake_consumer(a) for a in agents}:
+            # Routed to an agent that is not the run's (only a stranger publishes such a wake):
+            # no worker pulling this consumer serves the run. Woken where it is served, rather
+            # than handed back here for hours.
+            await publish_wake(self._broker(), self.names, run_id, "rewake", agent=started)
+            await wake.ack()
+            return False
+        # Not ours: leave it for a worker that serves it.
+        metrics.MISROUTED_WAKES.labels(consumer or "?").inc()
+        await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(times_delivered(wake))))
+        return True
 
     async def timer_loop(self) -> None:
         """Wake the runs whose in-process timers came due, as slots free up, without a wake

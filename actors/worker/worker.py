@@ -63,9 +63,8 @@ from .intake import Intake
 from .interrupt import Interrupts
 from .opening import Opening
 from .scheduler import Scheduler
-from .starts import HANDBACK_MAX_DELAY, started_by
 from .sticky import STICKY_RUNS, StickyRuns
-from .tenancy import Tenancy, times_delivered
+from .tenancy import Tenancy
 from .timers import InProcessTimers
 from .wakes import WakeLoops, resume_cause
 
@@ -602,33 +601,8 @@ class Worker:
             loaded = None
         agent = self._agent_of(history)
         if agent is None:
-            if not history:  # not created (yet)
-                await wake.ack()
-                return None
-            started = started_by(history)
-            if started is None:
-                # Its first message starts nothing: no intake wrote it (on a deployment
-                # without authentication anyone may publish on an event subject). No worker
-                # can execute it; handed back, its wake would come back for hours.
-                raise HistoryError(
-                    f"run {run_id}: its first event message ({history[0].seq}) is not a "
-                    "run.started.v1 naming an agent: the run cannot be executed",
-                    run_id=run_id,
-                    seq=history[0].seq,
-                )
-            if consumer in {self.names.agent_wake_consumer(a) for a in self.agents}:
-                # Routed to an agent that is not the run's (only a stranger publishes such a
-                # wake): no worker pulling this consumer serves the run. Woken where it is
-                # served, rather than handed back here for hours.
-                await publish_wake(
-                    self._broker_or_fail(), self.names, run_id, "rewake", agent=started
-                )
-                await wake.ack()
-                return None
-            # Not ours: leave it for a worker that serves it.
-            self.misrouted += 1
-            metrics.MISROUTED_WAKES.labels(consumer or "?").inc()
-            await wake.nak(delay=min(HANDBACK_MAX_DELAY, float(times_delivered(wake))))
+            if await self.wakes.not_served(wake, run_id, history, consumer, self.agents):
+                self.misrouted += 1
             return None
         agent_name = metrics.agent_label(agent.name)
         t0 = time.perf_counter()
