@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
@@ -39,6 +39,12 @@ from .timers import InProcessTimers
 __all__ = ["Spawn", "WakeLoops", "resume_cause"]
 
 log = logging.getLogger("sojourn.worker")
+
+ENDED_KEPT = 10_000
+"""Runs that ended in this worker, remembered (the latest, at most this many) so that a wake
+for one is acked at once: a timer's broker copy that fired after its in-process timer had
+ended the run, a hint sent twice. The end's side jobs were done here before it counted as
+ended; an activation would only load the history to find the end and do them again."""
 
 TIMER_TRIES = 8
 """Times a due in-process timer of a run another worker holds is looked at again (every two
@@ -98,6 +104,16 @@ class WakeLoops:
         run's open step)."""
         self.timers_fired = 0
         """Runs woken here by their in-process timers."""
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self.ended_acked = 0
+        """Wakes acked at once because their run had ended here (``ENDED_KEPT``)."""
+
+    def ended(self, run_id: str) -> None:
+        """The run ended here, its end's side jobs done: a later wake for it changes nothing."""
+        self._ended[run_id] = None
+        self._ended.move_to_end(run_id)
+        if len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
 
     async def wake_loop(self, sub: PullConsumer, consumer: str) -> None:
         """Take wakes from one consumer (an agent's, or the unrouted one) while slots are free."""
@@ -117,6 +133,10 @@ class WakeLoops:
                     if times_delivered(msg) >= self.settings.max_deliveries:
                         b = self._broker()
                         await drop_wake(b, self.names, self.settings, msg, run_id)
+                        continue
+                    if run_id in self._ended:
+                        self.ended_acked += 1
+                        await msg.ack()
                         continue
                     if run_id in self._active:
                         # Busy here. Handed back (kept for a crash), with growing pauses so

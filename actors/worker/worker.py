@@ -516,6 +516,7 @@ class Worker:
             metrics.ACTIVATIONS.labels(agent_name, outcome).inc()
             if is_terminal(outcome):
                 self.store.forget(run_id)
+                self.wakes.ended(run_id)
                 if act.state.schedule is not None and act.state.continued_as is None:
                     metrics.schedule_run_ended(act.state.schedule, outcome)
                     self.scheduler.run_ended(run_id)

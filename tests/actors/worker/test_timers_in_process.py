@@ -26,6 +26,7 @@ from sojourn.actors.worker import timers as _timers
 from sojourn.actors.worker.timers import InProcessTimers
 from sojourn.broker import EmbeddedServer
 from sojourn.broker import headers as h
+from sojourn.broker.wake import publish_wake
 from sojourn.schemas import WaitCompleted, WaitStarted
 from sojourn.schemas.config import Settings
 from tests.conftest import wait_for
@@ -146,6 +147,31 @@ async def test_a_sleeping_run_is_woken_in_process_and_the_broker_copy_removed(
         )
         assert not await fired_wake(client, run_id, "tip_napper")
         assert len(w.timers) == 0
+
+
+async def test_a_wake_for_a_run_that_ended_here_is_acked_without_an_activation(
+    nats_server: EmbeddedServer, settings: Settings, client: Client
+) -> None:
+    """A timer's broker copy that fires after the run ended (its worker fell behind by more
+    than ``timer_backstop``) wakes nothing: the worker that ended the run acks the wake at
+    once, without loading the history to find the end."""
+    async with Worker(AGENTS, nats=nats_server.url, settings=settings) as w:
+        run_id = await client.start("tip_napper", 0.05, run_id="tip-ended")
+        assert await client.result(run_id, timeout=30) == "rested"
+        await wait_for(lambda: asyncio.sleep(0, w.activations_completed >= 2), what="the end")
+        done = w.activations_completed
+        await publish_wake(client.broker, client.names, run_id, "timer", agent="tip_napper")
+        await wait_for(lambda: asyncio.sleep(0, w.wakes.ended_acked == 1), what="the ack")
+        assert w.activations_completed == done
+
+        async def settled() -> bool:
+            info = await client.broker.api(
+                f"$JS.API.CONSUMER.INFO.{client.names.wake_stream}."
+                f"{client.names.agent_wake_consumer('tip_napper')}"
+            )
+            return bool(info["num_ack_pending"] == 0 and info["num_pending"] == 0)
+
+        await wait_for(settled, what="the wake acked")
 
 
 async def test_a_run_parking_on_its_next_timer_keeps_only_that_one(
