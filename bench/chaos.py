@@ -73,7 +73,15 @@ from .chaos_nats import ClusterNats, SingleNats
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-SEAMS = ("after_step", "before_ack", "replay", "timer_wake", "intake_recorded")
+SEAMS = (
+    "after_step",
+    "before_ack",
+    "replay",
+    "timer_wake",
+    "intake_recorded",
+    "opening",
+    "opened",
+)
 FAULT_TYPES = ("sigkill_worker", "sigstop_worker", "restart_nats", "kill_node")
 DEFAULT_FAULTS = ("sigkill_worker", "sigstop_worker", "restart_nats")
 CLUSTER_FAULTS = ("sigkill_worker", "sigstop_worker", "kill_node")
@@ -581,7 +589,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--seams",
         default=",".join(SEAMS),
-        help="named seams armed in the workers, comma-separated, or 'none' (default: all four)",
+        help="named seams armed in the workers, comma-separated, or 'none' (default: all seven)",
     )
     ap.add_argument(
         "--fault-rate", type=float, default=0.05, help="kill probability at an armed seam (0.05)"

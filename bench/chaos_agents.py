@@ -138,6 +138,7 @@ def _trace_seams() -> None:
     if not armed:
         return
     import sojourn.actors.agents.step_calls as context_mod
+    import sojourn.actors.worker.appends as appends_mod
     import sojourn.actors.worker.intake as intake_mod
     import sojourn.actors.worker.worker as worker_mod
 
@@ -152,7 +153,7 @@ def _trace_seams() -> None:
 
         return traced
 
-    for mod in (context_mod, intake_mod, worker_mod):
+    for mod in (context_mod, appends_mod, intake_mod, worker_mod):
         real = getattr(mod, "fault", None)
         if callable(real):
             mod.fault = wrap(real)  # type: ignore[attr-defined]

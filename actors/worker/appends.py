@@ -46,6 +46,7 @@ from ..core.machine import Machine
 from ..core.state import _OP_EVENTS, fold
 from ..history.values import Values, values_for
 from ..ops.metrics import APPENDS, EVENTS_APPENDED
+from .faults import fault
 from .opening import Opening
 
 __all__ = [
@@ -319,6 +320,7 @@ class Appender:
         opening = self._opening
         assert opening is not None and not self._unacked
         self._opening = None
+        fault("opening")
         try:
             queued = None if opening.look is None else await opening.look
             first: list[RunEvent] = [opening.started]
@@ -354,6 +356,7 @@ class Appender:
             m = self._machine()
             m.state = fold(others, m.state)
         opening.settle("stored")
+        fault("opened")
         if queued is not None:
             cancel_seq, cancel = queued
             try:

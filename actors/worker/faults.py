@@ -14,7 +14,11 @@ each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RA
 - ``continued``: ``ctx.continue_as_new`` created the chain's next run but the old run's end is
   not recorded yet;
 - ``fired``: a schedule's fire created its runs and armed the next fire, but the run has not
-  begun executing (no heartbeat lists it yet).
+  begun executing (no heartbeat lists it yet);
+- ``opening``: a run opened in memory (``worker/opening.py``) ran its code to its first
+  journaled call, and is about to be stored with it: nothing of it is stored yet;
+- ``opened``: that first append landed, the first step has not run, and no heartbeat may list
+  the run yet (a kill in the first milliseconds of a run).
 
 ``$SOJOURN_PAUSE_AT`` names seams where the process SIGSTOPs itself instead, every time, so a
 test can change the world at exactly that point (freeze broker nodes, say) and SIGCONT it:
@@ -39,6 +43,8 @@ SEAMS = (
     "intake_recorded",
     "continued",
     "fired",
+    "opening",
+    "opened",
 )
 
 _ARMED = frozenset(s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s)
