@@ -33,9 +33,11 @@ from sojourn.schemas.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SERVER_FIXTURES = frozenset({"nats_server", "own_server", "processes"})
+SERVER_FIXTURES = frozenset({"nats_server", "own_server", "processes", "sojourn_server"})
 """Fixtures that start a nats-server or another process: a test whose fixture closure holds
-one of them is marked ``server`` (the closure includes every fixture built on them)."""
+one of them is marked ``server`` (the closure includes every fixture built on them).
+``sojourn_server`` is the testing kit's (``sojourn.actors.testing.plugin``), under
+``sojourn_env``."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the marks

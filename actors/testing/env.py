@@ -1,0 +1,248 @@
+"""``SojournEnv``: a whole deployment for one test, started and always torn down.
+
+A test of an agent needs a JetStream server, a worker serving the agent and a client to start
+runs and read them. ``SojournEnv`` starts all three as one async context manager and stops
+them on every way out of the block, an exception, a cancellation and ``KeyboardInterrupt``
+included::
+
+    from sojourn.actors.testing import SojournEnv
+
+    async def test_greeter() -> None:
+        async with SojournEnv([greeter]) as env:
+            run_id = await env.start(greeter, Greeting(name="Ada"))
+            assert await env.result(run_id, type=str) == "Hello, Ada!"
+            assert (await env.state(run_id)).status == "completed"
+
+Without ``server`` the environment starts a nats-server of its own on a free port, with its
+store in a fresh temporary directory, and removes both on exit. Given a running server (an
+``EmbeddedServer`` or a URL), it uses that and leaves it running: the pytest plugin
+(``sojourn.actors.testing.plugin``) shares one server per test process this way. Either way
+the environment has a deployment prefix of its own (``Settings.prefix``), so environments
+sharing a server never see each other's runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self, TypeVar, overload
+
+from sojourn.broker import EmbeddedServer
+from sojourn.schemas.config import Settings
+from sojourn.schemas.errors import RunNotFound
+from sojourn.schemas.events import RunEvent
+
+from ..agents.agent import Agent
+from ..client.client import Client
+from ..core.state import RunState, fold
+from ..worker.worker import Worker
+
+__all__ = ["STOP_GRACE", "SojournEnv"]
+
+T = TypeVar("T")
+
+STOP_GRACE: Final = 2.0
+"""Seconds the worker gives activations still running at the end of a test before it cancels
+them (``Worker.stop``'s ``grace``): a test is over, nothing waits for them."""
+
+TEMP_PREFIX: Final = "sojourn-env-"
+"""The name prefix of an environment's temporary store directory."""
+
+
+class SojournEnv:
+    """A nats-server, a ``Worker`` serving ``agents`` and a connected ``Client``, for a test.
+
+    Use it as ``async with SojournEnv(agents) as env:``; the attributes are set inside the
+    block only.
+
+    Args:
+        agents: the agents the worker serves.
+        settings: the deployment settings of the worker and the client; default: a fresh
+            ``Settings`` with a prefix of its own (``t`` and ten hex digits).
+        server: a running server to use instead of starting one: an ``EmbeddedServer``, or the
+            URL of any nats-server with JetStream. The environment does not stop it.
+
+    Attributes:
+        settings: the settings in use.
+    """
+
+    def __init__(
+        self,
+        agents: Sequence[Agent[Any, Any]],
+        *,
+        settings: Settings | None = None,
+        server: EmbeddedServer | str | None = None,
+    ) -> None:
+        self.agents: tuple[Agent[Any, Any], ...] = tuple(agents)
+        self.settings: Settings = settings or Settings(prefix=f"t{uuid.uuid4().hex[:10]}")
+        self._shared = server
+        self._own: EmbeddedServer | None = None
+        self._tmp: Path | None = None
+        self._url: str | None = None
+        self._worker: Worker | None = None
+        self._client: Client | None = None
+
+    # -- what a test uses ------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The server's client URL."""
+        if self._url is None:
+            raise RuntimeError("SojournEnv is not entered: use `async with SojournEnv(...)`")
+        return self._url
+
+    @property
+    def server(self) -> EmbeddedServer | None:
+        """The server the environment started (``None`` when it uses a given one)."""
+        return self._own
+
+    @property
+    def store_dir(self) -> Path | None:
+        """The temporary directory of the environment's own server (``None`` when it uses a
+        given server); removed on exit."""
+        return self._tmp
+
+    @property
+    def worker(self) -> Worker:
+        """The worker serving the agents."""
+        if self._worker is None:
+            raise RuntimeError("SojournEnv is not entered: use `async with SojournEnv(...)`")
+        return self._worker
+
+    @property
+    def client(self) -> Client:
+        """A client of the environment's deployment, for anything the shortcuts below lack."""
+        if self._client is None:
+            raise RuntimeError("SojournEnv is not entered: use `async with SojournEnv(...)`")
+        return self._client
+
+    async def start(
+        self, agent: Agent[Any, Any] | str, input: Any = None, run_id: str | None = None
+    ) -> str:
+        """Start a run of ``agent`` (an agent or its name) and return its run id once the
+        worker's intake has created it.
+
+        Raises:
+            TriggerRejected: the intake refused it (an agent no worker here serves, an input
+                that does not decode, ...).
+        """
+        name = agent.name if isinstance(agent, Agent) else agent
+        return await self.client.start(name, input, wait=True, run_id=run_id)
+
+    @overload
+    async def result(self, run_id: str, timeout: float = 30.0) -> Any: ...
+
+    @overload
+    async def result(self, run_id: str, timeout: float = 30.0, *, type: type[T]) -> T: ...
+
+    async def result(self, run_id: str, timeout: float = 30.0, type: Any = None) -> Any:
+        """Wait for the run to end and return its output, decoded as ``type`` if given.
+
+        Raises:
+            RunFailedError / RunCancelledError: the run ended without output.
+            TimeoutError: it did not end within ``timeout`` seconds.
+        """
+        if type is None:
+            return await self.client.result(run_id, timeout=timeout)
+        return await self.client.result(run_id, timeout=timeout, type=type)
+
+    async def history(self, run_id: str) -> list[RunEvent]:
+        """The run's events, oldest first (the stored decisions flattened; empty if the run
+        does not exist)."""
+        return [e for d in await self.client.history(run_id) for e in d.events]
+
+    async def state(self, run_id: str) -> RunState:
+        """The run's current state: the fold of its history.
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        events = await self.history(run_id)
+        if not events:
+            raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
+        return fold(events)
+
+    async def signal(
+        self,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        signal_id: str | None = None,
+        wait: bool = False,
+        timeout: float = 5.0,
+    ) -> str:
+        """Send the signal ``name`` to the run and return its signal id; ``Client.signal``
+        (buffered until the run waits for it; ``wait=True`` waits until the intake recorded
+        it and raises ``TriggerRejected`` if it refused it)."""
+        return await self.client.signal(
+            run_id, name, payload, signal_id=signal_id, wait=wait, timeout=timeout
+        )
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._url is not None:
+            raise RuntimeError("SojournEnv is already entered; it is not reentrant")
+        try:
+            self._url = await self._server_url()
+            self._worker = Worker(self.agents, nats=self._url, settings=self.settings)
+            await self._worker.start()
+            self._client = await Client.connect(self._url, settings=self.settings)
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client, stop the worker, stop the environment's own server and remove its
+        directory. Each step runs even when one before it failed or was cancelled (the first
+        such error is raised after the rest ran); safe to call twice."""
+        client, worker, own, tmp = self._client, self._worker, self._own, self._tmp
+        self._client = self._worker = self._own = None
+        self._tmp = self._url = None
+        try:
+            try:
+                if client is not None:
+                    await client.close()
+            finally:
+                try:
+                    if worker is not None:
+                        await worker.stop(grace=STOP_GRACE)
+                finally:
+                    if own is not None:
+                        try:
+                            await own.stop()
+                        finally:
+                            # A no-op after a clean stop; a SIGKILL when a cancellation cut
+                            # stop() short, so no server outlives the environment.
+                            own.kill()
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    async def _server_url(self) -> str:
+        shared = self._shared
+        if isinstance(shared, str):
+            return shared
+        if shared is not None:
+            if not shared.running:
+                raise RuntimeError(f"the given server is not running: {shared!r}")
+            return shared.url
+        self._tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
+        own = EmbeddedServer(store_dir=self._tmp, port=0)
+        self._own = own
+        await own.start()  # a start that fails kills its half-started server itself
+        return own.url
