@@ -1,9 +1,10 @@
 """sojourn.actors.testing: a kit for testing agents, in pytest or any other runner.
 
 ``SojournEnv`` starts a deployment for a test (a nats-server, a worker serving the agents, a
-client) and always tears it down; ``replay`` checks that today's code still replays recorded
-histories. ``sojourn.actors.testing.plugin`` is a pytest plugin (registered through the
-``pytest11`` entry point, so installed with sojourn) with the fixtures ``sojourn_server``,
+client) and always tears it down; ``mock_step`` stands in for a step function, keeping its
+calls; ``replay`` checks that today's code still replays recorded histories.
+``sojourn.actors.testing.plugin`` is a pytest plugin (registered through the ``pytest11``
+entry point, so installed with sojourn) with the fixtures ``sojourn_server``,
 ``sojourn_agents`` and ``sojourn_env``.
 
 Nothing here imports pytest, and ``import sojourn.actors`` does not import this package.
@@ -17,6 +18,7 @@ Example:
 """
 
 from .env import SojournEnv
+from .mocks import StepCall, StepMock, mock_step
 from .replay import ReplayFailed, replay
 
-__all__ = ["ReplayFailed", "SojournEnv", "replay"]
+__all__ = ["ReplayFailed", "SojournEnv", "StepCall", "StepMock", "mock_step", "replay"]
