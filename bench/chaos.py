@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.actors import Client, Watchdog, fold
+from sojourn.actors.worker import faults
 from sojourn.broker import Broker, Delivery
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.server import die_with_parent
@@ -73,15 +74,9 @@ from .chaos_nats import ClusterNats, SingleNats
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-SEAMS = (
-    "after_step",
-    "before_ack",
-    "replay",
-    "timer_wake",
-    "intake_recorded",
-    "opening",
-    "opened",
-)
+SEAMS = tuple(s for s in faults.SEAMS if s not in ("continued", "fired"))
+"""The runtime's seams (``actors/worker/faults.py``) the harness arms: all but those its agents
+never pass (they neither continue as new nor run on a schedule)."""
 FAULT_TYPES = ("sigkill_worker", "sigstop_worker", "restart_nats", "kill_node")
 DEFAULT_FAULTS = ("sigkill_worker", "sigstop_worker", "restart_nats")
 CLUSTER_FAULTS = ("sigkill_worker", "sigstop_worker", "kill_node")
@@ -589,7 +584,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--seams",
         default=",".join(SEAMS),
-        help="named seams armed in the workers, comma-separated, or 'none' (default: all seven)",
+        help="named seams armed in the workers, comma-separated, or 'none' (default: all of SEAMS)",
     )
     ap.add_argument(
         "--fault-rate", type=float, default=0.05, help="kill probability at an armed seam (0.05)"

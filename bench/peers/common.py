@@ -342,3 +342,30 @@ def throughput_summary(reps: list[dict[str, float]]) -> dict[str, float]:
     from bench.util import median
 
     return {key: median([r[key] for r in reps]) for key in reps[0]} if reps else {}
+
+
+async def repeated(
+    seq: Callable[[int], Awaitable[float]],
+    conc: Callable[[int, int], Awaitable[float]],
+    lat: Callable[[int], Awaitable[float]],
+    spec: dict[str, Any],
+) -> dict[str, float]:
+    """An engine's throughput figures, as every in-process peer measures them: a warm-up,
+    then ``spec["repeats"]`` repeats of the sequential run, the concurrent runs and the 1-step
+    latency; the median of each (a ``repeat`` line is printed after each repeat)."""
+    await seq(200)
+    await conc(50, 5)
+    await lat(20)
+    reps = []
+    for _ in range(spec["repeats"]):
+        reps.append(
+            {
+                "seq": await seq(spec["steps"]),
+                "conc": await conc(spec["runs"], spec["run_steps"]),
+                "one_p50": await lat(spec["latency_runs"]),
+            }
+        )
+        print("repeat", flush=True)
+    from bench.util import median
+
+    return {k: median([r[k] for r in reps]) for k in reps[0]}

@@ -19,9 +19,9 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 
-from bench.util import median, pct
+from bench.util import pct
 
-from .common import ainc, mark, run_loop, slow_step
+from .common import ainc, mark, repeated, run_loop, slow_step
 
 
 @DBOS.step()
@@ -90,21 +90,9 @@ async def bench(url: str, spec: dict[str, Any]) -> dict[str, float]:
             xs.append(time.perf_counter() - t0)
         return pct(xs, 50)
 
-    await seq(200)
-    await conc(50, 5)
-    await lat(20)
-    reps = []
-    for _ in range(spec["repeats"]):
-        reps.append(
-            {
-                "seq": await seq(spec["steps"]),
-                "conc": await conc(spec["runs"], spec["run_steps"]),
-                "one_p50": await lat(spec["latency_runs"]),
-            }
-        )
-        print("repeat", flush=True)
+    figures = await repeated(seq, conc, lat, spec)
     DBOS.destroy()
-    return {k: median([r[k] for r in reps]) for k in reps[0]}
+    return figures
 
 
 async def serve(url: str) -> None:

@@ -22,9 +22,9 @@ from typing import Any, TypedDict
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-from bench.util import median, pct
+from bench.util import pct
 
-from .common import mark, run_loop, slow_step
+from .common import mark, repeated, run_loop, slow_step
 
 LIMIT = 100_000
 """recursion_limit: the default (25 supersteps) would stop a long run; nothing else changes."""
@@ -95,19 +95,7 @@ async def bench(db: str, spec: dict[str, Any]) -> dict[str, float]:
                 xs.append(time.perf_counter() - t0)
             return pct(xs, 50)
 
-        await seq(200)
-        await conc(50, 5)
-        await lat(20)
-        reps = []
-        for _ in range(spec["repeats"]):
-            reps.append(
-                {
-                    "seq": await seq(spec["steps"]),
-                    "conc": await conc(spec["runs"], spec["run_steps"]),
-                    "one_p50": await lat(spec["latency_runs"]),
-                }
-            )
-    return {k: median([r[k] for r in reps]) for k in reps[0]}
+        return await repeated(seq, conc, lat, spec)
 
 
 async def serve(db: str) -> None:
