@@ -28,7 +28,6 @@ import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, Self, TypeVar, overload
 
 from sojourn.broker import EmbeddedServer
@@ -166,22 +165,12 @@ class SojournEnv:
             raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
         return fold(events)
 
-    async def signal(
-        self,
-        run_id: str,
-        name: str,
-        payload: Any = None,
-        *,
-        signal_id: str | None = None,
-        wait: bool = False,
-        timeout: float = 5.0,
-    ) -> str:
-        """Send the signal ``name`` to the run and return its signal id; ``Client.signal``
-        (buffered until the run waits for it; ``wait=True`` waits until the intake recorded
-        it and raises ``TriggerRejected`` if it refused it)."""
-        return await self.client.signal(
-            run_id, name, payload, signal_id=signal_id, wait=wait, timeout=timeout
-        )
+    async def signal(self, run_id: str, name: str, payload: Any = None, **options: Any) -> str:
+        """Send the signal ``name`` to the run and return its signal id: ``Client.signal``,
+        whose options (``signal_id``, ``wait``, ``timeout``) it passes on (buffered until the
+        run waits for it; ``wait=True`` waits until the intake recorded it and raises
+        ``TriggerRejected`` if it refused it)."""
+        return await self.client.signal(run_id, name, payload, **options)
 
     # -- lifetime --------------------------------------------------------------------------
 
@@ -198,12 +187,7 @@ class SojournEnv:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
