@@ -35,8 +35,10 @@ When ``$SOJOURN_TEST_PIDFILE`` names a file, ``sojourn_server`` appends a line
 ``<pid> <store dir>`` to it for each server it starts: how a harness running pytest in a
 subprocess checks that nothing outlived the session.
 
-The module imports pytest and pytest-asyncio; sojourn itself is imported when a fixture is
-first used, so that loading the plugin costs a session that does not use it nothing.
+The module imports pytest, and pytest-asyncio when it is installed (without it, pytest and
+every other test still work, and a test asking for ``sojourn_env`` fails saying what it
+needs); sojourn itself is imported when a fixture is first used, so that loading the plugin
+costs a session that does not use it nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +55,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import pytest
-import pytest_asyncio
+
+try:  # the async fixture needs it; a project without it keeps a working pytest
+    import pytest_asyncio
+except ImportError:
+    pytest_asyncio = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from sojourn.broker import EmbeddedServer
@@ -172,8 +178,7 @@ def sojourn_agents() -> list[Agent[Any, Any]]:
     return []
 
 
-@pytest_asyncio.fixture
-async def sojourn_env(
+async def _sojourn_env(
     sojourn_agents: list[Agent[Any, Any]], sojourn_server: EmbeddedServer
 ) -> AsyncIterator[SojournEnv]:
     """A ``SojournEnv`` serving ``sojourn_agents`` on ``sojourn_server`` under a prefix of its
@@ -182,3 +187,20 @@ async def sojourn_env(
 
     async with SojournEnv(sojourn_agents, server=sojourn_server) as env:
         yield env
+
+
+def _sojourn_env_needs_pytest_asyncio() -> None:
+    """``sojourn_env`` without pytest-asyncio installed: the test fails saying so."""
+    pytest.fail(
+        "the sojourn_env fixture is async and needs pytest-asyncio: pip install pytest-asyncio",
+        pytrace=False,
+    )
+
+
+sojourn_env: Any = (
+    pytest.fixture(_sojourn_env_needs_pytest_asyncio, name="sojourn_env")
+    if pytest_asyncio is None
+    else pytest_asyncio.fixture(_sojourn_env, name="sojourn_env")
+)
+"""The ``sojourn_env`` fixture (see ``_sojourn_env``); without pytest-asyncio, one that fails
+the test that asks for it, while every other test of the session runs as usual."""

@@ -197,3 +197,34 @@ async def test_ctrl_c_mid_test_leaves_nothing(tmp_path: Path) -> None:
         session.kill()
     assert session.proc.returncode == pytest.ExitCode.INTERRUPTED, output
     await _nothing_left(session)
+
+
+def test_without_pytest_asyncio_pytest_still_works_and_sojourn_env_says_why(
+    tmp_path: Path,
+) -> None:
+    """Installing sojourn must not break pytest in a project without pytest-asyncio: pytest
+    loads the plugin there too. Its other tests run; one asking for ``sojourn_env`` fails
+    saying what it needs. (pytest-asyncio is hidden by a module of that name that cannot be
+    imported, and its own plugin is not loaded.)"""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "pytest_asyncio.py").write_text("raise ImportError('not installed here')\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_plain.py").write_text(
+        "def test_plain() -> None:\n    assert 1 + 1 == 2\n\n\n"
+        "def test_env(sojourn_env) -> None:\n    pass\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(hidden), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [*PYTEST, "-p", "no:asyncio", "-p", "no:xdist", "-p", "no:cacheprovider", "-q"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    output = done.stdout.decode(errors="replace")
+    assert "Error while loading plugin" not in output, output
+    counts = _counts(output)
+    assert (counts.get("passed"), counts.get("error")) == (1, 1), output
+    assert "needs pytest-asyncio" in output, output
