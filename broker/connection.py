@@ -58,6 +58,7 @@ from .options import (
     resolve_url,
 )
 from .pull import PullConsumer, open_pull
+from .replies import Replies
 from .server import MIN_SERVER_VERSION
 
 __all__ = [
@@ -118,6 +119,7 @@ class Broker:
         self.user = user
         self._denials = denials or Denials()
         self._direct = DirectReads(nc, self._denials, self.permission_denied, self.stream_config)
+        self._replies = Replies(nc)
 
     @classmethod
     async def connect(
@@ -295,8 +297,9 @@ class Broker:
     async def _request(
         self, subject: str, data: bytes, headers: dict[str, str] | None, timeout: float
     ) -> Msg:
-        """``nc.request``, except that a permission violation reported for ``subject`` while
-        it waits ends it at once with ``PermissionDenied`` (the server never answers it)."""
+        """A request (``broker/replies.py``: nats-py's, leaner), except that a permission
+        violation reported for ``subject`` while it waits ends it at once with
+        ``PermissionDenied`` (the server never answers it)."""
         task = asyncio.current_task()
         assert task is not None
         denied = False
@@ -310,7 +313,7 @@ class Broker:
 
         stop = self._denials.watch(subject, on_denied)
         try:
-            return await self._nc.request(subject, data, timeout=timeout, headers=headers)
+            return await self._replies.request(subject, data, headers, timeout)
         except asyncio.CancelledError:
             if not denied or task.uncancel() > 0:
                 raise  # cancelled by someone else (too)
