@@ -91,18 +91,9 @@ class StepMock:
         self.stand_in: Callable[..., Any] = stand_in
 
     async def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        step = current_step()
-        self.calls.append(
-            StepCall(
-                run_id=step.run_id,
-                position=step.position,
-                attempt=step.attempt,
-                idempotency_key=step.idempotency_key,
-                in_doubt=step.in_doubt,
-                args=args,
-                kwargs=dict(kwargs),
-            )
-        )
+        s = current_step()
+        call = (s.run_id, s.position, s.attempt, s.idempotency_key, s.in_doubt)
+        self.calls.append(StepCall(*call, args=args, kwargs=dict(kwargs)))
         if self._raises is not None:
             raise self._raises
         if self._side_effect is not None:
