@@ -38,12 +38,21 @@ async def charge_twice(ctx: Context, cents: int) -> int:
     return await ctx.step(charge, cents)
 
 
+async def job_status(job: str) -> str | None:
+    raise AssertionError("the real job service is never asked in these tests")
+
+
+@agent("poller_mocked")
+async def wait_for_job(ctx: Context, job: str) -> str:
+    return await ctx.poll(job_status, job, every=0.05)
+
+
 HERE = sys.modules[__name__]
 
 
 @pytest.fixture
 def sojourn_agents() -> list[Agent[Any, Any]]:
-    return [welcome, charge_twice]
+    return [welcome, charge_twice, wait_for_job]
 
 
 async def test_a_stand_in_runs_in_the_steps_place_under_its_name(sojourn_env: SojournEnv) -> None:
@@ -100,3 +109,15 @@ def test_mock_step_refuses_what_it_cannot_stand_in_for() -> None:
     with m, pytest.raises(RuntimeError):
         m.__enter__()
     assert HERE.send_email is m.original
+
+
+async def test_a_polls_checks_are_steps_a_stand_in_answers(sojourn_env: SojournEnv) -> None:
+    """``ctx.poll`` runs each check as a step: a stand-in answers "not yet" twice, then the
+    job's result, and each check is a call of its own, at a position of its own."""
+    answers = iter([None, None, "job-7: done"])
+    with mock_step(HERE, "job_status", side_effect=lambda job: next(answers)) as status:
+        run_id = await sojourn_env.start(wait_for_job, "job-7")
+        assert await sojourn_env.result(run_id) == "job-7: done"
+    assert [c.args for c in status.calls] == [("job-7",)] * 3
+    assert len({c.position for c in status.calls}) == 3
+    assert all(c.attempt == 1 for c in status.calls)
