@@ -31,7 +31,6 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Self
 
 from ..agents.steps import current_step
@@ -108,12 +107,7 @@ class StepMock:
         self._active = True
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         setattr(self.where, self.name, self.original)
         self._active = False
 

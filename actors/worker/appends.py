@@ -343,14 +343,14 @@ class Appender:
             opening.settle("earlier")
             self.fenced = True
             raise Fenced(self.run_id)
+        merged = batch if len(first) > 1 else []  # as recorded, not by reference
         if self.decisions is not None:  # in place: an in-process timer may hold the list
-            stored = (opening.started, *(batch if len(first) > 1 else ()))
+            stored = (opening.started, *merged)
             self.decisions[:] = [Decision(seq, stored, self.writer, opening.msg_id)]
         self.last_seq = seq
         self.appends += 1
         self._appends_metric.inc()
         self._events_metric.inc(len(first))
-        merged = batch if len(first) > 1 else []  # as recorded, not by reference
         others = [e for e in merged if not isinstance(e, _OP_EVENTS)]
         if others:
             m = self._machine()

@@ -369,3 +369,17 @@ async def repeated(
     from bench.util import median
 
     return {k: median([r[k] for r in reps]) for k in reps[0]}
+
+
+def app_main(
+    bench: Callable[[str, dict[str, Any]], Awaitable[dict[str, float]]],
+    serve: Callable[[str], Awaitable[None]],
+) -> None:
+    """An in-process peer's entry point: ``bench TARGET SPEC`` prints ``result <json>``;
+    ``serve TARGET`` takes kill-round commands on stdin."""
+    import json
+
+    if sys.argv[1] == "bench":
+        print("result " + json.dumps(run_loop(bench(sys.argv[2], json.loads(sys.argv[3])))))
+    else:
+        run_loop(serve(sys.argv[2]))

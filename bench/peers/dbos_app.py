@@ -12,7 +12,6 @@ that workflow has a result.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from typing import Any
@@ -21,7 +20,7 @@ from dbos import DBOS, DBOSConfig, SetWorkflowID
 
 from bench.util import pct
 
-from .common import ainc, mark, repeated, run_loop, slow_step
+from .common import ainc, app_main, mark, repeated, slow_step
 
 
 @DBOS.step()
@@ -118,7 +117,4 @@ async def serve(url: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "bench":
-        print("result " + json.dumps(run_loop(bench(sys.argv[2], json.loads(sys.argv[3])))))
-    else:
-        run_loop(serve(sys.argv[2]))
+    app_main(bench, serve)

@@ -14,7 +14,6 @@ of RUN returned.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from typing import Any, TypedDict
@@ -24,7 +23,7 @@ from langgraph.graph import END, START, StateGraph
 
 from bench.util import pct
 
-from .common import mark, repeated, run_loop, slow_step
+from .common import app_main, mark, repeated, slow_step
 
 LIMIT = 100_000
 """recursion_limit: the default (25 supersteps) would stop a long run; nothing else changes."""
@@ -125,7 +124,4 @@ async def serve(db: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "bench":
-        print("result " + json.dumps(run_loop(bench(sys.argv[2], json.loads(sys.argv[3])))))
-    else:
-        run_loop(serve(sys.argv[2]))
+    app_main(bench, serve)
