@@ -487,8 +487,8 @@ class _Gateway:
         async def views() -> AsyncIterator[tuple[str, int | None, bytes]]:
             async with contextlib.aclosing(self.client.watch(run_id)) as stream:
                 async for view in stream:
-                    if view.last_seq and view.last_seq <= after:
-                        continue
+                    if after and view.last_seq <= after:
+                        continue  # sent before (a pending view, with no last_seq, too)
                     yield "view", view.last_seq or None, encode(view)
 
         return self._sse(views())

@@ -124,7 +124,7 @@ async def test_the_views_stream_follows_the_run_to_its_end_and_resumes_after_an_
     seen = ids[len(unnumbered)]
     assert seen is not None
     resumed = await events(http, f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": seen})
-    assert all(int(v[1]) > int(seen) for v in resumed[:-1] if v[1] is not None)
+    assert all(v[1] is not None and int(v[1]) > int(seen) for v in resumed[:-1])
     assert resumed[-2][2]["status"] == "completed"
 
 
