@@ -184,6 +184,18 @@ class Broker:
             with contextlib.suppress(Exception):
                 nc._transport.close()  # type: ignore[union-attr]
 
+    def sever(self) -> None:
+        """Cut the connection at once, as the death of the process would: nothing buffered
+        is sent, no reconnect is tried, every later call fails. For tests that crash a
+        worker inside their own process (``SojournEnv.explore_crashes``)."""
+        nc = self._nc
+        nc.options["allow_reconnect"] = False
+        nc._pending = []
+        nc._pending_data_size = 0
+        writer = getattr(nc._transport, "_io_writer", None)
+        if writer is not None:
+            writer.transport.abort()
+
     # --- core NATS -----------------------------------------------------------------------------
 
     @property

@@ -8,7 +8,6 @@ in the child's history.
 
 from __future__ import annotations
 
-import time
 from typing import Any, TypeVar, overload
 
 from sojourn.schemas import wire as _wire
@@ -52,7 +51,7 @@ class Children(Waits):
                 run_id=self.run_id,
             )
         await self._driver.start_child(name, body, got.child_id)
-        self._m.child_started(got, name, time.time())
+        self._m.child_started(got, name, self._driver.time())
         return ChildHandle(self, got.child_id, name)
 
     @overload

@@ -83,7 +83,7 @@ class Context(Children, LongWaits):
         """
         self._check_patch_id(change_id)
         self._driver.check_live()
-        return self._m.patched(change_id, time.time())
+        return self._m.patched(change_id, self._driver.time())
 
     def deprecate_patch(self, change_id: str) -> None:
         """The second step of retiring ``ctx.patched(change_id)``: the old branch is gone, and
@@ -173,7 +173,7 @@ class Context(Children, LongWaits):
         if usd < 0 or tokens < 0:
             raise ValueError("ctx.spend amounts must not be negative")
         self._driver.check_live()
-        live, over = self._m.spend(usd, tokens, time.time())
+        live, over = self._m.spend(usd, tokens, self._driver.time())
         agent = self._driver.metric_agent
         if live:
             _metrics.count_spend(agent, "usd", usd)
@@ -211,6 +211,7 @@ class Context(Children, LongWaits):
 
         def issue() -> str:
             assert keys is not None  # a recorded token is returned without issuing one
+            # A credential, checked by the gateway on the real clock (not the runs').
             return keys.issue(self.run_id, signal, valid_for, time.time())
 
         token: str = self._value("callback", issue, str)

@@ -9,7 +9,6 @@ waits) are mixins of ``Context`` (``context.py``), each in a module of its own.
 from __future__ import annotations
 
 import random as _random
-import time
 import uuid as _uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -64,6 +63,10 @@ class Driver(Protocol):
     @property
     def tool_calls(self) -> _metrics.Incrementable:
         """This agent's ``sojourn_tool_calls`` series."""
+
+    def time(self) -> float:
+        """Now, on the runs' clock, in wall seconds: what the run records and waits against
+        (the worker's ``Clock``; virtual in a test environment)."""
 
     def check_live(self) -> None:
         """Raise if the activation cannot write any more (fenced, an append refused)."""
@@ -180,11 +183,13 @@ class ContextBase:
 
     def _value(self, kind: ValueKind, make: Callable[[], Any], tp: Any) -> Any:
         self._driver.check_live()
-        return from_raw(self._m.value(kind, make, time.time()).result, tp)
+        return from_raw(self._m.value(kind, make, self._driver.time()).result, tp)
 
     def now(self) -> datetime:
         """The current time (UTC), journaled: replay returns the recorded instant."""
-        value: datetime = self._value("now", lambda: datetime.now(UTC), datetime)
+        value: datetime = self._value(
+            "now", lambda: datetime.fromtimestamp(self._driver.time(), UTC), datetime
+        )
         return value
 
     def uuid(self) -> _uuid.UUID:

@@ -7,7 +7,6 @@ The decision types, the errors and ``judge`` (what an answer to an approval is w
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar, cast
@@ -178,7 +177,7 @@ class LongWaits(StepCalls, Waits):
         self._value("refusal", lambda: refused, ApprovalRefused)
 
     async def _count_poll(self, what: str) -> None:
-        suspend = self._m.count_poll(what, time.time())
+        suspend = self._m.count_poll(what, self._driver.time())
         if suspend is not None:
             if suspend.unit is not None:
                 _metrics.BUDGET_BREACHES.labels(self._driver.metric_agent, suspend.unit).inc()

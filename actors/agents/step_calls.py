@@ -85,12 +85,12 @@ class StepCalls(ContextBase):
         turn = self._m.step(name, _in_doubt_policy(opts.in_doubt), opts.retry, opts.kind)
         rtype = return_type(fn)
         if isinstance(turn, Return):
-            fault("replay")
+            fault("replay", f"step {name!r}, recorded")
             return from_raw(turn.result, rtype)
         if turn.plan.in_doubt and not self._m.replaying:
             _metrics.step_metrics(self._driver.metric_agent, name).in_doubt.inc()
         while True:
-            action = turn.next(time.time())
+            action = turn.next(self._driver.time())
             if isinstance(action, Return):
                 return from_raw(action.result, rtype)
             if isinstance(action, Raise):
@@ -137,14 +137,14 @@ class StepCalls(ContextBase):
             # Its own task or thread: a cancel interrupts it, its timeout bounds it.
             result: Any = await run_step(self._guard, fn, args, kwargs)
             raw = to_raw(result)
-            fault("after_step")
+            fault("after_step", f"step {turn.name!r} at position {turn.plan.position}")
         except StepInterrupted as e:
-            turn.interrupted(e.error, time.perf_counter() - t0, time.time())
+            turn.interrupted(e.error, time.perf_counter() - t0, self._driver.time())
             series.failed.inc()
             raise RunCancelledInterrupt() from None
         except Exception as e:
             spent = time.perf_counter() - t0
-            failed = turn.raised(e, spent, time.time(), self._charged(meter))
+            failed = turn.raised(e, spent, self._driver.time(), self._charged(meter))
             series.duration.observe(spent)
             (series.retry_scheduled if failed is None else series.failed).inc()
             return None
@@ -152,7 +152,7 @@ class StepCalls(ContextBase):
             current_info.reset(token)
             self._driver.running(None)
         spent = time.perf_counter() - t0
-        done = turn.returned(raw, spent, time.time(), self._charged(meter))
+        done = turn.returned(raw, spent, self._driver.time(), self._charged(meter))
         series.duration.observe(spent)
         if isinstance(done, Return):
             series.completed.inc()
@@ -173,7 +173,7 @@ class StepCalls(ContextBase):
                     found = await found
         finally:
             current_info.reset(token)
-        turn.reconciled(None if found is NOT_DONE else to_raw(found), time.time())
+        turn.reconciled(None if found is NOT_DONE else to_raw(found), self._driver.time())
 
     def _charged(self, meter: UsageMeter) -> Usage | None:
         """What an attempt charged, counted in ``sojourn_spend_total`` as it is recorded."""

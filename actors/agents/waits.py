@@ -7,7 +7,6 @@ end is recorded before the code goes on, so a replay takes the same way. No proc
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, overload
@@ -110,7 +109,7 @@ class Waits(ContextBase):
         def deadline() -> float | None:
             if until is not None:
                 return until.timestamp()
-            return None if timeout is None else time.time() + seconds(timeout)
+            return None if timeout is None else self._driver.time() + seconds(timeout)
 
         turn = self._m.wait(key.format(), signals=signals, deadline=deadline, children=children)
         if not isinstance(turn, WaitTurn):
@@ -120,7 +119,7 @@ class Waits(ContextBase):
     async def _decide(self, turn: WaitTurn) -> RecordedWait | None:
         looked = False
         while True:
-            action = turn.next(time.time(), looked=looked)
+            action = turn.next(self._driver.time(), looked=looked)
             if action is None:
                 return None
             if isinstance(action, RecordedWait):
@@ -132,7 +131,9 @@ class Waits(ContextBase):
                 for child in action.children:
                     outcome = await self._driver.child_outcome(child)
                     if outcome is not None:
-                        return turn.child_ended(to_raw(outcome), outcome.status, time.time())
+                        return turn.child_ended(
+                            to_raw(outcome), outcome.status, self._driver.time()
+                        )
                 continue
             await self._driver.park(action)
             if not turn.signal_waiting():

@@ -17,6 +17,7 @@ event loop. What it reports:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,9 @@ class _ReplayDriver:
         self.agent_name = agent
         self.metric_agent = agent
         self.tool_calls = _NoCount()
+
+    def time(self) -> float:
+        return time.time()  # what a replayed run reads is recorded: nothing new is stamped
 
     def check_live(self) -> None:
         return None

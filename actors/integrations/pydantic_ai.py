@@ -37,7 +37,7 @@ import re
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar, cast
@@ -83,7 +83,7 @@ from ..agents.driver import Duration
 from ..agents.steps import current_step
 from ..core.retry import RetryPolicy, step
 
-__all__ = ["Price", "Prices", "SojournAgent"]
+__all__ = ["MODEL_STAND_INS", "TOOLSET_STAND_INS", "Price", "Prices", "SojournAgent"]
 
 DepsT = TypeVar("DepsT")
 OutputT = TypeVar("OutputT")
@@ -211,7 +211,10 @@ class SojournAgent(Generic[DepsT, OutputT]):
 
         async def run() -> AgentRunResult[OutputT]:
             try:
-                with Agent.parallel_tool_call_execution_mode("sequential"):
+                with (
+                    Agent.parallel_tool_call_execution_mode("sequential"),
+                    _model_override(self),
+                ):
                     return await self.agent.run(
                         user_prompt,
                         deps=deps,
@@ -275,6 +278,45 @@ class SojournAgent(Generic[DepsT, OutputT]):
         if not isinstance(price, Price):
             price = Price(*price)
         return price.usd(response.usage.input_tokens, response.usage.output_tokens)
+
+
+MODEL_STAND_INS: list[Callable[[SojournAgent[Any, Any]], Model | None]] = []
+"""The test seam of ``sojourn.actors.testing.mock_model``: each function, newest first, is
+asked for a model to run a ``SojournAgent``'s agent on instead of its own (``None``: not
+mine); the first answer is put in place with pydantic-ai's ``Agent.override(model=...)`` for
+that run, so the agent's own model is never asked. Empty in production."""
+
+TOOLSET_STAND_INS: list[
+    Callable[[SojournAgent[Any, Any], AbstractToolset[Any]], AbstractToolset[Any] | None]
+] = []
+"""The test seam of ``sojourn.actors.testing.mock_mcp``: each function, newest first, is
+asked for a stand-in for each leaf toolset of a run (an MCP server's, say; ``None``: not
+mine), before the run enters any of them. Empty in production."""
+
+
+def _model_override(owner: SojournAgent[Any, Any]) -> AbstractContextManager[None]:
+    for stand_in in reversed(MODEL_STAND_INS):
+        model = stand_in(owner)
+        if model is not None:
+            return owner.agent.override(model=model)
+    return nullcontext()
+
+
+def _with_stand_ins(
+    owner: SojournAgent[Any, Any], toolset: AbstractToolset[Any]
+) -> AbstractToolset[Any]:
+    if not TOOLSET_STAND_INS:
+        return toolset
+
+    def swap(leaf: AbstractToolset[Any]) -> AbstractToolset[Any]:
+        for stand_in in reversed(TOOLSET_STAND_INS):
+            other: AbstractToolset[Any] | None = stand_in(owner, leaf)
+            if other is not None:
+                return other
+        return leaf
+
+    replaced: AbstractToolset[Any] = toolset.visit_and_replace(swap)
+    return replaced
 
 
 REPLAY_TIMEOUT = 60.0
@@ -422,7 +464,8 @@ class _Durability(AbstractCapability[Any]):
         return _JournaledModel(model, owner=self.owner, ctx=self.ctx)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
-        return _JournaledToolset(wrapped=toolset, owner=self.owner, ctx=self.ctx)
+        wrapped = _with_stand_ins(self.owner, toolset)
+        return _JournaledToolset(wrapped=wrapped, owner=self.owner, ctx=self.ctx)
 
     async def handle_deferred_tool_calls(
         self, ctx: RunContext[Any], *, requests: DeferredToolRequests

@@ -25,7 +25,7 @@ from ..core.retry import RetryPolicy, step
 from ._prices import PriceTable
 from ._types import Message, Model, ModelRequest, ModelResponse, OnToken, Tool
 
-__all__ = ["LLM_RETRY", "call_model", "model_request", "priced"]
+__all__ = ["LLM_RETRY", "MODEL_STAND_INS", "call_model", "model_request", "priced"]
 
 log = logging.getLogger("sojourn.llm")
 
@@ -42,6 +42,19 @@ a 429's ``Retry-After`` instead when the provider gives one. Other errors (a 400
 
 _NO_PRICES: Final = PriceTable()
 """Used when neither the call nor the model has a table: every model unknown, warned once."""
+
+MODEL_STAND_INS: Final[list[Callable[[Model], Model | None]]] = []
+"""The test seam of ``sojourn.actors.testing.mock_model``: each function, newest first, is
+asked for a stand-in for the model a ``ctx.llm`` call names (``None``: not mine). Empty in
+production; nothing but the testing kit adds to it."""
+
+
+def _stand_in_for(model: Model) -> Model:
+    for stand_in in reversed(MODEL_STAND_INS):
+        other = stand_in(model)
+        if other is not None:
+            return other
+    return model
 
 
 def model_request(
@@ -151,6 +164,8 @@ async def call_model(
         getattr(model, "request", None)
     ):
         raise TypeError(f"ctx.llm needs a Model (a name and an async request()), not {model!r}")
+    if MODEL_STAND_INS:
+        model = _stand_in_for(model)
     request = model_request(messages, tools, options)
     table = prices or getattr(model, "prices", None) or _NO_PRICES
     fn = _ModelStep(model, request, ctx.stream if stream else None, table)

@@ -23,10 +23,13 @@ sharing a server never see each other's runs.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, Self, TypeVar, overload
 
@@ -39,6 +42,9 @@ from ..agents.agent import Agent
 from ..client.client import Client
 from ..core.state import RunState, fold
 from ..worker.worker import Worker
+from .clock import VirtualClock
+from .explorer import Exploration, Seam, explore
+from .skipper import TimeSkipper
 
 __all__ = ["STOP_GRACE", "SojournEnv"]
 
@@ -47,6 +53,10 @@ T = TypeVar("T")
 STOP_GRACE: Final = 2.0
 """Seconds the worker gives activations still running at the end of a test before it cancels
 them (``Worker.stop``'s ``grace``): a test is over, nothing waits for them."""
+
+LEASE_TTL: Final = 3.0
+"""The default settings' ``lease_ttl`` (30 s in production): a message a crashed worker held
+unacknowledged (a start it had not stored yet) is delivered again within seconds."""
 
 TEMP_PREFIX: Final = "sojourn-env-"
 """The name prefix of an environment's temporary store directory."""
@@ -61,12 +71,18 @@ class SojournEnv:
     Args:
         agents: the agents the worker serves.
         settings: the deployment settings of the worker and the client; default: a fresh
-            ``Settings`` with a prefix of its own (``t`` and ten hex digits).
+            ``Settings`` with a prefix of its own (``t`` and ten hex digits) and a
+            ``lease_ttl`` of ``LEASE_TTL`` seconds.
         server: a running server to use instead of starting one: an ``EmbeddedServer``, or the
             URL of any nats-server with JetStream. The environment does not stop it.
+        virtual_time: the runs' clock is a ``VirtualClock`` (the default): ``result`` and
+            ``skipping`` jump it to the next deadline whenever every run waits on time, and
+            ``advance`` moves it by hand. ``False``: the real clock.
+        start_time: where the virtual clock starts (default: now); it may only be ahead.
 
     Attributes:
         settings: the settings in use.
+        clock: the runs' ``VirtualClock`` (``None`` with ``virtual_time=False``).
     """
 
     def __init__(
@@ -75,9 +91,22 @@ class SojournEnv:
         *,
         settings: Settings | None = None,
         server: EmbeddedServer | str | None = None,
+        virtual_time: bool = True,
+        start_time: datetime | None = None,
     ) -> None:
+        self.clock: VirtualClock | None = None
+        if virtual_time:
+            self.clock = VirtualClock(None if start_time is None else start_time.timestamp())
+        elif start_time is not None:
+            raise ValueError("start_time needs virtual_time")
+        self._skipper: TimeSkipper | None = None
+        self._dead: list[Worker] = []
+        """Workers the crash explorer killed."""
+        self._pump: asyncio.Task[None] | None = None
         self.agents: tuple[Agent[Any, Any], ...] = tuple(agents)
-        self.settings: Settings = settings or Settings(prefix=f"t{uuid.uuid4().hex[:10]}")
+        self.settings: Settings = settings or Settings(
+            prefix=f"t{uuid.uuid4().hex[:10]}", lease_ttl=LEASE_TTL
+        )
         self._shared = server
         self._own: EmbeddedServer | None = None
         self._tmp: Path | None = None
@@ -139,15 +168,92 @@ class SojournEnv:
     async def result(self, run_id: str, timeout: float = 30.0, *, type: type[T]) -> T: ...
 
     async def result(self, run_id: str, timeout: float = 30.0, type: Any = None) -> Any:
-        """Wait for the run to end and return its output, decoded as ``type`` if given.
+        """Wait for the run to end and return its output, decoded as ``type`` if given. Under
+        virtual time, time skips meanwhile (``skipping``); ``timeout`` is real seconds.
 
         Raises:
             RunFailedError / RunCancelledError: the run ended without output.
             TimeoutError: it did not end within ``timeout`` seconds.
         """
         if type is None:
-            return await self.client.result(run_id, timeout=timeout)
-        return await self.client.result(run_id, timeout=timeout, type=type)
+            return await self.skipping(self.client.result(run_id, timeout=timeout))
+        return await self.skipping(self.client.result(run_id, timeout=timeout, type=type))
+
+    # -- time ------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """Now on the runs' clock (UTC): what ``ctx.now()`` would record."""
+        t = self.clock.now() if self.clock is not None else datetime.now(UTC).timestamp()
+        return datetime.fromtimestamp(t, UTC)
+
+    async def advance(self, by: timedelta | float) -> None:
+        """Move virtual time ``by`` ahead (a ``timedelta`` or seconds), one deadline at a
+        time: each timer on the way fires, and what it starts runs until the deployment is
+        quiet, before the next one; returns when all is quiet at the new time."""
+        await self._skip().advance(by.total_seconds() if isinstance(by, timedelta) else by)
+
+    async def skipping(self, work: Awaitable[T]) -> T:
+        """Await ``work`` (a result, a condition of the test's), jumping virtual time to the
+        next deadline whenever every run waits on time meanwhile. With real time, ``work``
+        as it is."""
+        if self.clock is None:
+            return await work
+        return await self._skip().until(work)
+
+    async def settle(self) -> None:
+        """Wait until the deployment is quiet: no run executing but on time, no message
+        waiting, nothing new stored (time does not skip). With real time: nothing to wait
+        on, returns at once."""
+        if self.clock is not None:
+            await self._skip().quiet()
+
+    def _skip(self) -> TimeSkipper:
+        if self._skipper is None:
+            raise RuntimeError(
+                "virtual time is off (SojournEnv(virtual_time=False)), or the "
+                "environment is not entered"
+            )
+        return self._skipper
+
+    # -- crashes ---------------------------------------------------------------------------
+
+    async def explore_crashes(
+        self,
+        agent: Agent[Any, Any] | str,
+        input: Any = None,
+        *,
+        signals: Mapping[str, Any] | None = None,
+        effects: Callable[[], Mapping[str, int]] | None = None,
+        seams: Callable[[Seam], bool] | None = None,
+        timeout: float = 60.0,
+    ) -> Exploration:
+        """Run ``agent`` on ``input`` once cleanly, then once for each seam occurrence it
+        passed, its worker killed exactly there (as a SIGKILL would) and the run resumed on
+        a fresh worker; check that each ends like the clean run, runs each step's body at
+        most once per idempotency key (twice for the one a crash hit between its effect and
+        its record) and leaves the counts ``effects()`` returns as the clean run did.
+
+        ``signals``: sent to a run (as ``name: payload``) whenever it waits on them, in every
+        run alike (an approval is the signal ``approval.<name>``). ``seams``: which seam
+        occurrences to crash at (default: all). ``timeout``: real seconds per run.
+
+        Raises:
+            CrashExplorationFailed: a crashed run ended otherwise, or repeated an effect; it
+                names the seam, the step and its position, and shows the run's history.
+            TimeoutError: a run did not end within ``timeout``.
+        """
+        return await explore(
+            self, agent, input, signals=signals, effects=effects, seams=seams, timeout=timeout
+        )
+
+    async def _replace_worker(self, dead: Worker) -> None:
+        """A fresh worker in the place of ``dead`` (killed by the crash explorer)."""
+        if self._worker is not dead:
+            return
+        self._dead.append(dead)
+        fresh = Worker(self.agents, nats=self.url, settings=self.settings, clock=self.clock)
+        await fresh.start()
+        self._worker = fresh
 
     async def history(self, run_id: str) -> list[RunEvent]:
         """The run's events, oldest first (the stored decisions flattened; empty if the run
@@ -179,9 +285,16 @@ class SojournEnv:
             raise RuntimeError("SojournEnv is already entered; it is not reentrant")
         try:
             self._url = await self._server_url()
-            self._worker = Worker(self.agents, nats=self._url, settings=self.settings)
+            self._worker = Worker(
+                self.agents, nats=self._url, settings=self.settings, clock=self.clock
+            )
             await self._worker.start()
             self._client = await Client.connect(self._url, settings=self.settings)
+            if self.clock is not None:
+                self._skipper = TimeSkipper(
+                    self.clock, self._client.broker, self._client.names, lambda: self.worker
+                )
+                self._pump = asyncio.create_task(self._skipper.pump(), name="sojourn-env-time")
         except BaseException:
             await self.aclose()
             raise
@@ -195,8 +308,13 @@ class SojournEnv:
         directory. Each step runs even when one before it failed or was cancelled (the first
         such error is raised after the rest ran); safe to call twice."""
         client, worker, own, tmp = self._client, self._worker, self._own, self._tmp
+        pump, self._pump, self._skipper = self._pump, None, None
         self._client = self._worker = self._own = None
         self._tmp = self._url = None
+        if pump is not None:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
         try:
             try:
                 if client is not None:

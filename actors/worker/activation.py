@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import Callable
+from time import time as _real_time
 from typing import Any, Literal
 
 import msgspec
@@ -59,6 +59,7 @@ from ..history.snapshots import Snapshot, fold_history
 from ..ops.metrics import TOOL_CALLS, agent_label
 from .appends import KEPT_HISTORY_MAX, Appender, AppendRefused, BrokerLost, broker_io
 from .children import cascade_cancel, child_outcome, tell_parent
+from .clock import Clock, Timer
 from .faults import fault
 from .interrupt import StepGuard
 from .opening import Opening
@@ -91,6 +92,7 @@ class Activation:
         snapshot: Snapshot | None = None,
         callback_keys: CallbackKeys | None = None,
         opening: Opening | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``keep_timer``: the worker's in-process timers (``InProcessTimers.keep`` for this
         run), which take the timers of the waits this activation parks on; the broker's copy
@@ -102,8 +104,10 @@ class Activation:
         (``history/snapshots.py``), so that only what came after it is folded.
         ``callback_keys``: the worker's keyring, which signs the run's ``ctx.callback`` tokens.
         ``opening``: the run is not stored yet (``history`` is its ``RunStarted``): the first
-        append stores it (``worker/opening.py``)."""
+        append stores it (``worker/opening.py``). ``clock``: the runs' clock, which stamps
+        what the run records and times its waits (``worker/clock.py``)."""
         self.agent = agent
+        self.clock = clock or Clock()
         self.callback_keys = callback_keys
         self.progress = progress if progress is not None else Progress()
         self.poke_heartbeat = heartbeat or (lambda: None)
@@ -159,7 +163,7 @@ class Activation:
         )
         self.guard = StepGuard(self._look_for_cancel)
         """Interrupts this activation's running steps for a cancel (``worker/interrupt.py``)."""
-        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry: Timer | None = None
         self.compensation_error: ErrorInfo | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -207,10 +211,14 @@ class Activation:
         else:
             self._loop.call_soon_threadsafe(self.poke_heartbeat)
 
+    def time(self) -> float:
+        """The runs' clock: now, in wall seconds (virtual in a test environment)."""
+        return self.clock.now()
+
     def running(self, step: str | None) -> None:
         progress = self.progress
         progress.step, progress.details = step, None
-        progress.step_started_at = None if step is None else time.time()
+        progress.step_started_at = None if step is None else _real_time()
 
     def check_live(self) -> None:
         """Called before every journaled operation: stop if nothing more may be written."""
@@ -251,7 +259,7 @@ class Activation:
     async def backoff(self, position: int, retry_at: float) -> None:
         """Wait until a retry is due: on a broker timer (a crash or deploy meanwhile loses
         nothing), in this process too when it is short."""
-        left = retry_at - time.time()
+        left = retry_at - self.clock.now()
         if left <= 0:
             return
         await self.timers.schedule(str(position), retry_at)
@@ -260,7 +268,7 @@ class Activation:
         await self.commit([])  # the failed attempt, with its retry_at
         if left > IN_PROCESS_BACKOFF:
             raise Parked()
-        await asyncio.sleep(left)
+        await self.clock.sleep_until(retry_at)
 
     async def rest(self) -> None:
         """The code parked on a wait: unwind it (``Parked``), or, when the worker may keep
@@ -296,6 +304,7 @@ class Activation:
                 {MSG_ID: f"start:{agent}:{child_id}"},
             )
         )
+        fault("child_spawned", f"child {child_id} of agent {agent}")
 
     async def child_outcome(self, child_id: str) -> ChildOutcome | None:
         return await broker_io(child_outcome(self.store, child_id))
@@ -364,7 +373,7 @@ class Activation:
         if any(not isinstance(e, SignalReceived) for d in newer for e in d.events):
             return False
         ends = self.machine.lifetime_ends()
-        if ends is not None and ends <= time.time():
+        if ends is not None and ends <= self.clock.now():
             return False  # the cancel of an expired run is the cold path's to take
         if newer:
             self.log.take(newer)
@@ -403,7 +412,7 @@ class Activation:
         self._watch_lifetime()
         if s.status == "suspended" and self.machine.cancel_reason() is not None:
             # (No compensation: a suspended run's code may not even replay.)
-            return await self._end([self.machine.cancelled(time.time())], "cancelled")
+            return await self._end([self.machine.cancelled(self.clock.now())], "cancelled")
         if s.status == "new" or s.status == "suspended":
             return "noop"
         try:
@@ -430,7 +439,7 @@ class Activation:
             too_big = m.oversized(raw, "the run's output")
             if too_big is not None:
                 raise too_big
-            await self.commit([RunCompleted(output=raw, at=time.time())])
+            await self.commit([RunCompleted(output=raw, at=self.clock.now())])
         except Fenced:
             self.log.fenced = True
             return "fenced"
@@ -454,7 +463,7 @@ class Activation:
                     await asyncio.wait_for(asyncio.shield(self.log.flush_quietly()), 2.0)
             raise
         except RunCancelledInterrupt:
-            ended = self.machine.cancelled(time.time(), self.compensation_error)
+            ended = self.machine.cancelled(self.clock.now(), self.compensation_error)
             return await self._end([ended], "cancelled")
         except NondeterminismError as e:
             return await self._suspend_nondeterminism(e)
@@ -463,7 +472,7 @@ class Activation:
             if m.nondeterminism is not None:
                 return await self._suspend_nondeterminism(m.nondeterminism)
             err = error_info(m.fatal if m.fatal is not None else e)
-            return await self._end([RunFailed(error=err, at=time.time())], "failed")
+            return await self._end([RunFailed(error=err, at=self.clock.now())], "failed")
         finally:
             self.log.disarm()
             self._unwatch()
@@ -478,7 +487,7 @@ class Activation:
         try:
             return await self.agent.call(ctx, arg)
         except RunCancelledInterrupt:
-            if self.machine.take_cancel(time.time()):
+            if self.machine.take_cancel(self.clock.now()):
                 await self._compensate(ctx, arg)
             raise
 
@@ -544,15 +553,14 @@ class Activation:
         activation runs (interrupting the steps in flight)."""
         m = self.machine
         ends = m.lifetime_ends()
-        if ends is None or m.expire(time.time()):
+        if ends is None or m.expire(self.clock.now()):
             return
-        assert self._loop is not None
-        self._expiry = self._loop.call_later(ends - time.time(), self._expire)
+        self._expiry = self.clock.call_at(ends, self._expire)
 
     def _expire(self) -> None:
         self._expiry = None
         m = self.machine
-        if m.expire(time.time()) and not m.compensating:
+        if m.expire(self.clock.now()) and not m.compensating:
             self.guard.interrupt(f"the run was cancelled ({m.expired})")
 
     def _unwatch(self) -> None:
@@ -586,7 +594,9 @@ class Activation:
                     f"ctx.continue_as_new input does not match agent '{self.agent.name}': {e}"
                 )
         if problem is not None:
-            return await self._end([RunFailed(error=error_info(problem), at=time.time())], "failed")
+            return await self._end(
+                [RunFailed(error=error_info(problem), at=self.clock.now())], "failed"
+            )
         try:
             await self.commit([])  # the last step's result is stored before the next run exists
         except Fenced:
@@ -597,7 +607,7 @@ class Activation:
             raise self.log.refusal() from None
         if self.state.cancel_requested is not None:
             return await self._end(
-                [RunCancelled(reason=self.state.cancel_requested, at=time.time())], "cancelled"
+                [RunCancelled(reason=self.state.cancel_requested, at=self.clock.now())], "cancelled"
             )
         try:
             nxt = await start_next(
@@ -613,15 +623,16 @@ class Activation:
                 carried=m.chain_spending(),
             )
         except ChainTaken as e:
-            return await self._end([RunFailed(error=error_info(e), at=time.time())], "failed")
+            return await self._end([RunFailed(error=error_info(e), at=self.clock.now())], "failed")
         fault("continued")
         return await self._end(
-            [RunCompleted(output=_NULL, continued_as=nxt, at=time.time())], "completed"
+            [RunCompleted(output=_NULL, continued_as=nxt, at=self.clock.now())], "completed"
         )
 
     async def _suspend_nondeterminism(self, e: NondeterminismError) -> Outcome:
         return await self._end(
-            [RunSuspended(reason="nondeterminism", detail=e.message, at=time.time())], "suspended"
+            [RunSuspended(reason="nondeterminism", detail=e.message, at=self.clock.now())],
+            "suspended",
         )
 
     async def _end(self, events: list[RunEvent], outcome: Outcome) -> Outcome:

@@ -8,7 +8,6 @@ here; what does not fit is ``Rejected``. Nothing here reads or writes the broker
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -46,33 +45,45 @@ T = TypeVar("T")
 
 
 def events_for(
-    msg: Delivery, inbox: InboxSubject, state: RunState, *, settings: Settings, authenticated: bool
+    msg: Delivery,
+    inbox: InboxSubject,
+    state: RunState,
+    *,
+    settings: Settings,
+    authenticated: bool,
+    now: float,
 ) -> list[RunEvent]:
-    """The events a signal-like message records (none when it changes nothing).
-    ``authenticated``: this worker's connection has a user (every sender is the broker's word).
+    """The events a signal-like message records (none when it changes nothing), stamped
+    ``now`` (the runs' clock). ``authenticated``: this worker's connection has a user (every
+    sender is the broker's word).
 
     A decision on a suspended run also resumes it, in the same append: sent as two
     messages, the resume could be handled first (by another worker's intake), and the run
     would replay, find no decision and suspend again with the decision left unread.
     """
     events: list[RunEvent] = []
-    event = _event_for(msg, inbox, state, settings, authenticated)
+    event = _event_for(msg, inbox, state, settings, authenticated, now)
     if event is not None:
         events.append(event)
         if inbox.kind == "decide" and state.status == "suspended":
             position = inbox.name.split(".")[0]
             note = f"decided for the step at position {position}"
-            events.append(RunResumed(by=inbox.sender, note=note, at=time.time()))
+            events.append(RunResumed(by=inbox.sender, note=note, at=now))
         elif inbox.kind == "budget" and state.suspended_reason == "budget":
             # Resumed by the change, not granted the old budget again: the run checks its
             # new limits at its next step (and suspends again if one is still used up).
             note = "budget changed"
-            events.append(RunResumed(by=inbox.sender, note=note, grant=False, at=time.time()))
+            events.append(RunResumed(by=inbox.sender, note=note, grant=False, at=now))
     return events
 
 
 def _event_for(
-    msg: Delivery, inbox: InboxSubject, state: RunState, settings: Settings, authenticated: bool
+    msg: Delivery,
+    inbox: InboxSubject,
+    state: RunState,
+    settings: Settings,
+    authenticated: bool,
+    now: float,
 ) -> RunEvent | None:
     """The event a signal-like message records, or ``None`` when it changes nothing."""
     sender = inbox.sender
@@ -81,16 +92,14 @@ def _event_for(
         body = _decoded(decode_budget, msg.data, shape)
         if body.empty:
             raise Rejected("invalid_trigger", "a budget change names at least one limit")
-        return BudgetChanged(
-            budget=Budget(**msgspec.structs.asdict(body)), by=sender, at=time.time()
-        )
+        return BudgetChanged(budget=Budget(**msgspec.structs.asdict(body)), by=sender, at=now)
     if inbox.kind == "resume":
         if state.status != "suspended":
             return None  # resumed already: a no-op
         note = ""
         if msg.data.strip():
             note = _decoded(decode_resume, msg.data, 'resume body must be {"note": ...}').note
-        return RunResumed(by=sender, note=note, at=time.time())
+        return RunResumed(by=sender, note=note, at=now)
     name = inbox.name
     if inbox.kind == "decide":
         shape = 'decision must be {"action": "retry"|"skip"|"fail", "result": ...}'
@@ -122,7 +131,7 @@ def _event_for(
         # Under authentication (our own connection has a user) the broker let only that
         # user, or a gateway speaking for it, publish as ``sender``.
         sender_verified=sender is not None and authenticated,
-        at=time.time(),
+        at=now,
     )
 
 
@@ -154,9 +163,9 @@ def cancel_body(data: bytes) -> CancelBody:
         raise Rejected("invalid_json", f"cancel body is not valid JSON: {e}") from e
 
 
-def cancel_requested(body: CancelBody, sender: str | None) -> CancelRequested:
-    """The event a cancel message with ``body``, sent as ``sender``, records."""
-    return CancelRequested(reason=body.reason, by=sender, terminate=body.terminate, at=time.time())
+def cancel_requested(body: CancelBody, sender: str | None, now: float) -> CancelRequested:
+    """The event a cancel message with ``body``, sent as ``sender``, records at ``now``."""
+    return CancelRequested(reason=body.reason, by=sender, terminate=body.terminate, at=now)
 
 
 def _decoded(decode: Callable[[bytes], T], data: bytes, shape: str) -> T:

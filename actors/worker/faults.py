@@ -1,4 +1,4 @@
-"""Deliberate crashes at named seams, for the chaos harness only.
+"""Deliberate crashes at named seams: for the chaos harness, and a test's crash explorer.
 
 Off unless ``$SOJOURN_FAULTS`` names seams (comma-separated) in a worker's environment; then at
 each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RATE`` (default
@@ -18,7 +18,12 @@ each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RA
 - ``opening``: a run opened in memory (``worker/opening.py``) ran its code to its first
   journaled call, and is about to be stored with it: nothing of it is stored yet;
 - ``opened``: that first append landed, the first step has not run, and no heartbeat may list
-  the run yet (a kill in the first milliseconds of a run).
+  the run yet (a kill in the first milliseconds of a run);
+- ``child_spawned``: a parent published its child's start, but has not recorded it.
+
+In a test's own process, ``observe`` installs a function called at every seam with the seam's
+name and what it knows of where it is (``SojournEnv.explore_crashes`` counts the seams a run
+passes, and crashes its worker at one of them).
 
 ``$SOJOURN_PAUSE_AT`` names seams where the process SIGSTOPs itself instead, every time, so a
 test can change the world at exactly that point (freeze broker nodes, say) and SIGCONT it:
@@ -32,8 +37,9 @@ from __future__ import annotations
 import os
 import random
 import signal
+from collections.abc import Callable
 
-__all__ = ["SEAMS", "fault", "pause"]
+__all__ = ["SEAMS", "SeamObserver", "fault", "observe", "pause"]
 
 SEAMS = (
     "after_step",
@@ -45,15 +51,31 @@ SEAMS = (
     "fired",
     "opening",
     "opened",
+    "child_spawned",
 )
+
+SeamObserver = Callable[[str, str], None]
+"""Called at a seam with its name and where it is (``""`` when the seam cannot say)."""
+
+_observer: SeamObserver | None = None
 
 _ARMED = frozenset(s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s)
 _RATE = float(os.environ.get("SOJOURN_FAULT_RATE", "").strip() or "0.05")  # "0" means never
 _PAUSED_AT = frozenset(s for s in os.environ.get("SOJOURN_PAUSE_AT", "").split(",") if s)
 
 
-def fault(seam: str) -> None:
-    """Maybe die here (only when this seam is armed)."""
+def observe(observer: SeamObserver | None) -> SeamObserver | None:
+    """Install the seams' observer of this process (``None``: none); returns the one before."""
+    global _observer
+    before, _observer = _observer, observer
+    return before
+
+
+def fault(seam: str, where: str = "") -> None:
+    """Tell the observer, if any (it may crash the worker here), then maybe die here (only
+    when this seam is armed)."""
+    if _observer is not None:
+        _observer(seam, where)
     if seam in _ARMED and random.random() < _RATE:
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -44,6 +44,7 @@ from ..agents.agent import Agent
 from ..history.chain import continued_as, current_run
 from ..history.pending import find_pending
 from ..history.snapshots import current as current_snapshot
+from .clock import Clock
 from .control import cancel_body, cancel_requested, events_for, signal_id
 from .faults import fault
 from .interrupt import publish_interrupt
@@ -84,9 +85,12 @@ class Intake:
         writer: str,
         on_created: OnCreated | None = None,
         opens: Callable[[str], bool] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``opens``: whether the worker would execute a run created now at once (then it is
-        opened in memory and stored with its first decision: ``worker/opening.py``)."""
+        opened in memory and stored with its first decision: ``worker/opening.py``).
+        ``clock``: the runs' clock, which stamps what is recorded (``worker/clock.py``)."""
+        self.clock = clock or Clock()
         self.broker = broker
         self.store = store
         self.names = names
@@ -97,7 +101,7 @@ class Intake:
         """Set by the worker: the handler of schedule requests."""
         self.refusals = Refusals(broker, names, settings)
         """Screens messages and refuses those not acted on."""
-        self.starts = Starts(store, registry, agents, writer, opens=opens)
+        self.starts = Starts(store, registry, agents, writer, opens=opens, clock=self.clock)
         """Creates the runs starts, spawns and schedule fires ask for."""
 
     async def _agent_of(self, run_id: str) -> str | None:
@@ -221,7 +225,12 @@ class Intake:
                 raise Rejected("run_ended", f"run '{run_id}' has ended ({state.status})")
             authenticated = self.broker.user is not None
             events = events_for(
-                msg, inbox, state, settings=self.settings, authenticated=authenticated
+                msg,
+                inbox,
+                state,
+                settings=self.settings,
+                authenticated=authenticated,
+                now=self.clock.now(),
             )
             if not events:
                 return IntakeOk(run_id=run_id, created=False)
@@ -260,7 +269,7 @@ class Intake:
                 return IntakeOk(run_id=run_id, created=False)  # already over: nothing to do
             if await self._cancelled_at_start(run_id, last_events):
                 break  # recorded with the start (it was pending): nothing more, wake again
-            cancel: list[RunEvent] = [cancel_requested(body, inbox.sender)]
+            cancel: list[RunEvent] = [cancel_requested(body, inbox.sender, self.clock.now())]
             if await self._appended(run_id, cancel, int(header(last, h.SEQUENCE)), msg_id):
                 break
         else:

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -104,6 +103,8 @@ class Scheduler:
         self.names = names
         self.settings = settings
         self.starts = starts
+        self.clock = starts.clock
+        """The runs' clock (the intake's): fire times are planned on it."""
         self.registry = registry
         self.agents = agents
         self.run_new = run_new
@@ -201,7 +202,7 @@ class Scheduler:
             validate_token(spec.agent, "agent name")
         except InvalidName as e:
             raise Rejected("invalid_schedule", e.message) from e
-        now = time.time()
+        now = self.clock.now()
         try:
             cal = check_spec(spec, now)
         except ScheduleError as e:
@@ -256,7 +257,7 @@ class Scheduler:
             if old.paused == pause:
                 await self._arm_pending(old)
                 return ScheduleAnswer(name=name, action=action, record=old, changed=False)
-            now = time.time()
+            now = self.clock.now()
             try:
                 nxt = None if pause else calendar_of(old.spec).next_after(now)
             except ScheduleError as e:
@@ -316,7 +317,7 @@ class Scheduler:
             return
         fire_at = float(int(msg.timestamp.timestamp()))
         run_id = f"{run_id_for(name, fire_at)}-t{msg.stream_seq}"
-        now = time.time()
+        now = self.clock.now()
         for _ in range(CAS_TRIES):
             if got is None:
                 raise Rejected("unknown_schedule", f"there is no schedule named {name!r}")
@@ -461,7 +462,7 @@ class Scheduler:
                 await self._arm_pending(rec)
                 await msg.ack()
                 return
-            now = time.time()
+            now = self.clock.now()
             try:
                 cal = self._calendar(rec.spec)
             except ScheduleError as e:  # stored by a version that accepted it: cannot fire

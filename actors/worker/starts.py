@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -33,6 +32,7 @@ from sojourn.schemas.wire import ChildOutcome, ErrorBody, IntakeOk, StartTrigger
 from ..agents.agent import Agent
 from ..core.state import fold
 from ..history.pending import scan_inbox
+from .clock import Clock
 from .control import cancel_body, cancel_requested
 from .opening import Opening, QueuedCancel
 from .refusals import REPLY_HEADER, Rejected
@@ -87,9 +87,12 @@ class Starts:
         agents: Mapping[str, Agent[object, object]],
         writer: str,
         opens: Callable[[str], bool] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``opens``: whether this worker executes a run it creates now at once (then it is
-        opened in memory and stored with its first decision, ``worker/opening.py``)."""
+        opened in memory and stored with its first decision, ``worker/opening.py``);
+        ``clock``: the runs' clock (``worker/clock.py``)."""
+        self.clock = clock or Clock()
         self.broker = store.broker
         self.store = store
         self.names = store.names
@@ -212,6 +215,7 @@ class Starts:
         budget = agent.budget.over(trigger.budget) if agent.budget else trigger.budget
         if budget is not None and budget.empty:
             budget = None
+        now = self.clock.now()
         started = RunStarted(
             run_id=run_id,
             agent=agent_name,
@@ -221,7 +225,7 @@ class Starts:
             trigger=TriggerInfo(
                 inbox_seq=inbox_seq,
                 msg_id=msg.header(h.MSG_ID) or None,
-                received_at=time.time(),
+                received_at=now,
                 sent_by=sender,
             ),
             budget_usd=None if budget is None else budget.usd,
@@ -229,7 +233,7 @@ class Starts:
             budget=None if budget is None else Budget(**msgspec.structs.asdict(budget)),
             schedule=None if fire is None else fire.name,
             scheduled_at=None if fire is None else fire.at,
-            at=time.time(),
+            at=now,
         )
         # A cancel sent while the run was pending waits in the inbox behind its start: looked
         # for while the start is stored, and recorded right after it, before the run runs
@@ -346,7 +350,7 @@ class Starts:
             body = cancel_body(m.data)
         except Rejected:
             return None
-        return cancel_requested(body, inbox.sender)
+        return cancel_requested(body, inbox.sender, self.clock.now())
 
     async def _check_parent(self, parent_run_id: str) -> None:
         """A child whose parent was cancelled (or ended) while its start was queued must not

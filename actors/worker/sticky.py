@@ -248,6 +248,14 @@ class StickyRuns(Generic[K]):
             task = asyncio.get_running_loop().create_task(body.wait_ended())
             task.add_done_callback(lambda _t: self._unwinding.discard(body))
 
+    def kill(self) -> None:
+        """Cancel every kept activation's code at once, nothing unwound (the worker dies)."""
+        self._closed = True
+        while self._runs:
+            _, act = self._runs.popitem(last=False)
+            if act.body is not None:
+                act.body.cancel()
+
     async def close(self, grace: float = 5.0) -> None:
         """Discard every kept activation and wait (at most ``grace`` seconds) until their
         code has unwound; code still running then is cancelled."""

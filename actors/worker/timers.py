@@ -21,11 +21,12 @@ all), so that the activation it starts reads only what came after.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from dataclasses import dataclass
 
 from sojourn.broker.eventstore import Decision
+
+from .clock import Clock, Timer
 
 __all__ = ["IN_PROCESS_HORIZON", "IN_PROCESS_MAX", "DueTimer", "InProcessTimers"]
 
@@ -60,11 +61,15 @@ class DueTimer:
 class InProcessTimers:
     """The timers this worker keeps, by run; due ones are queued for ``due()``."""
 
-    def __init__(self, backstop: float, *, horizon: float = IN_PROCESS_HORIZON) -> None:
+    def __init__(
+        self, backstop: float, *, horizon: float = IN_PROCESS_HORIZON, clock: Clock | None = None
+    ) -> None:
         self.backstop = backstop
+        self.clock = clock or Clock()
+        """The runs' clock, deadlines are on (``worker/clock.py``)."""
         self.horizon = horizon
-        self._handles: dict[str, dict[int, asyncio.TimerHandle]] = {}
-        self._counted: dict[asyncio.TimerHandle, int] = {}
+        self._handles: dict[str, dict[int, Timer]] = {}
+        self._counted: dict[Timer, int] = {}
         """The history decisions counted for each kept timer (its list may grow after)."""
         self._count = 0
         self._kept = 0
@@ -89,7 +94,7 @@ class InProcessTimers:
         """Keep the timer of the wait at ``position`` (replacing one kept for it). ``False``:
         not kept (disabled, too far ahead, too many, closed); the broker's copy must then fire
         at the deadline itself."""
-        left = deadline - time.time()
+        left = deadline - self.clock.now()
         if self._closed or self.backstop <= 0 or left > self.horizon:
             return False
         timers = self._handles.setdefault(run_id, {})
@@ -103,9 +108,8 @@ class InProcessTimers:
             return False
         if history is not None and self._kept + len(history) > KEPT_DECISIONS_MAX:
             history = None
-        loop = asyncio.get_running_loop()
         due = DueTimer(run_id, agent, position, deadline, history)
-        handle = loop.call_later(max(left, 0.0), self._fire, due)
+        handle = self.clock.call_at(deadline, self._fire, due)
         timers[position] = handle
         self._counted[handle] = counted = len(history) if history else 0
         self._count += 1
@@ -152,18 +156,18 @@ class InProcessTimers:
         self._due.clear()
         self._queued.clear()
 
-    def _forget(self, handle: asyncio.TimerHandle) -> None:
+    def _forget(self, handle: Timer) -> None:
         self._count -= 1
         self._kept -= self._counted.pop(handle, 0)
 
     def _fire(self, timer: DueTimer) -> None:
         timers = self._handles.get(timer.run_id)
-        early = timer.deadline - time.time()
+        early = timer.deadline - self.clock.now()
         if early > 0 and timers is not None and timer.position in timers:
             # The loop's clock (monotonic, coarse) ran ahead of the wall clock the deadline
             # is in: a run woken now would only park again. Wait the rest.
             old = timers[timer.position]
-            new = asyncio.get_running_loop().call_later(early, self._fire, timer)
+            new = self.clock.call_at(timer.deadline, self._fire, timer)
             timers[timer.position] = new
             self._counted[new] = self._counted.pop(old, 0)
             return

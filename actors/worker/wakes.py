@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
@@ -245,10 +244,9 @@ class WakeLoops:
                 await asyncio.sleep(0.5)
 
 
-def resume_cause(st: RunState, wake: Delivery, cause: str) -> tuple[str, float]:
-    """Why the run was due, and how long ago: a timer's deadline, a signal's arrival, or
-    (for a plain wake or a new run) when its message was published."""
-    now = time.time()
+def resume_cause(st: RunState, wake: Delivery, cause: str, now: float) -> tuple[str, float]:
+    """Why the run was due, and how long ago (``now``: the runs' clock): a timer's deadline,
+    a signal's arrival, or (for a plain wake or a new run) when its message was published."""
     if cause != "start" and st.status == "waiting":
         if st.deadline is not None and st.deadline <= now:
             return "timer", now - st.deadline

@@ -55,6 +55,7 @@ from ..history.snapshots import SNAPSHOT_EVENTS, as_snapshot
 from ..history.snapshots import keep as keep_snapshot
 from ..ops import metrics
 from .activation import Activation
+from .clock import Clock
 from .dead_letters import FailureCounts, give_up
 from .faults import fault, pause
 from .heartbeats import Heartbeats
@@ -64,6 +65,7 @@ from .interrupt import Interrupts
 from .opening import Opening
 from .scheduler import Scheduler
 from .sticky import STICKY_RUNS, StickyRuns
+from .tasks import settle_cancelled
 from .tenancy import Tenancy
 from .timers import InProcessTimers
 from .wakes import WakeLoops, resume_cause
@@ -112,6 +114,8 @@ class Worker:
             ``$SOJOURN_CALLBACK_KEYS`` names, read here, so a bad file fails the worker at
             construction; none when it is unset: ``ctx.callback`` then raises
             ``CallbackKeysMissing``). The HTTP gateway verifies with the same keys.
+        clock: the runs' clock (``worker/clock.py``; default the real one). Under a virtual
+            one (a test environment's) no wait timer is kept in process: each is the broker's.
 
     Example:
         >>> async def main():                                   # doctest: +SKIP
@@ -133,7 +137,9 @@ class Worker:
         history_cache_bytes: int = DEFAULT_CACHE_BYTES,
         sticky_runs: int = STICKY_RUNS,
         callback_keys: CallbackKeys | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        self.clock = clock or Clock()
         self.agents: dict[str, Agent[Any, Any]] = {}
         for a in agents:
             if a.name in self.agents and self.agents[a.name] is not a:
@@ -173,14 +179,11 @@ class Worker:
         self._failures = FailureCounts(FAILURES_KEPT)
         self._rewake: set[str] = set()
         self._openings: dict[str, Opening] = {}
-        """Runs opened in memory that execute here, until their first append stores them
-        (``worker/opening.py``)."""
+        """Runs opened in memory executing here, until their first append (``opening.py``)."""
         self._holding: set[str] = set()
-        """Runs executing here whose creating inbox message this worker holds (settled when
-        the run rests; at most ``HELD_TRIGGERS_MAX``)."""
+        """Runs executing here whose creating inbox message is held (``HELD_TRIGGERS_MAX``)."""
         self._run_agents: dict[str, str] = {}
-        """The agent of each run executing here, once its history is loaded (to route the
-        wake published again when a run rests)."""
+        """The agent of each run executing here, once known (routes a wake published again)."""
         self.membership = Membership(self.settings.worker_dead_after)
         """Which workers are alive, and which runs they hold, from their heartbeats."""
         self._since: dict[str, float] = {}
@@ -199,9 +202,9 @@ class Worker:
             since=self._since,
         )
         """This worker's heartbeats (listing its runs) and its reading of the others'."""
-        self.timers = InProcessTimers(self.settings.timer_backstop)
-        """Timers of the runs this worker parked, kept in process (the broker's copies fire
-        ``timer_backstop`` later, should this worker be gone)."""
+        backstop = 0.0 if self.clock.virtual else self.settings.timer_backstop
+        self.timers = InProcessTimers(backstop, clock=self.clock)
+        """Timers of runs parked here, kept in process (``worker/timers.py``)."""
         self.wakes = WakeLoops(
             names=self.names,
             settings=self.settings,
@@ -257,6 +260,7 @@ class Worker:
             writer=f"intake:{self.worker_id}",
             on_created=self._run_new,
             opens=self._runs_new_now,
+            clock=self.clock,
         )
         self.scheduler = Scheduler(
             broker=b,
@@ -313,8 +317,7 @@ class Worker:
         return self
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop taking work, let running activations finish for ``grace`` seconds, then cancel
-        the rest (their runs are resumed elsewhere from their last recorded event)."""
+        """Stop taking work, let activations finish for ``grace`` seconds, then cancel the rest."""
         if self._stopping.is_set():
             await self._closed.wait()
             return
@@ -327,19 +330,19 @@ class Worker:
         taking = [t for t in self._tasks if t not in beating]
         for t in taking:
             t.cancel()
-        await _settle(taking, grace)
+        await settle_cancelled(taking, grace)
         active = list(self._active.values())
         if active:
             _, still = await asyncio.wait(active, timeout=grace)
             for t in still:
                 t.cancel()
-            await _settle(still, grace)
+            await settle_cancelled(still, grace)
         await self.sticky.close(grace)  # any that parked while the worker was stopping
         self.heartbeats.beating = False
         await self.interrupts.close()
         for t in beating:
             t.cancel()
-        await _settle(beating, grace)
+        await settle_cancelled(beating, grace)
         metrics.track_worker(self, on=False)
         if self._broker is not None and self._broker.connected:
             # A graceful stop: not "down". Not sent while the server is gone (it would wait
@@ -351,6 +354,18 @@ class Worker:
         await self.heartbeats.close()
         if self._owns_broker and self._broker is not None:
             await self._broker.close()
+        self._closed.set()
+
+    def kill(self) -> None:
+        """Die now, as a SIGKILL would (a test's crash, ``SojournEnv.explore_crashes``): the
+        connection cut with nothing more sent, every task cancelled, nothing settled."""
+        if self._broker is not None:
+            self._broker.sever()
+        self._stopping.set()
+        self.timers.close()
+        self.sticky.kill()
+        for t in [*self._tasks, *self._active.values(), *self._background]:
+            t.cancel()
         self._closed.set()
 
     @property
@@ -429,6 +444,11 @@ class Worker:
     def _free_slots(self) -> int:
         return self.concurrency - len(self._active)
 
+    @property
+    def executing(self) -> int:
+        """Runs executing here now (a kept, resting one is not)."""
+        return len(self._active)
+
     def _done(self, run_id: str, _task: object = None) -> None:
         opening = self._openings.pop(run_id, None)
         if opening is not None:  # ended before its first append: nothing was stored
@@ -504,7 +524,7 @@ class Worker:
                     return
             agent_name = act.metric_agent
             self._run_agents[run_id] = act.agent.name
-            cause, late = resume_cause(act.state, wake, cause)
+            cause, late = resume_cause(act.state, wake, cause, self.clock.now())
             metrics.RESUME_LATENCY.labels(agent_name, cause).observe(late)
             with self.interrupts.track(run_id, act):
                 outcome = await act.run()
@@ -622,6 +642,7 @@ class Worker:
             snapshot=snapshot,
             callback_keys=self.callback_keys,
             opening=opening,
+            clock=self.clock,
         )
         self.folds += 1
         if opening is None:  # an opened run's history is not stored yet
@@ -674,18 +695,3 @@ class Worker:
         first = history[0].events[0] if history and history[0].events else None
         name = getattr(first, "agent", None)
         return self.agents.get(name) if isinstance(name, str) else None
-
-
-async def _settle(tasks: Iterable[asyncio.Task[Any]], grace: float) -> None:
-    """Wait for cancelled tasks to end, at most ``grace`` seconds: a cancel can be swallowed
-    inside a library (``asyncio.wait_for`` in Python 3.11 may return a result that raced it),
-    and a stop must not wait forever for such a task. One still running is logged and left."""
-    pending = [t for t in tasks if not t.done()]
-    if not pending:
-        return
-    _, still = await asyncio.wait(pending, timeout=grace)
-    for t in still:
-        log.warning("task %s did not end within %.0fs of being cancelled", t.get_name(), grace)
-    for t in pending:
-        if t.done() and not t.cancelled():
-            t.exception()  # retrieved: not reported as never retrieved

@@ -78,6 +78,9 @@ class MemoryDriver:
         self.published: list[str] = []
         self.ended: dict[str, ChildOutcome] = {}
 
+    def time(self) -> float:
+        return time.time()
+
     def check_live(self) -> None:
         return None
 

@@ -1,5 +1,5 @@
 """The testing kit stays out of the way: ``import sojourn.actors`` loads neither the kit nor
-pytest, and the kit itself (all but its pytest plugin) does not need pytest."""
+pytest, and the kit itself (all but its pytest plugin) needs neither pytest nor pydantic-ai."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ PROBE = """
 import json, sys
 import {module}
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("pytest", "_pytest")
-                        or m.startswith("sojourn.actors.testing"))))
+                        or m == "pydantic_ai" or m.startswith("sojourn.actors.testing"))))
 """
 
 
@@ -40,3 +40,6 @@ def test_the_kit_loads_no_pytest() -> None:
     assert "pytest" not in loaded and "_pytest" not in loaded
     assert "sojourn.actors.testing.plugin" not in loaded
     assert "sojourn.actors.testing.env" in loaded
+    # pydantic-ai is optional: the kit imports it only for a mock of a Pydantic AI object.
+    assert "pydantic_ai" not in loaded and "sojourn.actors.testing._pydantic_ai" not in loaded
+    assert "sojourn.actors.testing.models" in loaded and "sojourn.actors.testing.tools" in loaded
