@@ -17,6 +17,7 @@ from .events import RunEvent
 from .wire import RejectCode
 
 __all__ = [
+    "ADMIN_ACTIONS",
     "GATEWAY_ACTIONS",
     "GATEWAY_CODES",
     "GATEWAY_ROLES",
@@ -48,10 +49,12 @@ GatewayCode = Literal[
     "missing_signature",
     "invalid_signature",
     "stale_webhook",
+    "invalid_csrf",
 ]
 """What only HTTP can go wrong with: no or an unknown bearer token (``unauthorized``), a path
 or run that does not exist, a body that is not JSON, a malformed header, no broker behind
-the gateway (``unavailable``), and the callback and webhook checks."""
+the gateway (``unavailable``), the callback and webhook checks, and a request made with a
+console session cookie without its CSRF token or from another site (``invalid_csrf``)."""
 
 GATEWAY_CODES: tuple[GatewayCode, ...] = typing.get_args(GatewayCode)
 
@@ -98,6 +101,7 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "missing_signature": 401,
     "invalid_signature": 401,
     "stale_webhook": 401,
+    "invalid_csrf": 403,
 }
 """The HTTP status of every problem code (a test checks each code has one)."""
 
@@ -112,9 +116,13 @@ GatewayRole = Literal["client", "admin"]
 
 GATEWAY_ROLES: tuple[GatewayRole, ...] = typing.get_args(GatewayRole)
 
-GatewayAction = Literal["start", "read", "signal", "cancel"]
+GatewayAction = Literal["start", "read", "signal", "cancel", "operate"]
 """What an authenticated request does; ``--admin-only`` names the actions a client token may
-not take."""
+not take. ``operate`` (resume, raise a budget, terminate, pause or resume a schedule: what
+only the admin role may do over NATS) always needs the admin role."""
+
+ADMIN_ACTIONS: frozenset[GatewayAction] = frozenset({"operate"})
+"""The actions only admin tokens take, whatever ``--admin-only`` says."""
 
 GATEWAY_ACTIONS: tuple[GatewayAction, ...] = typing.get_args(GatewayAction)
 

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import webbrowser
 from collections.abc import Callable
 from typing import TypeVar
 
+import httpx
+
 from sojourn.schemas.codec import encode
+from sojourn.schemas.errors import SojournError
 
 from ..agents.callbacks import CALLBACK_KEYS_ENV, CallbackKeys
 from ..client.client import Client
+from ..console import console_routes
 from ..gateway import (
     BearerTokens,
     GatewayConfig,
@@ -22,6 +28,7 @@ from ..gateway import (
     parse_actions,
     parse_route,
 )
+from ..gateway._sessions import SESSION_TTL, SessionKey, Sessions
 from ..ops.health import PROCESS_HEALTH, gateway_check
 from ._args import Command, add_log_level, monitoring_options
 from ._common import EXIT_OK, UsageError, configure_logging, probed_options, serve_settings, serving
@@ -31,12 +38,19 @@ __all__ = [
     "COMMANDS",
     "add_gateway_arguments",
     "callers",
+    "cmd_console",
     "cmd_gateway",
     "describe",
     "gateway_config",
 ]
 
 TOKENS_ENV = "SOJOURN_GATEWAY_TOKENS"
+
+_GATEWAY_URL = re.compile(r"https?://[A-Za-z0-9.:\[\]-]{1,260}")
+
+_ORIGIN = re.compile(
+    r"https?://[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?|https?://\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?"
+)
 
 T = TypeVar("T")
 
@@ -98,6 +112,40 @@ def add_gateway_arguments(p: argparse.ArgumentParser, *, dev: bool = False) -> N
         help="event streams (SSE) open at once; one more is answered 503 (default: 10000)",
     )
     g.add_argument(
+        "--session-key",
+        metavar="FILE",
+        default=None,
+        help="the key console session cookies are signed with (a line of at least 32 "
+        "characters; give every gateway behind one load balancer the same file; default: a "
+        "key of this process, whose sessions end with it)",
+    )
+    g.add_argument(
+        "--session-ttl",
+        metavar="SECONDS",
+        type=float,
+        default=SESSION_TTL,
+        help=f"how long a console session lasts (default: {SESSION_TTL:.0f})",
+    )
+    g.add_argument(
+        "--secure-cookies",
+        action="store_true",
+        help="mark the session cookie Secure (the gateway is reached over HTTPS, e.g. behind "
+        "a TLS proxy)",
+    )
+    g.add_argument(
+        "--cors-origin",
+        metavar="ORIGIN",
+        action="append",
+        default=[],
+        help="an origin (https://app.example.com) whose pages may call the API with a bearer "
+        "token: answered with CORS headers (default: none, CORS closed). Repeatable",
+    )
+    g.add_argument(
+        "--no-console",
+        action="store_true",
+        help="do not serve the web console under /ui/",
+    )
+    g.add_argument(
         "--max-body",
         metavar="BYTES",
         type=int,
@@ -152,6 +200,21 @@ def gateway_config(args: argparse.Namespace, max_payload: int) -> GatewayConfig:
         raise UsageError(f"--max-body: 1 to {max_payload} (the deployment's max payload)")
     if args.max_streams < 1:
         raise UsageError("--max-streams: at least 1")
+    key = _load("--session-key", args.session_key, SessionKey.load) if args.session_key else None
+    try:
+        sessions = Sessions(
+            key or SessionKey.random(), tokens, ttl=args.session_ttl, secure=args.secure_cookies
+        )
+    except ValueError as e:
+        raise UsageError(f"--session-ttl: {e}") from None
+    origins = []
+    for origin in args.cors_origin:
+        if not _ORIGIN.fullmatch(origin):
+            raise UsageError(
+                f"--cors-origin {origin[:64]!r}: an origin is scheme://host[:port], no path, "
+                "no wildcard"
+            )
+        origins.append(origin)
     return GatewayConfig(
         max_streams=args.max_streams,
         tokens=tokens,
@@ -159,6 +222,9 @@ def gateway_config(args: argparse.Namespace, max_payload: int) -> GatewayConfig:
         callback_keys=keys,
         webhooks=routes,
         max_body=max_body,
+        sessions=sessions,
+        cors_origins=tuple(origins),
+        console=not args.no_console,
     )
 
 
@@ -180,6 +246,8 @@ def describe(config: GatewayConfig) -> str:
         parts.append(f"{tokens.unnamed} without a name (sent as the gateway's own user)")
     if config.webhooks:
         parts.append(f"webhooks {', '.join(sorted(config.webhooks))}")
+    if config.cors_origins:
+        parts.append(f"CORS open to {', '.join(config.cors_origins)}")
     if config.policy.admin_only:
         parts.append(f"admin only: {', '.join(sorted(config.policy.admin_only))}")
     return "; ".join(parts)
@@ -199,13 +267,15 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
 
     async with serving(args) as (stopper, phase):
         try:
-            app = create_app(connect, config)
+            app = create_app(connect, config, console_routes)
             server = GatewayServer(app, args.host, args.port)
             url = await server.start()
             PROCESS_HEALTH.add("gateway", gateway_check(app))
             phase.serving()
             PROCESS_HEALTH.refresh()
             out(f"gateway: {url} (nats {opts.display_url}, prefix {settings.prefix})")
+            if config.console:
+                out(f"  console: {url}/ui/ (sign in with a bearer token)")
             out(f"  {describe(config)}")
             if config.tokens.names:
                 user = opts.user
@@ -242,7 +312,46 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     add_log_level(p, "info")
 
 
+async def cmd_console(args: argparse.Namespace) -> int:
+    """Print the web console's URL once the gateway there serves it (and open it, ``--open``)."""
+    base = args.url.rstrip("/")
+    if not _GATEWAY_URL.fullmatch(base):
+        raise UsageError(f"--url {base[:64]!r}: http(s)://host[:port] of a sojourn gateway")
+    url = f"{base}/ui/"
+    try:
+        async with httpx.AsyncClient(timeout=5) as h:
+            r = await h.get(url)
+    except httpx.HTTPError as e:
+        raise SojournError(f"no gateway answers at {base} ({type(e).__name__}): start one "
+                           "with `sojourn gateway` or `sojourn dev`") from None  # fmt: skip
+    if r.status_code != 200 or "/ui/static/app.js" not in r.text:
+        raise SojournError(f"{base} serves no console (HTTP {r.status_code}; --no-console?)")
+    out(f"console: {url} (sign in with a bearer token from the gateway's tokens file)")
+    if args.open:
+        webbrowser.open(url)
+    return EXIT_OK
+
+
+def _console_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:8080",
+        help="the gateway (default: http://127.0.0.1:8080, where sojourn dev serves it)",
+    )
+    p.add_argument("--open", action="store_true", help="open it in the default browser")
+
+
 COMMANDS = (
+    Command(
+        "console",
+        cmd_console,
+        "Where the web console is: the URL of a running gateway's /ui/ (docs/console.md).",
+        "sojourn console --url http://127.0.0.1:8080 --open",
+        connects=False,
+        detail="The console is served by every gateway (sojourn gateway, sojourn dev) unless "
+        "it runs with --no-console; sign in there with one of its bearer tokens.",
+        arguments=_console_arguments,
+    ),
     Command(
         "gateway",
         cmd_gateway,

@@ -40,6 +40,7 @@ _FAMILIES: tuple[tuple[Command, ...], ...] = (
 _ORDER = (
     "dev",
     "gateway",
+    "console",
     "worker",
     "watchdog",
     "projector",

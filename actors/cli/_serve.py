@@ -23,6 +23,7 @@ from sojourn.schemas.health import BEAT_RUNS_MAX, Liveness, LivenessState
 
 from ..agents.callbacks import CALLBACK_KEYS_ENV, CallbackKeys, generate_key_file_text
 from ..client.client import Client
+from ..console import console_routes
 from ..gateway import GatewayConfig, GatewayServer, create_app
 from ..ops.health import PROCESS_HEALTH, watchdog_check, worker_check
 from ..ops.watchdog import Watchdog
@@ -128,13 +129,16 @@ async def _dev_gateway(
         return await Client.connect(opts, settings=settings)
 
     try:
-        server = GatewayServer(create_app(connect, config), "127.0.0.1", args.gateway_port)
+        app = create_app(connect, config, console_routes)
+        server = GatewayServer(app, "127.0.0.1", args.gateway_port)
     except SojournError as e:
         out(f"gateway: not started ({e}; choose another with --gateway-port)")
         return None
     url = await server.start()
     sends = f"; sends as its callers {callers(config)}" if config.tokens.names else ""
     out(f"gateway: {url} (bearer tokens in {args.tokens}; {describe(config)}{sends})")
+    if config.console:
+        out(f"console: {url}/ui/ (sign in with a token from {args.tokens})")
     return server
 
 

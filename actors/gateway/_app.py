@@ -6,12 +6,19 @@ one ``Client``, so any number of gateways may run behind a load balancer. The ro
 - ``POST /v1/agents/{agent}/runs`` start (``Idempotency-Key`` is the run id);
 - ``GET /v1/runs`` list (the read side), ``GET /v1/runs/{id}`` status,
   ``GET /v1/runs/{id}/history``;
-- ``POST /v1/runs/{id}/signals/{name}``, ``POST /v1/runs/{id}/cancel``;
+- ``POST /v1/runs/{id}/signals/{name}``, ``POST /v1/runs/{id}/cancel``; the operator's
+  ``terminate``, ``resume``, ``budget`` and ``POST /v1/schedules/{name}/{pause,resume}``
+  (``_controls.py``, admin only);
 - ``GET /v1/runs/{id}/events`` (views) and ``GET /v1/runs/{id}/stream`` (output chunks) as
   server-sent events, resumable with ``Last-Event-ID``;
 - ``POST /v1/callbacks/{token}`` and ``POST /v1/webhooks/{route}/{token}``: the only routes
   without a bearer token; a signed callback token delivers one signal to one run, once;
-- ``GET /v1/openapi.json``, ``GET /healthz``.
+- ``GET /v1/openapi.json``, ``GET /healthz``;
+- ``/ui/...``: the web console (``sojourn.actors.console``), when the CLI passes its routes.
+
+A request is authenticated by its bearer token or, without an ``Authorization`` header, by a
+console session cookie (``_sessions.py``), which needs its CSRF token on anything but a read.
+CORS headers are sent only to the origins ``--cors-origin`` names.
 
 What a caller starts, signals and cancels is sent as the name its bearer token has in the
 tokens file (``<prefix>.as.<name>...``), so the history records the caller; callbacks and
@@ -31,9 +38,11 @@ from typing import Any, Final
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from sojourn.schemas.codec import decode_events, encode, from_raw
 from sojourn.schemas.errors import (
@@ -50,12 +59,14 @@ from sojourn.schemas.errors import (
 )
 from sojourn.schemas.events import RunEvent
 from sojourn.schemas.gateway import (
+    GATEWAY_ACTIONS,
     CallbackAnswer,
     CancelAnswer,
     GatewayAction,
     SignalAnswer,
     StartAnswer,
 )
+from sojourn.schemas.health import LIVENESS_STATES
 from sojourn.schemas.lifecycle import end_status
 from sojourn.schemas.names import reserved_run_id, validate_signal_name, validate_token
 from sojourn.schemas.views import QUERY_LIMIT_MAX
@@ -71,6 +82,7 @@ from ..client.watching import presence
 from ..history.chain import continued_as
 from ..ops import metrics as _metrics
 from ._auth import BearerTokens, Caller, Policy
+from ._controls import Controls
 from ._deadletters import DeadLetters
 from ._http import (
     HttpProblem,
@@ -79,8 +91,10 @@ from ._http import (
     problem_response,
     read_body,
     require_json,
+    unix_seconds,
 )
 from ._openapi import openapi_document
+from ._sessions import COOKIE, CSRF_HEADER, SessionKey, Sessions, same_origin
 from ._sse import sse_events
 from ._webhooks import WebhookRoute
 from ._webhooks import verify as verify_webhook
@@ -90,6 +104,7 @@ __all__ = ["GatewayConfig", "create_app"]
 log = logging.getLogger("sojourn.gateway")
 
 _LAST_EVENT_ID_MAX: Final = 20
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
 
 
 @dataclass(frozen=True)
@@ -109,6 +124,9 @@ class GatewayConfig:
             connections).
         max_streams: event streams open at once; one more is answered 503 (each holds
             subscriptions on the broker and a task here).
+        sessions: how console session cookies are signed and how long they last.
+        cors_origins: the origins (``https://app.example.com``) answered with CORS headers.
+        console: serve the web console under ``/ui/``.
     """
 
     tokens: BearerTokens
@@ -119,12 +137,24 @@ class GatewayConfig:
     start_wait: float = 5.0
     keepalive: float = 15.0
     max_streams: int = 10_000
+    sessions: Sessions | None = None
+    """Console sessions (``None``: signed with a key of this process only)."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins whose pages may call the API with a bearer token (none: CORS stays closed)."""
+    console: bool = True
 
 
-def create_app(connect: Callable[[], Awaitable[Client]], config: GatewayConfig) -> Starlette:
+def create_app(
+    connect: Callable[[], Awaitable[Client]],
+    config: GatewayConfig,
+    console: Callable[[Any], list[BaseRoute]] | None = None,
+) -> Starlette:
     """The gateway's ASGI app; ``connect`` makes its ``Client`` when the server starts (and
-    the client is closed when it stops)."""
+    the client is closed when it stops). ``console``: the web console's routes for this
+    gateway (``sojourn.actors.console.console_routes``), served unless ``config.console`` is
+    off; the console depends on the gateway, never the other way round."""
     gw = _Gateway(config)
+    gw.sessions = config.sessions or Sessions(SessionKey.random(), config.tokens)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -140,7 +170,7 @@ def create_app(connect: Callable[[], Awaitable[Client]], config: GatewayConfig) 
             app.state.client = None
             await gw.client.close()
 
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/healthz", gw.healthz, methods=["GET"]),
         Route("/v1/openapi.json", gw.openapi, methods=["GET"]),
         Route("/v1/agents/{agent}/runs", gw.start, methods=["POST"]),
@@ -149,6 +179,10 @@ def create_app(connect: Callable[[], Awaitable[Client]], config: GatewayConfig) 
         Route("/v1/runs/{run_id}/history", gw.history, methods=["GET"]),
         Route("/v1/runs/{run_id}/signals/{name}", gw.signal, methods=["POST"]),
         Route("/v1/runs/{run_id}/cancel", gw.cancel, methods=["POST"]),
+        Route("/v1/runs/{run_id}/terminate", gw.terminate, methods=["POST"]),
+        Route("/v1/runs/{run_id}/resume", gw.resume, methods=["POST"]),
+        Route("/v1/runs/{run_id}/budget", gw.budget, methods=["POST"]),
+        Route("/v1/schedules/{name}/{verb}", gw.schedule, methods=["POST"]),
         Route("/v1/runs/{run_id}/events", gw.events, methods=["GET"]),
         Route("/v1/runs/{run_id}/stream", gw.stream, methods=["GET"]),
         Route("/v1/callbacks/{token}", gw.callback, methods=["POST"]),
@@ -160,8 +194,28 @@ def create_app(connect: Callable[[], Awaitable[Client]], config: GatewayConfig) 
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "internal")
         return problem_response(HttpProblem(code, str(exc.detail)))
 
+    if console is not None and config.console:
+        routes += console(gw)
+    middleware = []
+    if config.cors_origins:
+        # Named origins only, never credentials: a page elsewhere calls the API with a bearer
+        # token it holds; the console's cookie is SameSite=Strict and stays on this origin.
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(config.cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+                expose_headers=["Location", "Retry-After"],
+                allow_credentials=False,
+                max_age=600,
+            )
+        )
     app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+        routes=routes,
+        lifespan=lifespan,
+        middleware=middleware,
+        exception_handlers={HTTPException: http_error},
     )
     app.state.client = None
     app.state.closing = gw.closing  # set by ``GatewayServer.stop``: event streams end cleanly
@@ -207,10 +261,12 @@ def _answers(handler: Callable[[Any, Request], Awaitable[Response]]) -> Any:
     return wrapped
 
 
-class _Gateway:
+class _Gateway(Controls):
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
+        self.max_body = config.max_body
         self.client: Client
+        self.sessions: Sessions
         self.dead_letters: DeadLetters
         self._openapi: bytes | None = None
         self.streams_open = 0
@@ -219,8 +275,16 @@ class _Gateway:
     # --- who is asking --------------------------------------------------------------------
 
     def _authorize(self, request: Request, action: GatewayAction) -> Caller:
-        """Who is asking (its bearer token's role and name), allowed to take ``action``."""
-        caller = self.config.tokens.caller_of(request.headers.get("authorization"))
+        """Who is asking (its bearer token's role and name, or those of the token a console
+        session was made from), allowed to take ``action``. A bearer token wins over a
+        cookie; a request made with the cookie alone that changes anything needs the
+        session's CSRF token and must come from this origin."""
+        header = request.headers.get("authorization")
+        caller: Caller | None
+        if header is None and COOKIE in request.cookies:
+            caller = self._session_caller(request)
+        else:
+            caller = self.config.tokens.caller_of(header)
         if caller is None:
             raise HttpProblem(
                 "unauthorized",
@@ -230,6 +294,30 @@ class _Gateway:
         if not self.config.policy.allows(caller.role, action):
             raise HttpProblem("forbidden", f"{action} needs a token with the admin role")
         return caller
+
+    authorize = _authorize
+
+    def allowed(self, caller: Caller) -> list[GatewayAction]:
+        """The actions ``caller`` may take (what the console offers)."""
+        return [a for a in GATEWAY_ACTIONS if self.config.policy.allows(caller.role, a)]
+
+    def _session_caller(self, request: Request) -> Caller:
+        session = self.sessions.session_of(request.cookies.get(COOKIE), time.time())
+        if session is None:
+            raise HttpProblem(
+                "unauthorized",
+                "the console session has ended or is not valid: sign in again",
+                headers={"WWW-Authenticate": 'Bearer realm="sojourn"'},
+            )
+        if request.method not in _SAFE_METHODS:
+            origin = request.headers.get("origin")
+            if origin is not None and not same_origin(request, origin):
+                raise HttpProblem("invalid_csrf", "a request with the session from another site")
+            if not Sessions.csrf_ok(session, request.headers.get(CSRF_HEADER)):
+                raise HttpProblem(
+                    "invalid_csrf", "a request with the session cookie needs its X-CSRF-Token"
+                )
+        return session.caller
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -315,13 +403,20 @@ class _Gateway:
     async def runs(self, request: Request) -> Response:
         self._authorize(request, "read")
         q = request.query_params
-        unknown = set(q) - {"agent", "status", "schedule", "parent", "limit", "after"}
+        unknown = set(q) - {
+            "agent", "status", "liveness", "schedule", "parent", "since", "limit", "after"
+        }  # fmt: skip
         if unknown:
             raise HttpProblem("invalid_query", f"unknown parameter {sorted(unknown)[0][:64]!r}")
         statuses = [s for v in q.getlist("status") for s in v.split(",") if s]
         bad = [s for s in statuses if s not in RUN_STATUSES]
         if bad:
             raise HttpProblem("invalid_query", f"status {bad[0][:32]!r} is not a run status")
+        states = [s for v in q.getlist("liveness") for s in v.split(",") if s]
+        wrong = [s for s in states if s not in LIVENESS_STATES]
+        if wrong:
+            raise HttpProblem("invalid_query", f"liveness {wrong[0][:32]!r} is not a state")
+        since = unix_seconds(q.get("since"), "since")
         limit_text = q.get("limit", "100")
         if not limit_text.isdigit() or not 1 <= int(limit_text) <= QUERY_LIMIT_MAX:
             raise HttpProblem("invalid_query", f"limit: 1 to {QUERY_LIMIT_MAX}")
@@ -331,6 +426,8 @@ class _Gateway:
                 self.client.names,
                 agent=q.get("agent"),
                 status=[s for s in RUN_STATUSES if s in statuses],
+                liveness=[s for s in LIVENESS_STATES if s in states],
+                since=since,
                 schedule=q.get("schedule"),
                 parent_run_id=q.get("parent"),
                 after=q.get("after"),
@@ -415,6 +512,11 @@ class _Gateway:
         except TriggerRejected as e:
             raise self._rejected(e, run_id) from None
         return json_response(CancelAnswer(run_id=run_id), 202)
+
+    terminate = _answers(Controls.terminate)
+    resume = _answers(Controls.resume)
+    budget = _answers(Controls.budget)
+    schedule = _answers(Controls.schedule)
 
     # --- server-sent events ---------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from typing import Final
 
 from sojourn.schemas.auth import SENDER_PATTERN
 from sojourn.schemas.gateway import (
+    ADMIN_ACTIONS,
     GATEWAY_ACTIONS,
     GATEWAY_ROLES,
     GatewayAction,
@@ -160,6 +161,20 @@ class BearerTokens:
         """
         return cls.parse(Path(path).read_text(encoding="utf-8"), source=str(path))
 
+    def digests(self) -> list[bytes]:
+        """The SHA-256 digests of the tokens (what a session cookie refers to, under a key)."""
+        return list(self._callers)
+
+    def digest_of(self, token: str) -> bytes | None:
+        """The digest of ``token`` if it is one of these (a sign-in), else ``None``."""
+        if not _TOKEN.fullmatch(token):
+            return None
+        digest = _digest(token)
+        return digest if digest in self._callers else None
+
+    def by_digest(self, digest: bytes) -> Caller | None:
+        return self._callers.get(digest)
+
     def caller_of(self, authorization: str | None) -> Caller | None:
         """Who sent an ``Authorization: Bearer TOKEN`` header; ``None`` when there is no
         header, it is malformed, or the token is not one of these."""
@@ -197,4 +212,6 @@ class Policy:
         self.admin_only = frozenset(admin_only)
 
     def allows(self, role: GatewayRole, action: GatewayAction) -> bool:
-        return role == "admin" or action not in self.admin_only
+        if role == "admin":
+            return True
+        return action not in self.admin_only and action not in ADMIN_ACTIONS

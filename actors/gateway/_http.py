@@ -9,6 +9,7 @@ decoded, and every failure is a ``HttpProblem`` with a code from the one vocabul
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
 from typing import Any, Final
@@ -28,6 +29,7 @@ __all__ = [
     "problem_response",
     "read_body",
     "require_json",
+    "unix_seconds",
 ]
 
 _LENGTH: Final = re.compile(r"[0-9]{1,15}")
@@ -180,3 +182,20 @@ def payload_of(request: Request, body: bytes) -> Any:
         "unsupported_media_type",
         f"a callback body is JSON, a form or text, not {media[:64]!r}",
     )
+
+
+def unix_seconds(text: str | None, param: str) -> float | None:
+    """A query parameter of unix seconds (``1764892800``, ``1764892800.5``); ``None`` if absent.
+
+    Raises:
+        HttpProblem: ``invalid_query``.
+    """
+    if text is None:
+        return None
+    try:
+        value = float(text) if len(text) <= 24 else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise HttpProblem("invalid_query", f"{param}: unix seconds")
+    return value

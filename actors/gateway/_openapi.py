@@ -10,6 +10,7 @@ import msgspec
 
 from sojourn.schemas.export import WIRE_SCHEMAS
 from sojourn.schemas.gateway import HTTP_STATUS, PROBLEM_TYPE
+from sojourn.schemas.vocabulary import BUDGET_LIMITS
 
 __all__ = ["openapi_document"]
 
@@ -78,6 +79,28 @@ def _events_of_run(
 
 _ANY_JSON: Final[dict[str, Any]] = {"description": "any JSON value"}
 
+_CONTROL_ANSWER: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {"run_id": {"type": "string"}, "requested": {"type": "string"}},
+    "required": ["run_id", "requested"],
+}
+
+
+def _control(summary: str, body: dict[str, Any], auth: list[dict[str, list[str]]]) -> Any:
+    """An operator control on one run (admin tokens only): ``body`` the request's properties."""
+    return {
+        "post": {
+            "summary": summary + " (admin only)",
+            "security": auth,
+            "parameters": [_RUN_ID],
+            "requestBody": {"content": {_JSON: {"schema": {"type": "object", "properties": body}}}},
+            "responses": {
+                "202": _body(_CONTROL_ANSWER, "stored for the run"),
+                **_problems(400, 401, 403, 404, 409, 413, 415, 503),
+            },
+        }
+    }
+
 
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI document served at ``/v1/openapi.json`` (and by ``sojourn gateway
@@ -122,6 +145,8 @@ def openapi_document() -> dict[str, Any]:
                 "parameters": [
                     _param("agent", "query", "only this agent's runs"),
                     _param("status", "query", "only runs in these statuses (comma-separated)"),
+                    _param("liveness", "query", "only runs judged so (comma-separated)"),
+                    _param("since", "query", "only runs updated since (unix seconds)"),
                     _param("schedule", "query", "only runs this schedule started"),
                     _param("parent", "query", "only children of this run"),
                     _param("limit", "query", "at most this many (1-1000, default 100)"),
@@ -194,6 +219,33 @@ def openapi_document() -> dict[str, Any]:
                 "responses": {
                     "202": _body(refs["CancelAnswer"], "stored"),
                     **_problems(400, 401, 403, 404, 409, 413, 415, 503),
+                },
+            }
+        },
+        "/v1/runs/{run_id}/terminate": _control(
+            "Terminate a run: a cancel without compensation",
+            {"reason": {"type": "string"}},
+            auth,
+        ),
+        "/v1/runs/{run_id}/resume": _control(
+            "Resume a suspended run", {"note": {"type": "string"}}, auth
+        ),
+        "/v1/runs/{run_id}/budget": _control(
+            "Set limits of a run's budget (the others stay); a run suspended on one resumes",
+            {b: {"type": "number", "minimum": 0} for b in BUDGET_LIMITS},
+            auth,
+        ),
+        "/v1/schedules/{name}/{verb}": {
+            "post": {
+                "summary": "Pause or resume a schedule (admin only)",
+                "security": auth,
+                "parameters": [
+                    _param("name", "path", "the schedule's name"),
+                    _param("verb", "path", "pause or resume"),
+                ],
+                "responses": {
+                    "200": _body({"type": "object"}, "the schedule's record after it"),
+                    **_problems(400, 401, 403, 404, 503),
                 },
             }
         },

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sojourn.actors.gateway import BearerTokens, Caller, Policy, parse_actions
 from sojourn.schemas.auth import SENDER_PATTERN
-from sojourn.schemas.gateway import GATEWAY_ACTIONS, GATEWAY_ROLES, GatewayRole
+from sojourn.schemas.gateway import ADMIN_ACTIONS, GATEWAY_ACTIONS, GATEWAY_ROLES, GatewayRole
 from sojourn.schemas.names import TOKEN_PATTERN
 
 CLIENT = "c" * 20
@@ -73,8 +73,10 @@ def test_the_admin_only_policy() -> None:
     policy = Policy(parse_actions("cancel"))
     for action in GATEWAY_ACTIONS:
         assert policy.allows("admin", action)
-        assert policy.allows("client", action) == (action != "cancel")
-    assert all(Policy().allows("client", a) for a in GATEWAY_ACTIONS)
+        assert policy.allows("client", action) == (action not in {"cancel", *ADMIN_ACTIONS})
+    # What only admins may do over NATS (resume, budgets, terminate) no client token may do.
+    assert ADMIN_ACTIONS and all(not Policy().allows("client", a) for a in ADMIN_ACTIONS)
+    assert all(Policy().allows("client", a) for a in GATEWAY_ACTIONS if a not in ADMIN_ACTIONS)
 
 
 ALICE = "alice-token-0123456789"
