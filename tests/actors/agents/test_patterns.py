@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
+
 from sojourn.actors import ApprovalDecision, Client, Context, Worker, agent
+from sojourn.actors.testing import SojournEnv
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas import SignalReceived, StepCompleted, WaitCompleted, WaitStarted
 from sojourn.schemas.config import Settings
@@ -214,3 +219,48 @@ async def test_poll_cap_suspends_a_run_whose_job_never_finishes(
 
         await wait_for(suspended_again, what="the second cap")
         assert calls["n"] == 8
+
+
+@agent("expense_days")
+async def expense_days(ctx: Context, amount: int) -> dict[str, Any]:
+    """The production shape: a day per approver, a reminder every six hours."""
+    d = await ctx.approval(
+        "expense",
+        approvers=["alice", "bob"],
+        timeout=timedelta(days=1),
+        remind=remind,
+        remind_every=timedelta(hours=6),
+        escalate=escalate,
+        on_timeout="deny",
+    )
+    return {"approved": d.approved, "via": d.via, "at": d.at.isoformat(), "amount": amount}
+
+
+@pytest.mark.parametrize("sojourn_agents", [[expense_days]])
+async def test_approval_days_of_reminders_and_escalation_under_virtual_time(
+    sojourn_env: SojournEnv,
+) -> None:
+    """The testing kit's virtual time on sojourn's own patterns: two days of reminders and an
+    escalation, with nobody deciding, in a moment."""
+    audit.clear()
+    env = sojourn_env
+    start = env.now()
+    run_id = await env.start(expense_days, 99)
+    out = await env.result(run_id)
+    assert out["approved"] is False and out["via"] == "policy"
+    decided = datetime.fromisoformat(out["at"])
+    assert timedelta(days=2) <= decided - start < timedelta(days=2, minutes=5)
+    # Each approver: asked, then reminded every six hours of their day, then escalated.
+    assert [a for a in audit if a[0] == "escalate"] == [
+        ("escalate", "alice", "bob", "expense"),
+        ("escalate", "bob", "None", "expense"),
+    ]
+    for who in ("alice", "bob"):
+        assert sum(a == ("remind", who, "expense") for a in audit) == 4, audit
+    reminders = [
+        e.at
+        for e in await env.history(run_id)
+        if isinstance(e, StepCompleted) and e.name == "remind"
+    ]
+    gaps = [round((b - a) / 3600) for a, b in itertools.pairwise(reminders)]
+    assert gaps == [6, 6, 6, 6, 6, 6, 6], gaps
