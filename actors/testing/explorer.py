@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -264,14 +265,30 @@ class _Driver:
                 output = None if st.output is None else decode_json(bytes(st.output))
                 error = None if st.error is None else f"{st.error.type}: {st.error.message}"
                 return Outcome(st.status, output, error)
-            due = [n for n in self.signals if n not in sent and f"signal:{n}" in st.waiting_on]
+            due = self._due(st.waiting_on, sent)
             for n in due:
                 await env.signal(current, n, self.signals[n], wait=True)
                 sent.add(n)
-            if due or await env._skip().jump_next():
+            if due or await env._skip().jump_next(functools.partial(self._hold, current, sent)):
                 continue
             await asyncio.sleep(0.05)  # a takeover or a redelivery, on the real clock
         raise TimeoutError(f"run {run_id} did not end within {self.timeout:.0f} s")
+
+    def _due(self, waiting_on: tuple[str, ...], sent: set[str]) -> list[str]:
+        """The signals to send now: those the run waits on, not sent yet."""
+        return [n for n in self.signals if n not in sent and f"signal:{n}" in waiting_on]
+
+    async def _hold(self, run_id: str, sent: set[str]) -> bool:
+        """Whether, all quiet, the run has ended, waits on a signal to send, or is not waiting
+        at all (its takeover after a crash is still to come, on the real clock): then time
+        does not move (a deadline passed first would change what the run does)."""
+        try:
+            st = await self.env.state(run_id)
+        except RunNotFound:
+            return True  # its start is delivered again (after a crash before it was stored)
+        if st.status in ("pending", "running"):
+            return True
+        return is_terminal(st.status) or bool(self._due(st.waiting_on, sent))
 
     async def _revive(self) -> None:
         """After a crash: a fresh worker in the dead one's place (it takes the run over)."""

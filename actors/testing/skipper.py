@@ -97,11 +97,14 @@ class TimeSkipper:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def jump_next(self) -> bool:
+    async def jump_next(self, hold: Callable[[], Awaitable[bool]] | None = None) -> bool:
         """Once the deployment is quiet, jump to the next deadline and fire what is due;
-        ``False``: there is none."""
+        ``False``: there is none. ``hold``: asked once all is quiet, before the jump; ``True``
+        there is something to do at this time first (no jump; returns ``True``)."""
         async with self._lock:
             await self.quiet()
+            if hold is not None and await hold():
+                return True
             nxt = await self._next_deadline()
             if nxt is None:
                 return False

@@ -3,17 +3,25 @@ deliberate change that ``sojourn replay`` must report against the golden histori
 
 from __future__ import annotations
 
-from examples.onboarding import Hire, Onboarded, it_provision, send_welcome_packet
+from examples.onboarding import (
+    MODEL,
+    Hire,
+    Onboarded,
+    it_provision,
+    send_welcome_packet,
+    welcome_prompt,
+)
 from sojourn.actors import Context, agent
 
 __all__ = ["it_provision", "onboarding"]
 
 
-def send_welcome_email(hire: Hire) -> str:
-    return send_welcome_packet(hire)
+def send_welcome_email(hire: Hire, note: str, link: str | None = None) -> str:
+    return send_welcome_packet(hire, note, link)
 
 
 @agent("onboarding")
 async def onboarding(ctx: Context, hire: Hire) -> Onboarded:
-    await ctx.step(send_welcome_email, hire)
+    note = (await ctx.llm(MODEL, welcome_prompt(hire), max_tokens=200)).text
+    await ctx.step(send_welcome_email, hire, note)
     raise AssertionError("replay stops at the divergence above")

@@ -304,7 +304,8 @@ async def test_the_onboarding_example_resumes_from_its_callback_url_after_a_work
             answers = [await anon.post(link, json={"by": "ada@example.com"}) for _ in range(5)]
         assert [r.status_code for r in answers] == [200] * 5, [r.text for r in answers]
         assert len({r.content for r in answers}) == 1
-        await client.signal(run_id, "hardware.delivered", {"serial": "SN-1"})
+        decision = {"approve": True, "by": "manager@example.com"}
+        await client.signal(run_id, "approval.laptop", decision)
         result = await client.result(run_id, timeout=120)
         assert result["signed_by"] == "ada@example.com" and result["escalated"] is False
         assert len(await signals(client, run_id, "docs.signed")) == 1

@@ -35,44 +35,58 @@ async def test_onboarding_survives_a_crash_between_every_stage(
 
         await wait_for(check, timeout=60, what=f"{run_id} to wait on {what}")
 
+    async def escalated() -> bool:
+        return any(outbox.glob("escalation-*.txt"))
+
     try:
         w = await worker()
         hire = {
             "name": "Ada",
             "email": "ada@example.com",
-            "hr_email": "hr@example.com",
-            "docs_deadline": 2.0,
+            "manager": "grace",
+            "escalate_after": 1.0,
+            "docs_deadline": 3600,
         }
         run_id = await client.start("onboarding", hire, run_id="onboard-ada", wait=True)
-        # Stage 1: welcome packet sent, waiting for signatures (with a deadline).
+        # Stage 1: note drafted, welcome packet sent, waiting for signatures (with a deadline).
         await waiting_on(run_id, "signal:docs.signed", "timer")
         w.kill()
-        # Stage 2: nobody signs; the broker's timer fires while no worker exists.
+        # Stage 2: nobody signs; the escalation's timer fires while no worker exists, HR is
+        # paged, and the run waits on to the docs deadline.
         w = await worker()
-        await waiting_on(run_id, "signal:docs.signed")  # escalated: now waits with no deadline
-        assert (await client.state(run_id)).deadline is None
+        await wait_for(escalated, timeout=60, what="HR paged")
+        await waiting_on(run_id, "signal:docs.signed", "timer")
+        start = (await client.history(run_id))[0].events[0].at
+        deadline = (await client.state(run_id)).deadline
+        assert deadline is not None and 3590 < deadline - start < 3610
         w.kill()
-        # Stage 3: the signature arrives while no worker runs.
+        # Stage 3: the signature arrives while no worker runs; the manager is asked.
         await client.signal(run_id, "docs.signed", {"by": "ada@example.com"})
         w = await worker()
-        await waiting_on(run_id, "signal:hardware.delivered", "timer")  # IT child run done
+        await waiting_on(run_id, "signal:approval.laptop", "timer")
         w.kill()
-        # Stage 4: hardware arrives; a fresh worker finishes the run.
-        await client.signal(run_id, "hardware.delivered", {"serial": "SN-1"})
+        # Stage 4: the manager approves; a fresh worker provisions (a child run) and finishes.
+        await client.signal(run_id, "approval.laptop", {"approve": True, "by": "grace"})
         w = await worker()
         result = await client.result(run_id, timeout=60)
     finally:
         for p in procs:
             p.stop()
 
+    assert result["outcome"] == "onboarded"
     assert result["signed_by"] == "ada@example.com"
     assert result["escalated"] is True
+    assert result["laptop_decided_by"] == "grace"
     assert result["laptop"]["email"] == "ada@example.com"
-    assert result["hardware"] == {"serial": "SN-1"}
+    assert result["laptop"]["model"] == "16-inch laptop"
     files = Counter(p.name.split("-")[0] for p in outbox.glob("*.txt"))
-    assert files == Counter({"welcome": 1, "escalation": 1, "account": 1, "laptop": 1})
+    assert files == Counter(
+        {"welcome": 1, "escalation": 1, "approval": 1, "account": 1, "laptop": 1}
+    )
     runs = Counter(line.split()[0] for line in (outbox / "effects.log").read_text().splitlines())
-    assert runs == Counter({"welcome": 1, "escalation": 1, "account": 1, "laptop-order": 1})
+    assert runs == Counter(
+        {"welcome": 1, "escalation": 1, "approval-request": 1, "account": 1, "laptop-order": 1}
+    )
     (child_id,) = (await client.state(run_id)).children
     child = await client.state(child_id)
     assert child.status == "completed" and child.parent_run_id == run_id
