@@ -38,7 +38,7 @@ from sojourn.schemas.vocabulary import (
     suspend_reason,
 )
 
-from ..core.limits import chain_spending
+from ..core.limits import chain_spending, spent
 from ..core.state import RunState, fold
 
 __all__ = [
@@ -447,17 +447,7 @@ def _limits(budget: ev.Budget) -> str:
 def _spend(state: RunState, polls: int, now: float) -> tuple[Spend, ...]:
     used: Carried = chain_spending(state, Carried(), polls)
     budget = state.budget or ev.Budget(usd=state.budget_usd, tokens=state.budget_tokens)
-    end = state.ended_at or now
-    counts: dict[BudgetLimit, float] = {
-        "usd": used.usd,
-        "tokens": used.tokens,
-        "input_tokens": used.input_tokens,
-        "output_tokens": used.output_tokens,
-        "steps": used.steps,
-        "tool_calls": used.steps - used.model_calls,
-        "polls": used.polls,
-        "wall_seconds": max(end - used.started_at, 0.0) if used.started_at else 0.0,
-    }
+    counts = spent(used, state.ended_at or now)
     spend = []
     for b in BUDGET_LIMITS:
         limit = getattr(budget, b, None)

@@ -26,6 +26,7 @@ __all__ = [
     "budget_suspension",
     "chain_spending",
     "format_duration",
+    "spent",
     "used_up",
     "with_attempt",
     "with_usage",
@@ -90,6 +91,20 @@ def chain_spending(state: RunState, live: Carried, polls: int) -> Carried:
     )
 
 
+def spent(used: Carried, now: float) -> dict[BudgetLimit, float]:
+    """What ``used`` amounts to in each budget kind, its wall time counted up to ``now``."""
+    return {
+        "usd": used.usd,
+        "tokens": used.tokens,
+        "input_tokens": used.input_tokens,
+        "output_tokens": used.output_tokens,
+        "wall_seconds": max(now - used.started_at, 0.0) if used.started_at else 0.0,
+        "steps": used.steps,
+        "tool_calls": used.steps - used.model_calls,
+        "polls": used.polls,
+    }
+
+
 def used_up(
     budget: Budget, used: Carried, grants: int, now: float, kind: StepKind | None = None
 ) -> Suspend | None:
@@ -100,21 +115,16 @@ def used_up(
     ``tool_calls`` are counted before the execution they would allow: at 3 of 3 steps, the
     fourth does not start. ``polls`` are checked by the poll count, not here.
     """
-    counts: dict[BudgetLimit, float] = {
-        "usd": used.usd,
-        "tokens": used.tokens,
-        "input_tokens": used.input_tokens,
-        "output_tokens": used.output_tokens,
-        "wall_seconds": now - used.started_at if used.started_at else 0.0,
-    }
-    if kind is not None:
-        counts["steps"] = used.steps
-        if kind != LLM_STEP:
-            counts["tool_calls"] = used.steps - used.model_calls
-    for unit, spent in counts.items():
+    counts = spent(used, now)
+    del counts["polls"]  # checked by the poll count
+    if kind is None:
+        del counts["steps"], counts["tool_calls"]
+    elif kind == LLM_STEP:
+        del counts["tool_calls"]
+    for unit, amount in counts.items():
         limit = getattr(budget, unit)
-        if limit is not None and spent >= limit * grants:
-            return Suspend(budget_suspension(unit, spent, limit * grants, now), unit=unit)
+        if limit is not None and amount >= limit * grants:
+            return Suspend(budget_suspension(unit, amount, limit * grants, now), unit=unit)
     return None
 
 

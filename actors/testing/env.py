@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -36,10 +37,12 @@ from typing import Any, Final, Self, TypeVar, overload
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound
-from sojourn.schemas.events import RunEvent
+from sojourn.schemas.events import Carried, RunEvent, WaitStarted
+from sojourn.schemas.vocabulary import BudgetLimit
 
 from ..agents.agent import Agent
 from ..client.client import Client
+from ..core.limits import chain_spending, spent
 from ..core.state import RunState, fold
 from ..worker.worker import Worker
 from .clock import VirtualClock
@@ -270,6 +273,22 @@ class SojournEnv:
         if not events:
             raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
         return fold(events)
+
+    async def spend(self, run_id: str) -> dict[BudgetLimit, float]:
+        """What the run (with its continue-as-new chain's earlier runs) has used of each budget
+        kind: ``usd``, ``tokens``, ``input_tokens``, ``output_tokens``, ``steps``,
+        ``tool_calls``, ``polls``, ``wall_seconds`` (on the runs' clock, to its end or now).
+
+        Raises:
+            RunNotFound: no such run.
+        """
+        events = await self.history(run_id)
+        if not events:
+            raise RunNotFound(f"no run with id '{run_id}'", run_id=run_id)
+        polls = sum(isinstance(e, WaitStarted) and e.key == "poll" for e in events)
+        state = fold(events)
+        now = self.clock.now() if self.clock is not None else time.time()
+        return spent(chain_spending(state, Carried(), polls), state.ended_at or now)
 
     async def signal(self, run_id: str, name: str, payload: Any = None, **options: Any) -> str:
         """Send the signal ``name`` to the run and return its signal id: ``Client.signal``,

@@ -287,3 +287,15 @@ async def test_a_crash_at_any_seam_of_the_flow_ends_like_the_clean_run_with_each
     assert result.explored == len(result.seams)
     assert result.clean.status == "completed"
     assert result.clean.output["outcome"] == "onboarded"
+
+
+async def test_the_runs_spend_is_read_per_budget_kind(sojourn_env: SojournEnv) -> None:
+    env = sojourn_env
+    run_id = await env.start(onboarding, ADA)
+    await env.advance(timedelta(hours=6))
+    spend = await env.spend(run_id)
+    assert spend["input_tokens"] == 60 and spend["output_tokens"] == 15
+    assert spend["tokens"] == 75 and spend["usd"] > 0
+    assert spend["steps"] == 2 and spend["tool_calls"] == 1  # the model call, the packet
+    assert spend["polls"] == 0
+    assert 6 * 3600 <= spend["wall_seconds"] < 6 * 3600 + 60  # virtual time
