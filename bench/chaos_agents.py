@@ -41,11 +41,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 import msgspec
 
 from sojourn.actors import Context, RetryPolicy, Worker, agent, current_step
+from sojourn.actors.worker import faults
 from sojourn.schemas.config import Settings
 
 from .chaos_store import StoreClient
@@ -137,26 +137,14 @@ def _trace_seams() -> None:
     armed = {s for s in os.environ.get("SOJOURN_FAULTS", "").split(",") if s}
     if not armed:
         return
-    import sojourn.actors.agents.step_calls as context_mod
-    import sojourn.actors.worker.appends as appends_mod
-    import sojourn.actors.worker.intake as intake_mod
-    import sojourn.actors.worker.worker as worker_mod
-
     out = sys.stdout
 
-    def wrap(real: Callable[[str], None]) -> Callable[[str], None]:
-        def traced(seam: str) -> None:
-            if seam in armed:
-                out.write(f"seam {seam}\n")
-                out.flush()
-            real(seam)
+    def traced(seam: str, _where: str) -> None:
+        if seam in armed:
+            out.write(f"seam {seam}\n")
+            out.flush()
 
-        return traced
-
-    for mod in (context_mod, appends_mod, intake_mod, worker_mod):
-        real = getattr(mod, "fault", None)
-        if callable(real):
-            mod.fault = wrap(real)  # type: ignore[attr-defined]
+    faults.observe(traced)
 
 
 async def _serve(url: str, prefix: str, ttl: float, replicas: int) -> None:
