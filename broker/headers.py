@@ -25,6 +25,8 @@ __all__ = [
     "STATUS",
     "SUBJECT",
     "TIME_STAMP",
+    "TRACEPARENT",
+    "TRACESTATE",
     "TTL",
     "WAKE_REASON",
     "WRITER",
@@ -107,3 +109,14 @@ GARBLED: Final = "Sojourn-Headers-Garbled"
 """Set by this process, never by a sender that means well: the message's header block could
 not be parsed (its value says why). Any sojourn reader refuses such a message
 (``invalid_headers``) rather than guess at what it says."""
+
+
+# --- W3C Trace Context (docs/operations.md, "Tracing") ------------------------------------------
+
+TRACEPARENT: Final = "traceparent"
+"""The W3C trace context of a start or a signal: the run's span becomes its child (a start), or
+the delivery's span links to it (a signal). Read through ``sojourn.schemas.tracing``: a value
+that is not well formed is ignored."""
+
+TRACESTATE: Final = "tracestate"
+"""The W3C vendor trace state that goes with ``TRACEPARENT``."""

@@ -149,6 +149,10 @@ class Names:
         """Control subject: lift a suspension (only the admin role may publish it)."""
         return f"{self.prefix}.as.{sender}.resume.{run_id}"
 
+    def pause(self, run_id: str, sender: str) -> str:
+        """Control subject: hold a run at its next step (admin role only)."""
+        return f"{self.prefix}.as.{sender}.pause.{run_id}"
+
     def budget(self, run_id: str, sender: str) -> str:
         """Control subject: change a run's budget limits (admin role only)."""
         return f"{self.prefix}.as.{sender}.budget.{run_id}"
@@ -182,6 +186,7 @@ class Names:
             f"{p}.as.*.cancel.*",
             f"{p}.as.*.spawn.*",
             f"{p}.as.*.resume.*",
+            f"{p}.as.*.pause.*",
             f"{p}.as.*.budget.*",
             f"{p}.as.*.decide.*.*.*",
             f"{p}.as.*.child.*.*",
@@ -220,6 +225,8 @@ class Names:
                 return InboxSubject("spawn", validate_token(rest[0], "agent name"), "", sender)
             if kind == "resume" and len(rest) == 1:
                 return InboxSubject("resume", validate_token(rest[0], "run_id"), "", sender)
+            if kind == "pause" and len(rest) == 1:
+                return InboxSubject("pause", validate_token(rest[0], "run_id"), "", sender)
             if kind == "budget" and len(rest) == 1:
                 return InboxSubject("budget", validate_token(rest[0], "run_id"), "", sender)
             if kind == "decide" and len(rest) == 3:

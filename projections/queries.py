@@ -15,6 +15,7 @@ import math
 import re
 from typing import Any, Final
 
+from sojourn.schemas.attributes import InvalidAttributes, validate_filter
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import LIVENESS_STATES
 from sojourn.schemas.names import TOKEN_PATTERN, validate_schedule_name, validate_token
@@ -107,6 +108,13 @@ def validate_query(q: RunsQuery) -> RunsQuery:
         raise InvalidQuery(f"invalid since {q.since!r}: unix seconds")
     if q.after is not None:
         decode_cursor(q.after)
+    if q.attributes:
+        try:
+            validate_filter(q.attributes)
+        except InvalidAttributes as e:
+            raise InvalidQuery(e.message) from None
+        if not all(isinstance(v, str) for v in q.attributes.values()):
+            raise InvalidQuery("an attribute filter's values are their text")
     return q
 
 
@@ -133,6 +141,11 @@ def query_sql(q: RunsQuery) -> tuple[str, list[Any]]:
         # scan, the view's own field decides.
         where.append("run_id >= ? AND run_id < ? AND json_extract(view, '$.schedule') = ?")
         params.extend([f"{q.schedule}-at", f"{q.schedule}-au", q.schedule])
+    for key, text in sorted(q.attributes.items()):
+        # Each pair narrows by the attribute index (key, text, run_id); SQLite picks the
+        # most selective of them and the other filters by their indexes or rows.
+        where.append("run_id IN (SELECT run_id FROM run_attributes WHERE key = ? AND text = ?)")
+        params.extend([key, text])
     if q.since is not None:
         where.append("updated_at >= ?")
         params.append(float(q.since))

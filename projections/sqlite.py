@@ -51,6 +51,9 @@ from .queries import (
 )
 from .sink import Applied
 from .tables import (
+    ATTRIBUTE_COLUMNS,
+    DELETE_ATTRIBUTES,
+    INSERT_ATTRIBUTE,
     INSERT_PENDING,
     RUN_COLUMNS,
     SCHEMA,
@@ -62,6 +65,8 @@ from .tables import (
     UPSERT_STEP,
     StepRow,
     StepStatus,
+    attribute_rows,
+    changes_attributes,
     run_row,
     step_rows,
 )
@@ -208,13 +213,18 @@ class SqliteModel:
                 return 0
             runs: dict[str, tuple[Any, ...]] = {}
             steps: list[tuple[Any, ...]] = []
+            tagged: dict[str, RunView] = {}  # runs whose attributes may have changed
             for a in fresh:
                 runs[a.view.run_id] = run_row(a.view)  # the last view of a run wins
                 steps.extend(step_rows(a.view.run_id, a.events))
+                if a.view.run_id in tagged or changes_attributes(a.events):
+                    tagged[a.view.run_id] = a.view
             try:
                 await self._transaction(
                     (UPSERT_STEP, steps),
                     (UPSERT_RUN, list(runs.values())),
+                    (DELETE_ATTRIBUTES, [(run_id,) for run_id in tagged]),
+                    (INSERT_ATTRIBUTE, [r for v in tagged.values() for r in attribute_rows(v)]),
                     ("UPDATE meta SET value = ? WHERE key = 'position'", [(position,)]),
                 )
             except BaseException:
@@ -294,6 +304,7 @@ class SqliteModel:
         async with self._write:
             await self._transaction(
                 ("DELETE FROM steps", [()]),
+                ("DELETE FROM run_attributes", [()]),
                 ("DELETE FROM runs", [()]),
                 ("UPDATE meta SET value = 0 WHERE key = 'position'", [()]),
             )
@@ -376,6 +387,9 @@ class SqliteModel:
             "runs": await self._fetch(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY run_id"),
             "steps": await self._fetch(
                 f"SELECT {STEP_COLUMNS} FROM steps ORDER BY run_id, position"
+            ),
+            "run_attributes": await self._fetch(
+                f"SELECT {ATTRIBUTE_COLUMNS} FROM run_attributes ORDER BY run_id, key"
             ),
         }
 

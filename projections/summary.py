@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from sojourn.schemas import events as ev
+from sojourn.schemas.attributes import decode_upsert, merge_attributes
 from sojourn.schemas.codec import decode_spend
 from sojourn.schemas.lifecycle import (
     awaited_signals,
@@ -27,6 +28,7 @@ from sojourn.schemas.lifecycle import (
 )
 from sojourn.schemas.views import CHILDREN_SHOWN, ERROR_MESSAGE_MAX, ViewError
 from sojourn.schemas.vocabulary import (
+    ATTRIBUTES_KIND,
     POLL_WAIT,
     SPEND_KIND,
     TERMINAL,
@@ -102,6 +104,9 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     cut to ``ERROR_MESSAGE_MAX`` characters); cleared by a completed step, a new step, or an
     end that is not a failure."""
     code_version: str | None = None
+    attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
+    """The run's search attributes: ``RunStarted.attributes`` with every
+    ``ctx.set_attributes`` upsert applied (as the full fold)."""
     anomalies: int = 0
 
     @property
@@ -139,6 +144,7 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
                 code_version=event.code_version,
                 budget_usd=event.budget.usd if event.budget else event.budget_usd,
                 budget_tokens=event.budget.tokens if event.budget else event.budget_tokens,
+                attributes=dict(event.attributes or {}),
             )
         case ev.BudgetChanged():
             b = event.budget
@@ -182,6 +188,9 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
             sig = PendingSignal(event.signal_id, event.name, event.at)
             return rep(s, signals=(*s.signals, sig))
         case ev.ValueRecorded():
+            if event.kind == ATTRIBUTES_KIND:
+                merged = merge_attributes(s.attributes, decode_upsert(event.value))
+                return rep(s, attributes=merged)
             spent = decode_spend(event.value) if event.kind == SPEND_KIND else None
             if spent is None:
                 return s

@@ -9,12 +9,23 @@ from typing import Any, Final, Literal, get_args
 
 import msgspec
 
+from sojourn.schemas.attributes import attribute_text
 from sojourn.schemas.codec import encode
-from sojourn.schemas.events import RunEvent, StepCompleted, StepFailed, StepStarted
+from sojourn.schemas.events import (
+    RunEvent,
+    RunStarted,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    ValueRecorded,
+)
 from sojourn.schemas.views import ERROR_MESSAGE_MAX, RunView, ViewError
-from sojourn.schemas.vocabulary import RUN_STATUSES
+from sojourn.schemas.vocabulary import ATTRIBUTES_KIND, RUN_STATUSES
 
 __all__ = [
+    "ATTRIBUTE_COLUMNS",
+    "DELETE_ATTRIBUTES",
+    "INSERT_ATTRIBUTE",
     "INSERT_PENDING",
     "RUN_COLUMNS",
     "SCHEMA",
@@ -26,13 +37,17 @@ __all__ = [
     "UPSERT_STEP",
     "StepRow",
     "StepStatus",
+    "attribute_rows",
+    "changes_attributes",
     "run_row",
     "step_rows",
 ]
 
 SCHEMA_VERSION: Final = 1
 """The layout of the tables. A file of another version is refused (rebuild it: delete it and
-let the projector fill a new one from the events stream)."""
+let the projector fill a new one from the events stream). ``run_attributes`` came later
+without a new version: ``open`` creates it in an older file, whose runs, recorded before
+attributes existed, have none."""
 
 StepStatus = Literal["running", "completed", "failed", "retrying"]
 """A step's state in the ``steps`` table: started and not settled; its last attempt completed;
@@ -111,7 +126,18 @@ CREATE TABLE IF NOT EXISTS steps (
     error_message TEXT,
     PRIMARY KEY (run_id, position)
 ) STRICT, WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS run_attributes (
+    run_id TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    text   TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS run_attributes_by_value ON run_attributes (key, text, run_id);
 """
+
+DELETE_ATTRIBUTES = "DELETE FROM run_attributes WHERE run_id = ?"
+INSERT_ATTRIBUTE = "INSERT INTO run_attributes (run_id, key, text) VALUES (?, ?, ?)"
+ATTRIBUTE_COLUMNS = "run_id, key, text"
 
 RUN_COLUMNS = (
     "run_id, agent, status, liveness, parent_run_id, started_at, updated_at, ended_at, step, "
@@ -219,3 +245,16 @@ def step_rows(run_id: str, events: Iterable[RunEvent]) -> list[tuple[Any, ...]]:
                 )
             )
     return rows
+
+
+def changes_attributes(events: Iterable[RunEvent]) -> bool:
+    """Whether a decision may change its run's attributes (a start, or an upsert)."""
+    return any(
+        isinstance(e, RunStarted) or (isinstance(e, ValueRecorded) and e.kind == ATTRIBUTES_KIND)
+        for e in events
+    )
+
+
+def attribute_rows(view: RunView) -> list[tuple[str, str, str]]:
+    """The ``run_attributes`` rows of a run's view: one per key, its value's filter text."""
+    return [(view.run_id, k, attribute_text(v)) for k, v in sorted(view.attributes.items())]

@@ -27,6 +27,7 @@ from .wire import (
     IntakeError,
     IntakeOk,
     LeaseHolder,
+    PauseBody,
     ResumeBody,
     StartTrigger,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "decode_intake_reply",
     "decode_json",
     "decode_lease_holder",
+    "decode_pause",
     "decode_resume",
     "decode_schedule_answer",
     "decode_schedule_record",
@@ -86,6 +88,7 @@ _wedge_decoder = _Decoder(WedgeRecord)
 _claim_decoder = _Decoder(WatchClaim)
 _cancel_decoder = _Decoder(CancelBody)
 _resume_decoder = _Decoder(ResumeBody)
+_pause_decoder = _Decoder(PauseBody)
 _budget_decoder = _Decoder(BudgetBody)
 _decision_decoder = _Decoder(InDoubtDecision)
 _outcome_decoder = _Decoder(ChildOutcome)
@@ -176,6 +179,10 @@ def decode_cancel(data: bytes) -> CancelBody:
 
 def decode_resume(data: bytes) -> ResumeBody:
     return _resume_decoder.decode(data)
+
+
+def decode_pause(data: bytes) -> PauseBody:
+    return _pause_decoder.decode(data)
 
 
 def decode_budget(data: bytes) -> BudgetBody:

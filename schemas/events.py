@@ -26,6 +26,8 @@ __all__ = [
     "ErrorInfo",
     "Event",
     "HistoryEntry",
+    "PauseLifted",
+    "PauseRequested",
     "RunCancelled",
     "RunCompleted",
     "RunEvent",
@@ -225,6 +227,17 @@ class RunStarted(Event, tag="run.started.v1", frozen=True, kw_only=True):
     scheduled_at: float | None = None
     """With ``schedule``: the fire time that started the run, nominal (Unix seconds; the run
     id derives from it), ``ctx.scheduled_at``. For ``trigger``, when it was asked for."""
+    traceparent: str | None = None
+    """The W3C trace context the start carried (its ``traceparent`` header: a NATS header, the
+    gateway's HTTP header, ``Client.start(traceparent=...)`` or the caller's current
+    OpenTelemetry span), well formed or not recorded (``sojourn.schemas.tracing``): the run's
+    span is its child, in the caller's trace, on every activation. ``None``: the run's trace
+    is its own (its id derived from the run id). A child run's is its parent's child span."""
+    tracestate: str | None = None
+    """The start's W3C ``tracestate``, kept with ``traceparent``."""
+    attributes: dict[str, str | int | float | bool] | None = None
+    """The run's search attributes as its start gave them (``sojourn.schemas.attributes``);
+    ``ctx.set_attributes`` upserts them later (a ``ValueRecorded`` of kind ``attributes``)."""
 
 
 class BudgetChanged(Event, tag="run.budget_changed.v1", frozen=True, kw_only=True):
@@ -232,6 +245,22 @@ class BudgetChanged(Event, tag="run.budget_changed.v1", frozen=True, kw_only=Tru
     run's own. A run suspended for its budget is resumed in the same decision."""
 
     budget: Budget
+    by: str | None = None
+
+
+class PauseRequested(Event, tag="run.pause_requested.v1", frozen=True, kw_only=True):
+    """Written by the intake (``sojourn pause RUN``): an operator holds the run. It goes on to
+    its next step (a step in flight finishes and is recorded; a wait keeps its timer), and
+    there suspends itself (``RunSuspended``, reason ``manual``) until ``sojourn unpause``."""
+
+    by: str | None = None
+    reason: str = ""
+
+
+class PauseLifted(Event, tag="run.pause_lifted.v1", frozen=True, kw_only=True):
+    """Written by the intake (``sojourn unpause RUN``): the pause is over. A run it had already
+    suspended is resumed in the same decision (``RunResumed``)."""
+
     by: str | None = None
 
 
@@ -415,6 +444,9 @@ class SignalReceived(Event, tag="signal.received.v1", frozen=True, kw_only=True)
     publish only under the sender names its permissions give it) and the subject names a
     sender; ``False`` when ``sent_by`` is a claim (no authentication, or no sender); ``None`` in
     histories written before sojourn recorded this (read as a claim, by the rules of then)."""
+    traceparent: str | None = None
+    """The W3C trace context the signal carried (its ``traceparent`` header), well formed or
+    not recorded: the span of its delivery links to it."""
 
 
 class ChildStarted(Event, tag="child.started.v1", frozen=True, kw_only=True):
@@ -432,6 +464,8 @@ RunEvent = (
     | CancelRequested
     | CancelTaken
     | BudgetChanged
+    | PauseRequested
+    | PauseLifted
     | RunCancelled
     | RunSuspended
     | RunResumed

@@ -50,11 +50,13 @@ GatewayCode = Literal[
     "invalid_signature",
     "stale_webhook",
     "invalid_csrf",
+    "missing_field",
 ]
 """What only HTTP can go wrong with: no or an unknown bearer token (``unauthorized``), a path
 or run that does not exist, a body that is not JSON, a malformed header, no broker behind
 the gateway (``unavailable``), the callback and webhook checks, and a request made with a
-console session cookie without its CSRF token or from another site (``invalid_csrf``)."""
+console session cookie without its CSRF token or from another site (``invalid_csrf``), and a
+verified routed webhook whose body lacks the field that names its run (``missing_field``)."""
 
 GATEWAY_CODES: tuple[GatewayCode, ...] = typing.get_args(GatewayCode)
 
@@ -88,6 +90,7 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "invalid_schedule": 400,
     "unknown_schedule": 404,
     "schedule_exists": 409,
+    "invalid_attributes": 400,
     # HTTP's own
     "unauthorized": 401,
     "not_found": 404,
@@ -102,6 +105,7 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "invalid_signature": 401,
     "stale_webhook": 401,
     "invalid_csrf": 403,
+    "missing_field": 422,
 }
 """The HTTP status of every problem code (a test checks each code has one)."""
 

@@ -114,6 +114,9 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     schedule: str | None = None
     scheduled_at: float | None = None
     """For a run a schedule started: the schedule and the fire time (``RunStarted``)."""
+    attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
+    """The run's search attributes (``sojourn.schemas.attributes``): given at its start,
+    upserted by ``ctx.set_attributes``; ``{}`` in views written before they existed."""
 
 
 class RunsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -132,6 +135,9 @@ class RunsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     parent_run_id: str | None = None
     schedule: str | None = None
     """Only the runs this schedule started."""
+    attributes: dict[str, str] = msgspec.field(default_factory=dict)
+    """Only the runs whose attributes have each of these keys with a value of this text
+    (``sojourn.schemas.attributes.attribute_text``: ``"42"``, ``"true"``, ``"gold"``)."""
     since: float | None = None
     after: str | None = None
     limit: int = 100

@@ -15,6 +15,7 @@ from typing import Literal, TypeGuard, get_args
 import msgspec
 
 __all__ = [
+    "ATTRIBUTES_KIND",
     "BUDGET_LIMITS",
     "CHILD_STATUSES",
     "LLM_STEP",
@@ -116,16 +117,21 @@ ChildStatus = Literal["completed", "failed", "cancelled", "rejected"]
 or ``rejected`` (the intake refused the child's trigger: it never ran)."""
 CHILD_STATUSES: tuple[ChildStatus, ...] = get_args(ChildStatus)
 
-ValueKind = Literal["now", "uuid", "random", "spend", "patch", "callback", "refusal"]
+ValueKind = Literal["now", "uuid", "random", "spend", "patch", "callback", "refusal", "attributes"]
 """What ``ValueRecorded.kind`` holds today: ``ctx.now()``, ``ctx.uuid()``, ``ctx.random()``,
 ``ctx.spend()``, a ``ctx.patched`` marker (``patch``, the value is the change id), a
 ``ctx.callback`` token (``callback``, the value is the token), and a decision ``ctx.approval``
 refused (``refusal``, the value is an ``ApprovalRefused``: who sent it, the approval, the stage
-and why). The event field stays a plain string, like ``RunSuspended.reason``."""
+and why), and a ``ctx.set_attributes`` upsert (``attributes``, the value an object of keys to
+values, ``null`` removing one). The event field stays a plain string, like
+``RunSuspended.reason``."""
 VALUE_KINDS: tuple[ValueKind, ...] = get_args(ValueKind)
 
 PATCH_KIND: ValueKind = "patch"
 """The value kind of a ``ctx.patched`` marker: its value is the change id."""
+ATTRIBUTES_KIND: ValueKind = "attributes"
+"""The value kind of a ``ctx.set_attributes`` upsert: its value maps keys to values (``None``
+removes a key; ``sojourn.schemas.attributes``)."""
 SPEND_KIND: ValueKind = "spend"
 """The value kind of a ``ctx.spend`` call: its value is a ``Spend`` (usd and tokens)."""
 

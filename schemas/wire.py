@@ -36,6 +36,7 @@ __all__ = [
     "IntakeError",
     "IntakeOk",
     "LeaseHolder",
+    "PauseBody",
     "RejectCode",
     "ResumeBody",
     "StartTrigger",
@@ -59,7 +60,16 @@ def child_signal(child_run_id: str) -> str:
 
 
 InboxKind = Literal[
-    "start", "signal", "cancel", "spawn", "resume", "budget", "decide", "child", "schedule"
+    "start",
+    "signal",
+    "cancel",
+    "spawn",
+    "resume",
+    "pause",
+    "budget",
+    "decide",
+    "child",
+    "schedule",
 ]
 """What an inbox message asks for, from its subject (docs/wire.md "Subjects")."""
 
@@ -84,6 +94,9 @@ class StartTrigger(
     parent_run_id: str | None = None
     budget: BudgetBody | None = None
     """Limits for this run: each one given replaces the agent's (``Budget``)."""
+    attributes: dict[str, str | int | float | bool] | None = None
+    """The run's search attributes (``sojourn.schemas.attributes``: at most 32 keys, checked
+    by the intake, refused ``invalid_attributes``)."""
 
 
 RejectCode = Literal[
@@ -109,6 +122,7 @@ RejectCode = Literal[
     "invalid_schedule",
     "unknown_schedule",
     "schedule_exists",
+    "invalid_attributes",
 ]
 REJECT_CODES: tuple[RejectCode, ...] = typing.get_args(RejectCode)
 """Every code the intake answers with (and keeps in a dead-letter record), and
@@ -232,6 +246,13 @@ def decide_signal(position: int | str, attempt: int | str) -> str:
     """The name of the signal recording a decision on the step at ``position`` whose attempt
     ``attempt`` is in doubt."""
     return f"{DECIDE_SIGNAL}.{position}.{attempt}"
+
+
+class PauseBody(msgspec.Struct, frozen=True, kw_only=True):
+    """Body of a pause (``<prefix>.as.<sender>.pause.<run_id>``): optional, open-world. Who
+    paused is the subject's sender, never a field of the body."""
+
+    reason: str = ""
 
 
 class ResumeBody(msgspec.Struct, frozen=True, kw_only=True):

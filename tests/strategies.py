@@ -28,6 +28,8 @@ from sojourn.schemas.events import (
     Carried,
     ChildStarted,
     ErrorInfo,
+    PauseLifted,
+    PauseRequested,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -536,6 +538,8 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
         compensate_at=st.integers(0, 6),
     ),
     BudgetChanged: st.builds(BudgetChanged, budget=budgets),
+    PauseRequested: st.builds(PauseRequested, reason=st.sampled_from(["", "x"])),
+    PauseLifted: st.builds(PauseLifted),
     RunCancelled: st.builds(RunCancelled, reason=st.sampled_from(["", "y"])),
     RunSuspended: st.builds(
         RunSuspended, reason=st.sampled_from(SUSPEND_REASONS), detail=st.just("d")

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import random as _random
 import uuid as _uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import msgspec
 
+from sojourn.schemas.attributes import (
+    ATTRIBUTES_MAX,
+    InvalidAttributes,
+    merge_attributes,
+    validate_attributes,
+)
 from sojourn.schemas.codec import from_raw, to_raw
 from sojourn.schemas.errors import PayloadTooLarge
 from sojourn.schemas.events import RunEvent, RunSuspended
@@ -201,3 +207,25 @@ class ContextBase:
         """A float in [0, 1), journaled."""
         value: float = self._value("random", _random.random, float)
         return value
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        """Upsert the run's search attributes (``sojourn.schemas.attributes``): each value
+        given is set (a ``str``, ``int``, ``float``, ``bool`` or an aware ``datetime``, kept
+        as RFC 3339 text), a ``None`` removes its key. Journaled (a recorded value of kind
+        ``attributes``): a replay records nothing again, and the read side lists the run by
+        them once the projector has seen the decision.
+
+        Raises:
+            InvalidAttributes: a malformed key or value, or more than ``ATTRIBUTES_MAX`` keys
+                on the run after the upsert (nothing is recorded).
+        """
+        checked = validate_attributes(attributes, removals=True)
+
+        def upsert() -> dict[str, Any]:
+            merged = merge_attributes(self._m.state.attributes, checked)
+            wanted = {k for k, v in checked.items() if v is not None}
+            if not wanted <= merged.keys():
+                raise InvalidAttributes(f"a run has at most {ATTRIBUTES_MAX} attributes")
+            return checked
+
+        self._value("attributes", upsert, dict)

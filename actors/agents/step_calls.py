@@ -135,7 +135,11 @@ class StepCalls(ContextBase):
         t0 = time.perf_counter()
         try:
             # Its own task or thread: a cancel interrupts it, its timeout bounds it.
-            result: Any = await run_step(self._guard, fn, args, kwargs)
+            step = run_step(self._guard, fn, args, kwargs)
+            trace = getattr(self._driver, "trace", None)  # the run's spans (telemetry)
+            if trace is not None:  # the attempt's span is the step code's current span
+                step = trace.within(action.position, action.attempt, step)
+            result: Any = await step
             raw = to_raw(result)
             fault("after_step", f"step {turn.name!r} at position {turn.plan.position}")
         except StepInterrupted as e:

@@ -97,6 +97,13 @@ def add_log_level(group: Any, default: str) -> None:
         default=default,
         help=f"log level on stderr (default: {default})",
     )
+    group.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="log lines as text, or one JSON object a line for log pipelines; both carry "
+        "the current span's trace_id and span_id when the process traces (default: text)",
+    )
 
 
 def add_seconds(

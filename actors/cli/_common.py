@@ -24,11 +24,13 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import BrokerUnavailable, RunNotFound, SojournError
 from sojourn.schemas.names import validate_token
 
+from .. import telemetry
 from ..client.client import Client, PendingRun
 from ..client.reports import lookup
 from ..core.state import RunState
 from ..ops.health import PROCESS_HEALTH, Phase
 from ..ops.metrics import serve_metrics, stop_metrics
+from ..telemetry.logs import setup_logging
 from ._render import out
 
 __all__ = [
@@ -239,12 +241,14 @@ async def serving(args: argparse.Namespace) -> AsyncIterator[tuple[StopSignal, P
             stop_metrics(metrics_server)
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def configure_logging(level: str, log_format: str = "text", service: str | None = None) -> None:
+    """Logging on stderr (``--log-level``, ``--log-format``); for a serving command
+    (``service``: its default ``service.name``), OpenTelemetry traces too, when the ``otel``
+    extra is installed and the ``OTEL_*`` environment asks for an exporter
+    (docs/operations.md, "Tracing")."""
+    setup_logging(level, log_format)
+    if service is not None and telemetry.configure(service):
+        logging.getLogger("sojourn").info("tracing: spans exported (OTEL_* environment)")
 
 
 def start_metrics(args: argparse.Namespace) -> Any:

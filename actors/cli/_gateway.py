@@ -95,7 +95,9 @@ def add_gateway_arguments(p: argparse.ArgumentParser, *, dev: bool = False) -> N
         default=[],
         help="a webhook route, POST /v1/webhooks/NAME/TOKEN: SCHEME stripe, github, standard "
         "or hmac-sha256; SECRET literal, env:VAR or file:PATH (two, comma-separated, while "
-        "rotating); ';tolerance=SECONDS' (default 300). Repeatable",
+        "rotating); ';tolerance=SECONDS' (default 300). A routed route, POST "
+        "/v1/webhooks/NAME, adds ';start=AGENT;id=PATH' or ';signal=NAME;id=PATH' (PATH: the "
+        "body field naming the run, /a/b or a.b) and optionally ';prefix=TEXT'. Repeatable",
     )
     g.add_argument(
         "--admin-only",
@@ -189,8 +191,11 @@ def gateway_config(args: argparse.Namespace, max_payload: int) -> GatewayConfig:
         if route.name in routes:
             raise UsageError(f"--webhook: route {route.name!r} given twice")
         routes[route.name] = route
-    if routes and keys is None:
-        raise UsageError("--webhook needs --callback-keys: a webhook delivers a callback token")
+    if keys is None and any(not r.routed for r in routes.values()):
+        raise UsageError(
+            "--webhook needs --callback-keys: a webhook route without start= or signal= "
+            "delivers a callback token"
+        )
     try:
         admin_only = parse_actions(args.admin_only)
     except ValueError as e:
@@ -257,7 +262,7 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
     if args.openapi:
         out(encode(openapi_document()).decode())
         return EXIT_OK
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format, "sojourn-gateway")
     settings = serve_settings(args)
     config = gateway_config(args, settings.max_payload)
     opts = await probed_options(args)

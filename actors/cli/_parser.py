@@ -54,6 +54,8 @@ _ORDER = (
     "terminate",
     "signal",
     "resume",
+    "pause",
+    "unpause",
     "budget",
     "schedule",
     "decide",

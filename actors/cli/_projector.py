@@ -69,7 +69,7 @@ async def running_projector(
 
 
 async def cmd_projector(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format, "sojourn-projector")
     if args.no_sqlite and args.sqlite is not None:
         raise UsageError("--sqlite and --no-sqlite contradict each other: choose one")
     settings = serve_settings(args)

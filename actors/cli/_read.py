@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Final
 
+from sojourn.schemas.attributes import InvalidAttributes, parse_attribute_filter
 from sojourn.schemas.codec import encode
 from sojourn.schemas.health import LIVENESS_STATES, LivenessState
 from sojourn.schemas.names import validate_token
@@ -100,6 +101,10 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     since = None if args.since is None else time.time() - age_seconds(args.since)
     if not 1 <= args.limit <= QUERY_LIMIT_MAX:
         raise UsageError(f"--limit {args.limit}: 1 to {QUERY_LIMIT_MAX}")
+    try:
+        attributes = parse_attribute_filter(args.attr)
+    except InvalidAttributes as e:
+        raise UsageError(f"--attr: {e.message}") from None
     async with await connect_client(args) as client:
         page = await list_runs(
             client.broker,
@@ -110,12 +115,13 @@ async def cmd_runs(args: argparse.Namespace) -> int:
             since=since,
             limit=args.limit,
             schedule=args.schedule,
+            attributes=attributes,
         )
     if args.json:
         out(encode(list(page.runs)).decode())
         return EXIT_OK
     if not page.runs:
-        filtered = args.agent or status or liveness or since or args.schedule
+        filtered = args.agent or status or liveness or since or args.schedule or attributes
         out("no runs match" if filtered else "no runs yet")
         return EXIT_OK
     for line in run_lines(page.runs, time.time()):
@@ -146,6 +152,14 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         help="only runs judged so (repeatable): stalled, orphaned, overdue, wedged, ...",
     )
     p.add_argument(
+        "--attr",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="only runs with this search attribute (repeatable, all must match; a value is "
+        "compared by its text: vip=true, customer=42)",
+    )
+    p.add_argument(
         "--since",
         metavar="AGE",
         default=None,
@@ -166,7 +180,7 @@ COMMANDS = (
         "runs",
         cmd_runs,
         "List runs: by agent, status, liveness and time, most recently updated first.",
-        "sojourn runs --agent greeter --status waiting --since 1h",
+        "sojourn runs --agent greeter --status waiting --since 1h --attr customer=42",
         detail="Asks a projector's read model (`sojourn projector`, also run by `sojourn "
         "dev`). Prints one line per run: RUN_ID  AGENT  STATUS  LIVENESS  UPDATED  STEP.",
         arguments=_arguments,

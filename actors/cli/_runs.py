@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sojourn.schemas.attributes import InvalidAttributes, parse_attribute_args
 from sojourn.schemas.codec import encode
 from sojourn.schemas.errors import RunNotFound, SojournError, UnknownAgent
 from sojourn.schemas.events import RunEvent, RunStarted
@@ -57,6 +58,7 @@ __all__ = [
     "cmd_cancel",
     "cmd_decide",
     "cmd_history",
+    "cmd_pause",
     "cmd_replay",
     "cmd_resume",
     "cmd_schemas",
@@ -64,6 +66,7 @@ __all__ = [
     "cmd_start",
     "cmd_status",
     "cmd_terminate",
+    "cmd_unpause",
 ]
 
 INTAKE_WAIT = 2.0
@@ -84,6 +87,10 @@ async def cmd_start(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     run_id = args.run_id or uuid.uuid4().hex
+    try:
+        attributes = parse_attribute_args(args.attr)
+    except InvalidAttributes as e:
+        raise UsageError(f"--attr: {e.message}") from None
     async with await connect_client(args) as client:
         trigger = asyncio.ensure_future(
             client.trigger(
@@ -93,6 +100,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
                 wait=True,
                 timeout=intake_timeout,
                 budget=budget_from_args(args),
+                attributes=attributes,
             )
         )
         out(f"run_id: {run_id}")
@@ -249,6 +257,28 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         by = cli_sender(client)
         await client.resume(args.run_id, args.note, by=by)
     out(f"resume requested for run {args.run_id} (it was suspended: {state.suspended_reason})")
+    return EXIT_OK
+
+
+async def cmd_pause(args: argparse.Namespace) -> int:
+    async with to_run(args) as (client, state):
+        if isinstance(state, PendingRun):
+            raise UsageError(f"run {args.run_id} is {_queued(state)}; it has no step to hold at")
+        if state.terminal:
+            raise UsageError(f"run {args.run_id} has ended ({public_status(state)})")
+        await client.pause(args.run_id, args.reason, by=cli_sender(client))
+    out(f"pause requested for run {args.run_id}: it holds at its next step")
+    return EXIT_OK
+
+
+async def cmd_unpause(args: argparse.Namespace) -> int:
+    async with to_run(args) as (client, state):
+        if isinstance(state, PendingRun) or (
+            state.pause is None and state.suspended_reason != "manual"
+        ):
+            raise UsageError(f"run {args.run_id} is not paused")
+        await client.unpause(args.run_id, args.note, by=cli_sender(client))
+    out(f"unpause requested for run {args.run_id}")
     return EXIT_OK
 
 
@@ -454,6 +484,14 @@ def _start_arguments(p: argparse.ArgumentParser) -> None:
         "--wait", action="store_true", help="wait for the run's result and print its output"
     )
     add_budget_arguments(p, "each replaces the agent's own for this run")
+    p.add_argument(
+        "--attr",
+        metavar="KEY=TEXT|KEY:=JSON",
+        action="append",
+        default=[],
+        help="a search attribute (repeatable): tier=gold is a string, tier:=3 or vip:=true "
+        "a typed value",
+    )
     add_seconds(
         p,
         "--timeout",
@@ -491,6 +529,11 @@ def _signal_arguments(p: argparse.ArgumentParser) -> None:
 def _resume_arguments(p: argparse.ArgumentParser) -> None:
     add_run_id(p)
     p.add_argument("--note", metavar="TEXT", default="", help="recorded in the history")
+
+
+def _pause_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_id(p)
+    p.add_argument("--reason", metavar="TEXT", default="", help="recorded in the history")
 
 
 def _decide_arguments(p: argparse.ArgumentParser) -> None:
@@ -588,6 +631,22 @@ COMMANDS = (
         cmd_resume,
         "Lift a run's suspension (a poll cap or budget reached, a fixed non-determinism).",
         "sojourn resume 5f0c9e2d --note 'job is slow today'",
+        arguments=_resume_arguments,
+    ),
+    Command(
+        "pause",
+        cmd_pause,
+        "Hold a run at its next step (a step in flight finishes; timers keep firing).",
+        "sojourn pause 5f0c9e2d --reason 'bad deploy, investigating'",
+        detail="The run suspends itself (reason manual) before its next step, until "
+        "`sojourn unpause`. Needs the admin role where the deployment authenticates.",
+        arguments=_pause_arguments,
+    ),
+    Command(
+        "unpause",
+        cmd_unpause,
+        "Lift a pause: the run goes on from where it held.",
+        "sojourn unpause 5f0c9e2d --note 'fixed'",
         arguments=_resume_arguments,
     ),
     Command(

@@ -143,7 +143,7 @@ async def _dev_gateway(
 
 
 async def _serve(args: argparse.Namespace, *, dev: bool) -> int:
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format, "sojourn-worker")
     app = load_app(args.app)
     extra: dict[str, Any] = {"lease_ttl": args.lease_ttl}
     if args.dead_after is not None:
@@ -265,7 +265,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def cmd_watchdog(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     extra: dict[str, Any] = {"lease_ttl": args.lease_ttl}
     if args.stall_after is not None:
         extra["stall_after"] = args.stall_after

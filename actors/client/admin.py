@@ -14,7 +14,7 @@ from sojourn.broker import headers as h
 from sojourn.schemas.codec import encode, to_raw
 from sojourn.schemas.events import Budget
 from sojourn.schemas.names import validate_token
-from sojourn.schemas.wire import InDoubtDecision, ResumeBody
+from sojourn.schemas.wire import InDoubtDecision, PauseBody, ResumeBody
 
 from .base import budget_body
 from .reading import RunReading
@@ -38,6 +38,25 @@ class AdminControls(RunReading):
             body,
             {h.MSG_ID: f"resume:{run_id}:{uuid.uuid4().hex}"},
         )
+
+    async def pause(self, run_id: str, reason: str = "", *, by: str | None = None) -> None:
+        """Hold a run: it goes on to its next step (a step in flight finishes and is recorded;
+        a wait keeps its timer, which fires into it as usual) and there suspends itself
+        (reason ``manual``) until ``unpause``. A run paused already, or suspended, is left as
+        it is. Durable, like a signal; needs the admin role where the deployment
+        authenticates; ``by`` (a name token, default the connection's user) is recorded."""
+        validate_token(run_id, "run_id")
+        await self._ensure()
+        await self._publish(
+            self.names.pause(run_id, self._operator(by)),
+            encode(PauseBody(reason=reason)),
+            {h.MSG_ID: f"pause:{run_id}:{uuid.uuid4().hex}"},
+        )
+
+    async def unpause(self, run_id: str, note: str = "", *, by: str | None = None) -> None:
+        """Lift a pause: a run it suspended replays and goes on from its next step; one it had
+        not reached yet goes on without stopping. The same message as ``resume``."""
+        await self.resume(run_id, note, by=by)
 
     async def set_budget(self, run_id: str, budget: Budget, *, by: str | None = None) -> None:
         """Change a run's budget: each limit ``budget`` sets replaces the run's own (the rest

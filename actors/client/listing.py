@@ -8,13 +8,15 @@ comes off the wire).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import msgspec
 
 from sojourn.broker.connection import BROKER_ERRORS, Broker
 from sojourn.broker.names import Names
-from sojourn.projections.sqlite import validate_query
+from sojourn.projections.sqlite import InvalidQuery, validate_query
+from sojourn.schemas.attributes import InvalidAttributes, validate_filter
 from sojourn.schemas.codec import decode_json, encode
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.health import LivenessState
@@ -39,12 +41,15 @@ async def list_runs(
     after: str | None = None,
     parent_run_id: str | None = None,
     schedule: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
     timeout: float = 5.0,
 ) -> RunsPage:
     """One page of runs matching every filter given, most recently updated first.
 
     Args:
         since: only runs updated at or after this unix time.
+        attributes: only runs with each of these search attributes (key to value, compared
+            by their text: ``sojourn.schemas.attributes.attribute_text``).
         limit: at most this many runs (1 to ``QUERY_LIMIT_MAX``).
         after: the ``next`` of the previous page, to read the one after it.
 
@@ -62,6 +67,7 @@ async def list_runs(
             liveness=tuple(liveness),
             parent_run_id=parent_run_id,
             schedule=schedule,
+            attributes=_attribute_filter(attributes),
             since=since,
             after=after,
             limit=limit,
@@ -79,6 +85,16 @@ async def list_runs(
             f"nobody answered the run listing on {subject} ({e}): {_START_ONE}"
         ) from e
     return _page(msg.data, subject)
+
+
+def _attribute_filter(attributes: Mapping[str, Any] | None) -> dict[str, str]:
+    """A filter of values (or their text) as the query carries it: key to value text."""
+    if not attributes:
+        return {}
+    try:
+        return validate_filter(attributes)
+    except InvalidAttributes as e:
+        raise InvalidQuery(e.message) from None
 
 
 def _page(data: bytes, subject: str) -> RunsPage:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from datetime import timedelta
+from typing import Any
 
 from sojourn.schemas.names import validate_token
 from sojourn.schemas.views import RunsPage, RunView
@@ -42,13 +43,15 @@ class ReadSide(ClientBase):
         since: float | timedelta | None = None,
         parent_run_id: str | None = None,
         schedule: str | None = None,
+        attributes: Mapping[str, Any] | None = None,
         limit: int = 100,
         after: str | None = None,
         timeout: float = 5.0,
     ) -> RunsPage:
         """One page of runs matching every filter given, most recently updated first, from a
         projector's read model. ``status`` and ``liveness`` take one value or several (any of
-        them); ``since`` is a unix time or a ``timedelta`` (updated within it). More pages:
+        them); ``since`` is a unix time or a ``timedelta`` (updated within it); ``attributes``
+        the search attributes every run listed has (``{"customer": 42}``). More pages:
         pass the answer's ``next`` as ``after``.
 
         Raises:
@@ -67,6 +70,7 @@ class ReadSide(ClientBase):
             since=since,
             parent_run_id=parent_run_id,
             schedule=schedule,
+            attributes=attributes,
             limit=limit,
             after=after,
             timeout=timeout,

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any, TypedDict, Unpack
 
 import msgspec
 
 from sojourn.broker import headers as h
+from sojourn.schemas.attributes import validate_attributes
 from sojourn.schemas.codec import encode, to_raw
 from sojourn.schemas.errors import InvalidName, PayloadTooLarge
 from sojourn.schemas.events import Budget
@@ -27,6 +29,7 @@ from sojourn.schemas.names import (
 from sojourn.schemas.wire import CancelBody, IntakeError, StartTrigger
 
 from ..history.snapshots import current as current_snapshot
+from ..telemetry import outgoing
 from .base import ClientBase, TriggerRejected, budget_body, refuse_unknown, rejected
 
 __all__ = ["RunControl", "StartOptions", "StartReceipt"]
@@ -41,12 +44,20 @@ class StartOptions(TypedDict, total=False):
         timeout: how long ``wait=True`` waits for the intake's answer, in seconds (default 5).
         budget: limits for this run, each replacing the agent's own.
         sender: who starts it (a name token), recorded as ``RunStarted.trigger.sent_by``.
+        traceparent: the W3C trace context the run's span is a child of (default: the
+            caller's current OpenTelemetry span, if it traces); a malformed one is ignored.
+        tracestate: the W3C ``tracestate`` that goes with ``traceparent``.
+        attributes: the run's search attributes (``sojourn.schemas.attributes``: str, int,
+            float, bool or an aware datetime; at most 32), which listings filter by.
     """
 
     run_id: str | None
     timeout: float
     budget: Budget | None
     sender: str | None
+    traceparent: str | None
+    tracestate: str | None
+    attributes: Mapping[str, Any] | None
 
 
 class StartReceipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,7 +112,13 @@ class RunControl(ClientBase):
             # form. Said here, before anything is published.
             raise InvalidName(f"run id {run_id!r} {why}")
         limits = budget_body(options.get("budget"))
-        body = encode(StartTrigger(input=to_raw(input), run_id=run_id, budget=limits))
+        given = options.get("attributes")
+        attributes = None
+        if given:  # refused here, before anything is published, as the intake would
+            attributes = {k: v for k, v in validate_attributes(given).items() if v is not None}
+        body = encode(
+            StartTrigger(input=to_raw(input), run_id=run_id, budget=limits, attributes=attributes)
+        )
         if len(body) > self.settings.max_payload:
             raise PayloadTooLarge(
                 f"trigger is {len(body)} bytes; the limit is {self.settings.max_payload} "
@@ -110,6 +127,7 @@ class RunControl(ClientBase):
             )
         await self._ensure()
         headers = {h.MSG_ID: f"start:{agent}:{run_id}"}
+        headers.update(outgoing(options.get("traceparent"), options.get("tracestate")))
         # The run id in the subject makes the stored trigger findable: the run is pending.
         subject = self.names.start(agent, who, run_id)
         if not wait:
@@ -171,7 +189,7 @@ class RunControl(ClientBase):
         sid = signal_id or uuid.uuid4().hex
         # The broker's Msg-Id dedup spans the whole inbox: scope it to the run, so the same
         # signal id used for two runs is two signals. The intake dedups by Sojourn-Signal-Id.
-        headers = {h.MSG_ID: f"signal:{run_id}:{sid}", h.SIGNAL_ID: sid}
+        headers = {h.MSG_ID: f"signal:{run_id}:{sid}", h.SIGNAL_ID: sid, **outgoing()}
         subject = self.names.signal(run_id, name, who)
         if not wait:
             await self._publish(subject, body, headers)

@@ -415,9 +415,20 @@ class Machine:
         return self.state.budget or self.limits.budget
 
     def over_budget(self, now: float, kind: StepKind | None = None) -> Suspend | None:
-        """The suspension due now if the run has used up a limit of its budget, checked before
-        a step of ``kind`` (``None``: after spending) and after every ``ctx.spend``
-        (``limits.used_up``)."""
+        """The suspension due now, checked before a step of ``kind`` (``None``: after
+        spending) and after every ``ctx.spend``: an operator's pause (reason ``manual``), or a
+        used-up limit of the run's budget (``limits.used_up``)."""
+        pause = self.state.pause
+        if pause is not None and kind is not None:
+            by = f" by {pause.by}" if pause.by else ""
+            why = f": {pause.reason}" if pause.reason else ""
+            return Suspend(
+                RunSuspended(
+                    reason="manual",
+                    detail=f"paused{by}{why}; `sojourn unpause {self.run_id}` goes on",
+                    at=now,
+                )
+            )
         budget = self.budget()
         if budget is None:
             return None

@@ -15,9 +15,11 @@ from typing import Any
 import msgspec
 
 from sojourn.schemas import events as ev
+from sojourn.schemas.attributes import decode_upsert, merge_attributes
 from sojourn.schemas.codec import decode_spend
 from sojourn.schemas.lifecycle import next_status, next_waiting, out_of_place
 from sojourn.schemas.vocabulary import (
+    ATTRIBUTES_KIND,
     LLM_STEP,
     SPEND_KIND,
     TERMINAL,
@@ -74,6 +76,8 @@ class SignalRecord(msgspec.Struct, frozen=True, kw_only=True):
     at: float = 0.0
     sent_by: str | None = None
     sender_verified: bool | None = None
+    traceparent: str | None = None
+    """The trace context the signal carried (``SignalReceived.traceparent``)."""
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,6 +89,8 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     output: msgspec.Raw | None = None
     error: ev.ErrorInfo | None = None
     suspended_reason: SuspendReason | None = None
+    pause: ev.PauseRequested | None = None
+    """An operator's pause not lifted yet: the run suspends itself at its next step."""
     """Why the run is suspended (``RunSuspended.reason``, read with ``suspend_reason``)."""
     suspended_detail: str | None = None
     cancel_requested: str | None = None
@@ -139,6 +145,12 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     """The schedule that started the run (``RunStarted.schedule``), if any."""
     scheduled_at: float | None = None
     """Its fire time (``RunStarted.scheduled_at``), Unix seconds."""
+    attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
+    """The run's search attributes: ``RunStarted.attributes`` with every
+    ``ctx.set_attributes`` upsert (value kind ``attributes``) applied in order."""
+    traceparent: str | None = None
+    """The trace context the run was started in (``RunStarted.traceparent``)."""
+    tracestate: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -206,6 +218,9 @@ def evolve(state: RunState, event: ev.RunEvent) -> RunState:
                 generation=event.generation,
                 schedule=event.schedule,
                 scheduled_at=event.scheduled_at,
+                attributes=dict(event.attributes or {}),
+                traceparent=event.traceparent,
+                tracestate=event.tracestate,
             )
         case ev.BudgetChanged():
             base = s.budget or ev.Budget()
@@ -247,10 +262,15 @@ def evolve(state: RunState, event: ev.RunEvent) -> RunState:
                 suspended_reason=suspend_reason(event.reason),
                 suspended_detail=event.detail,
             )
+        case ev.PauseRequested():
+            return s if s.terminal else msgspec.structs.replace(s, pause=event)
+        case ev.PauseLifted():
+            return msgspec.structs.replace(s, pause=None)
         case ev.RunResumed():
             return msgspec.structs.replace(
                 s,
                 status=next_status(s.status, event),
+                pause=None,
                 suspended_reason=None,
                 suspended_detail=None,
                 cap_resumes=s.cap_resumes + (event.grant and s.suspended_reason == "cap"),
@@ -307,6 +327,7 @@ def _signal_record(event: ev.SignalReceived) -> SignalRecord:
         at=event.at,
         sent_by=event.sent_by,
         sender_verified=event.sender_verified,
+        traceparent=event.traceparent,
     )
 
 
@@ -510,6 +531,10 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: ev.RunEvent) -> RunState:
                 status="recorded",
                 result=event.value,
             )
+            if event.kind == ATTRIBUTES_KIND:
+                s = msgspec.structs.replace(
+                    s, attributes=merge_attributes(s.attributes, decode_upsert(event.value))
+                )
             if event.kind == SPEND_KIND:
                 spent = decode_spend(event.value)
                 if spent is not None:

@@ -81,6 +81,7 @@ from ..client.reports import history_report, status_report
 from ..client.watching import presence
 from ..history.chain import continued_as
 from ..ops import metrics as _metrics
+from ..telemetry import TraceMiddleware
 from ._auth import BearerTokens, Caller, Policy
 from ._controls import Controls
 from ._deadletters import DeadLetters
@@ -94,6 +95,7 @@ from ._http import (
     unix_seconds,
 )
 from ._openapi import openapi_document
+from ._routed import RoutedWebhooks, query_attributes, start_attributes
 from ._sessions import COOKIE, CSRF_HEADER, SessionKey, Sessions, same_origin
 from ._sse import sse_events
 from ._webhooks import WebhookRoute
@@ -187,6 +189,7 @@ def create_app(
         Route("/v1/runs/{run_id}/stream", gw.stream, methods=["GET"]),
         Route("/v1/callbacks/{token}", gw.callback, methods=["POST"]),
         Route("/v1/webhooks/{route}/{token}", gw.webhook, methods=["POST"]),
+        Route("/v1/webhooks/{route}", gw.routed, methods=["POST"]),
     ]
 
     async def http_error(_request: Request, exc: Exception) -> Response:
@@ -196,7 +199,7 @@ def create_app(
 
     if console is not None and config.console:
         routes += console(gw)
-    middleware = []
+    middleware = [Middleware(TraceMiddleware)]  # a span per request, the caller's trace on
     if config.cors_origins:
         # Named origins only, never credentials: a page elsewhere calls the API with a bearer
         # token it holds; the console's cookie is SameSite=Strict and stays on this origin.
@@ -261,9 +264,9 @@ def _answers(handler: Callable[[Any, Request], Awaitable[Response]]) -> Any:
     return wrapped
 
 
-class _Gateway(Controls):
+class _Gateway(Controls, RoutedWebhooks):
     def __init__(self, config: GatewayConfig) -> None:
-        self.config = config
+        self.config: GatewayConfig = config
         self.max_body = config.max_body
         self.client: Client
         self.sessions: Sessions
@@ -360,6 +363,7 @@ class _Gateway(Controls):
             why = reserved_run_id(run_id)
             if why is not None:
                 raise HttpProblem("invalid_run_id", f"run id {run_id!r} {why}")
+        attributes = start_attributes(request.headers)
         body = await read_body(request, self.config.max_body)
         value = require_json(request, body)
         try:
@@ -370,6 +374,7 @@ class _Gateway(Controls):
                 wait=True,
                 timeout=self.config.start_wait,
                 sender=caller.name,
+                attributes=attributes,
             )
         except UnknownAgent as e:
             raise HttpProblem("unknown_agent", e.message) from None
@@ -403,7 +408,7 @@ class _Gateway(Controls):
     async def runs(self, request: Request) -> Response:
         self._authorize(request, "read")
         q = request.query_params
-        unknown = set(q) - {
+        unknown = {k for k in q if not k.startswith("attr.")} - {
             "agent", "status", "liveness", "schedule", "parent", "since", "limit", "after"
         }  # fmt: skip
         if unknown:
@@ -430,6 +435,7 @@ class _Gateway(Controls):
                 since=since,
                 schedule=q.get("schedule"),
                 parent_run_id=q.get("parent"),
+                attributes=query_attributes(q),
                 after=q.get("after"),
                 limit=int(limit_text),
             )
@@ -517,6 +523,7 @@ class _Gateway(Controls):
     resume = _answers(Controls.resume)
     budget = _answers(Controls.budget)
     schedule = _answers(Controls.schedule)
+    routed = _answers(RoutedWebhooks.routed)
 
     # --- server-sent events ---------------------------------------------------------------
 

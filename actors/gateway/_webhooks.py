@@ -26,7 +26,11 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from sojourn.schemas.errors import WebhookRejectCode, WebhookRejected
+from sojourn.schemas.errors import InvalidName, WebhookRejectCode, WebhookRejected
+from sojourn.schemas.names import validate_signal_name, validate_token
+from sojourn.schemas.wire import RESERVED_SIGNAL_PREFIX
+
+from ._routing import parse_field_path
 
 __all__ = [
     "DEFAULT_TOLERANCE",
@@ -84,6 +88,8 @@ _STANDARD_ITEM = re.compile(r"(v[0-9a-z]{1,8}),([\x21-\x7e]{1,512})")
 # webhook-id is signed content and may become an idempotency key: printable ASCII, bounded.
 _WEBHOOK_ID = re.compile(r"[\x21-\x7e]{1,256}")
 _WHSEC = b"whsec_"
+_ID_PREFIX = re.compile(r"[A-Za-z0-9_-]{0,64}")
+_TARGET_OPTIONS: Final = frozenset({"start", "signal", "id", "prefix"})
 
 _MISSING: Final = "missing_signature"
 _INVALID: Final = "invalid_signature"
@@ -107,6 +113,21 @@ class WebhookRoute(msgspec.Struct, frozen=True):
     scheme: Scheme
     secrets: tuple[bytes, ...]
     tolerance: float = DEFAULT_TOLERANCE
+    start: str | None = None
+    """A routed route that starts a run of this agent (``POST /v1/webhooks/{name}``): the
+    body is the input, the run id is the body's ``id_field``, so a provider's retries are
+    one run."""
+    signal: str | None = None
+    """A routed route that delivers the body as this signal to the run ``id_field`` names."""
+    id_field: str | None = None
+    """Where a routed route's body names the run: a JSON pointer or a dotted path."""
+    id_prefix: str = ""
+    """Put before the field's value to make the run id (``order-`` + ``4711``)."""
+
+    @property
+    def routed(self) -> bool:
+        """Whether the route starts or signals runs by a body field (no callback token)."""
+        return self.start is not None or self.signal is not None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or _ROUTE_NAME.fullmatch(self.name) is None:
@@ -132,16 +153,53 @@ class WebhookRoute(msgspec.Struct, frozen=True):
             or not 0 < tolerance <= MAX_TOLERANCE
         ):
             raise ValueError(f"the tolerance must be more than 0 and at most {MAX_TOLERANCE:g} s")
+        self._check_target()
+
+    def _check_target(self) -> None:
+        if self.start is not None and self.signal is not None:
+            raise ValueError("a routed webhook either starts a run or signals one, not both")
+        if not self.routed:
+            if self.id_field is not None or self.id_prefix:
+                raise ValueError("id= and prefix= need start=AGENT or signal=NAME")
+            return
+        try:
+            if self.start is not None:
+                validate_token(self.start, "agent name")
+            if self.signal is not None:
+                validate_signal_name(self.signal)
+                if self.signal.startswith(RESERVED_SIGNAL_PREFIX):
+                    raise ValueError(
+                        f"signal names starting with {RESERVED_SIGNAL_PREFIX!r} are reserved"
+                    )
+        except InvalidName as e:
+            raise ValueError(e.message) from None
+        if self.id_field is None:
+            raise ValueError("a routed webhook needs id=PATH: the body field naming the run")
+        parse_field_path(self.id_field)
+        if _ID_PREFIX.fullmatch(self.id_prefix) is None:
+            raise ValueError("prefix= is at most 64 characters of A-Z a-z 0-9 _ -")
 
     def __repr__(self) -> str:
+        target = ""
+        if self.routed:
+            what = f"start={self.start!r}" if self.start else f"signal={self.signal!r}"
+            target = f", {what}, id_field={self.id_field!r}, id_prefix={self.id_prefix!r}"
         return (
             f"WebhookRoute({self.name!r}, scheme={self.scheme!r}, "
-            f"secrets=<{len(self.secrets)} hidden>, tolerance={self.tolerance!r})"
+            f"secrets=<{len(self.secrets)} hidden>, tolerance={self.tolerance!r}{target})"
         )
 
     def __rich_repr__(self) -> list[tuple[str, Any]]:
         # msgspec's own would list every field, secrets included.
-        return [("name", self.name), ("scheme", self.scheme), ("tolerance", self.tolerance)]
+        shown: list[tuple[str, Any]] = [
+            ("name", self.name),
+            ("scheme", self.scheme),
+            ("tolerance", self.tolerance),
+        ]
+        for key in ("start", "signal", "id_field", "id_prefix"):
+            if getattr(self, key):
+                shown.append((key, getattr(self, key)))
+        return shown
 
 
 def _signing_key(scheme: Scheme, secret: bytes, number: int = 1) -> bytes:
@@ -355,11 +413,16 @@ def sign(
 
 # --- configuring ----------------------------------------------------------------------------
 
-_ROUTE_FORM: Final = "NAME=SCHEME:SECRET[,SECRET2][;tolerance=SECONDS]"
+_ROUTE_FORM: Final = (
+    "NAME=SCHEME:SECRET[,SECRET2][;tolerance=SECONDS][;start=AGENT|;signal=NAME;id=PATH"
+    "[;prefix=TEXT]]"
+)
 
 
 def parse_route(text: str, environ: Mapping[str, str] = os.environ) -> WebhookRoute:
-    """A route from its command-line form, ``NAME=SCHEME:SECRET[,SECRET2][;tolerance=SECONDS]``.
+    """A route from its command-line form, ``NAME=SCHEME:SECRET[,SECRET2][;tolerance=SECONDS]``,
+    and for a routed route ``;start=AGENT;id=PATH`` or ``;signal=NAME;id=PATH``, optionally
+    ``;prefix=TEXT`` (``_routing.py``).
 
     Each SECRET is ``env:VAR`` (the variable's value), ``file:PATH`` (the file's first line,
     stripped) or the secret itself (which cannot contain ``,`` or ``;``, and shows in the
@@ -385,19 +448,30 @@ def parse_route(text: str, environ: Mapping[str, str] = os.environ) -> WebhookRo
         raise ValueError(
             f"webhook route {name!r}: the scheme (before ':') must be one of {', '.join(SCHEMES)}"
         )
-    secrets_text, semicolon, option = rest.partition(";")
+    secrets_text, *options = rest.split(";")
     tolerance = DEFAULT_TOLERANCE
-    if semicolon:
+    target: dict[str, str] = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key in _TARGET_OPTIONS:
+            if key in target:
+                raise ValueError(f"webhook route {name!r}: {key}= is given twice")
+            target[key] = value
+            continue
         match = _TOLERANCE.fullmatch(option)
         if match is None:
             raise ValueError(
-                f"webhook route {name!r}: after the secrets only ';tolerance=SECONDS' is "
-                "understood (a literal secret cannot contain ';')"
+                f"webhook route {name!r}: after the secrets only ';tolerance=SECONDS', "
+                "';start=AGENT', ';signal=NAME', ';id=PATH' and ';prefix=TEXT' are understood "
+                "(a literal secret cannot contain ';')"
             )
         if scheme == "github":
             raise ValueError(
                 f"webhook route {name!r}: github signs no timestamp, so a tolerance does not apply"
             )
+        if "tolerance" in target:
+            raise ValueError(f"webhook route {name!r}: tolerance= is given twice")
+        target["tolerance"] = match[1]
         tolerance = float(match[1])
     parts = secrets_text.split(",", MAX_SECRETS)
     if len(parts) > MAX_SECRETS:
@@ -414,6 +488,10 @@ def parse_route(text: str, environ: Mapping[str, str] = os.environ) -> WebhookRo
             scheme=scheme,
             secrets=secrets,
             tolerance=tolerance,
+            start=target.get("start"),
+            signal=target.get("signal"),
+            id_field=target.get("id"),
+            id_prefix=target.get("prefix", ""),
         )
     except ValueError as error:
         raise ValueError(f"webhook route {name!r}: {error}") from None

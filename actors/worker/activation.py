@@ -57,6 +57,7 @@ from ..core.steps import error_info
 from ..history.chain import ChainTaken, ContinueAsNew, pass_on, start_next
 from ..history.snapshots import Snapshot, fold_history
 from ..ops.metrics import TOOL_CALLS, agent_label
+from ..telemetry import child_headers, run_trace
 from .appends import KEPT_HISTORY_MAX, Appender, AppendRefused, BrokerLost, broker_io
 from .children import cascade_cancel, child_outcome, tell_parent
 from .clock import Clock, Timer
@@ -170,6 +171,8 @@ class Activation:
         self._with_refs: list[Decision] | None = history if self.snapshot.refs else None
         """The history as loaded when it holds values by reference: read back before the
         code runs (``_load_values``)."""
+        self.trace = run_trace(self, history)
+        """The run's spans (``sojourn.actors.telemetry``); ``None`` when nothing traces."""
 
     @property
     def state(self) -> RunState:
@@ -301,7 +304,7 @@ class Activation:
             self.store.broker.publish(
                 self.store.names.spawn(agent, self.sender),
                 body,
-                {MSG_ID: f"start:{agent}:{child_id}"},
+                {MSG_ID: f"start:{agent}:{child_id}", **child_headers(self.trace, child_id)},
             )
         )
         fault("child_spawned", f"child {child_id} of agent {agent}")
@@ -338,7 +341,8 @@ class Activation:
         """Drive the agent to its next resting point and record it."""
         if self._with_refs is not None:
             await self._load_values()
-        outcome = await self._drive()
+        trace = self.trace
+        outcome = await (self._drive() if trace is None else trace.activation(self._drive))
         if outcome != "fenced" and not self.state.terminal:
             # (An ended run's timers were all removed with its end.)
             self.timers.drop_backstops(self.state.ops)

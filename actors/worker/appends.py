@@ -21,7 +21,7 @@ The rules (the module doc of ``worker/activation.py`` says why):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from sojourn.broker.connection import JetStreamError
@@ -36,6 +36,8 @@ from sojourn.schemas.errors import (
 from sojourn.schemas.events import (
     BudgetChanged,
     CancelRequested,
+    PauseLifted,
+    PauseRequested,
     RunEvent,
     SignalReceived,
     StepStarted,
@@ -60,7 +62,7 @@ __all__ = [
     "is_outage",
 ]
 
-EXTERNAL_EVENTS = (CancelRequested, SignalReceived, BudgetChanged)
+EXTERNAL_EVENTS = (CancelRequested, SignalReceived, BudgetChanged, PauseRequested, PauseLifted)
 """Events other parties append to a run without owning it; they commute with our decisions."""
 
 T = TypeVar("T")
@@ -162,6 +164,8 @@ class Appender:
         """A decision whose append may have landed (its ack was lost in an outage): the next
         decision sends it first, unchanged, so the store can tell whether it landed."""
         self._opening = opening
+        self.on_stored: Callable[[Sequence[RunEvent]], None] | None = None
+        """Told of every batch of events this activation stored (its ``RunTrace``)."""
 
     @property
     def stored(self) -> bool:
@@ -356,6 +360,8 @@ class Appender:
             m = self._machine()
             m.state = fold(others, m.state)
         opening.settle("stored")
+        if self.on_stored is not None:
+            self.on_stored((opening.started, *merged))
         fault("opened")
         if queued is not None:
             cancel_seq, cancel = queued
@@ -382,6 +388,8 @@ class Appender:
         self.last_seq = seq
         self._appends_metric.inc()
         self._events_metric.inc(len(batch))
+        if self.on_stored is not None:
+            self.on_stored(batch)
         # Live operations need no folding (the journal only consults what was recorded
         # before this activation); folding them would copy the op index on every step.
         others = [e for e in batch if not isinstance(e, _OP_EVENTS)]

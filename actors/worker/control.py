@@ -22,6 +22,7 @@ from sojourn.schemas.codec import (
     decode_child_outcome,
     decode_decision,
     decode_json,
+    decode_pause,
     decode_resume,
     to_raw,
 )
@@ -30,10 +31,13 @@ from sojourn.schemas.events import (
     Budget,
     BudgetChanged,
     CancelRequested,
+    PauseLifted,
+    PauseRequested,
     RunEvent,
     RunResumed,
     SignalReceived,
 )
+from sojourn.schemas.tracing import valid_traceparent
 from sojourn.schemas.wire import CHILD_SIGNAL, DECIDE_SIGNAL, CancelBody, InDoubtDecision
 
 from ..core.state import RunState
@@ -93,12 +97,21 @@ def _event_for(
         if body.empty:
             raise Rejected("invalid_trigger", "a budget change names at least one limit")
         return BudgetChanged(budget=Budget(**msgspec.structs.asdict(body)), by=sender, at=now)
+    if inbox.kind == "pause":
+        reason = ""
+        if msg.data.strip():
+            reason = _decoded(decode_pause, msg.data, 'pause body must be {"reason": ...}').reason
+        if state.pause is not None or state.status == "suspended":
+            return None  # paused already (or held by a suspension): a no-op
+        return PauseRequested(by=sender, reason=reason, at=now)
     if inbox.kind == "resume":
-        if state.status != "suspended":
-            return None  # resumed already: a no-op
         note = ""
         if msg.data.strip():
             note = _decoded(decode_resume, msg.data, 'resume body must be {"note": ...}').note
+        if state.pause is not None and state.status != "suspended":
+            return PauseLifted(by=sender, at=now)  # paused, not held yet: it goes on
+        if state.status != "suspended":
+            return None  # resumed already: a no-op
         return RunResumed(by=sender, note=note, at=now)
     name = inbox.name
     if inbox.kind == "decide":
@@ -131,6 +144,7 @@ def _event_for(
         # Under authentication (our own connection has a user) the broker let only that
         # user, or a gateway speaking for it, publish as ``sender``.
         sender_verified=sender is not None and authenticated,
+        traceparent=valid_traceparent(msg.header(h.TRACEPARENT)),
         at=now,
     )
 

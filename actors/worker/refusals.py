@@ -57,6 +57,7 @@ _DLQ_KINDS: dict[str, DlqKind] = {
     "spawn": "start",
     "signal": "signal",
     "resume": "signal",
+    "pause": "signal",
     "budget": "signal",
     "decide": "signal",
     "child": "signal",

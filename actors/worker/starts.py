@@ -23,10 +23,12 @@ from sojourn.broker.delivery import Delivery, StoredMessage
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.names import InboxSubject
 from sojourn.broker.registry import AgentRegistry
+from sojourn.schemas.attributes import InvalidAttributes, validate_attributes
 from sojourn.schemas.codec import decode_start, encode, to_raw
 from sojourn.schemas.errors import ConcurrencyConflict, InvalidName
 from sojourn.schemas.events import Budget, CancelRequested, RunStarted, TriggerInfo
 from sojourn.schemas.names import reserved_run_id, valid_reply_subject, validate_token
+from sojourn.schemas.tracing import trace_context
 from sojourn.schemas.wire import ChildOutcome, ErrorBody, IntakeOk, StartTrigger
 
 from ..agents.agent import Agent
@@ -212,10 +214,18 @@ class Starts:
             raise Rejected(
                 "invalid_input", f"input does not match agent '{agent_name}': {e}"
             ) from e
+        attributes = None
+        if trigger.attributes:
+            try:
+                checked = validate_attributes(trigger.attributes)
+            except InvalidAttributes as e:
+                raise Rejected("invalid_attributes", e.message) from e
+            attributes = {k: v for k, v in checked.items() if v is not None}
         budget = agent.budget.over(trigger.budget) if agent.budget else trigger.budget
         if budget is not None and budget.empty:
             budget = None
         now = self.clock.now()
+        tp, ts = trace_context(msg.header(h.TRACEPARENT), msg.header(h.TRACESTATE))
         started = RunStarted(
             run_id=run_id,
             agent=agent_name,
@@ -233,6 +243,9 @@ class Starts:
             budget=None if budget is None else Budget(**msgspec.structs.asdict(budget)),
             schedule=None if fire is None else fire.name,
             scheduled_at=None if fire is None else fire.at,
+            traceparent=tp,
+            tracestate=ts,
+            attributes=attributes,
             at=now,
         )
         # A cancel sent while the run was pending waits in the inbox behind its start: looked

@@ -66,7 +66,13 @@ def test_the_start_trigger_schema_is_closed_and_requires_input(tmp_path: Path) -
     schema = load(path)
     trigger = resolve(schema, schema)
     assert trigger["type"] == "object"
-    assert set(trigger["properties"]) == {"input", "run_id", "parent_run_id", "budget"}
+    assert set(trigger["properties"]) == {
+        "input",
+        "run_id",
+        "parent_run_id",
+        "budget",
+        "attributes",
+    }
     assert trigger["required"] == ["input"]
     assert trigger["additionalProperties"] is False
     assert trigger["properties"]["input"] == {}  # any JSON value

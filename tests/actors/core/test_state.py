@@ -28,6 +28,8 @@ from sojourn.schemas.events import (
     CancelTaken,
     ChildStarted,
     ErrorInfo,
+    PauseLifted,
+    PauseRequested,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -283,13 +285,15 @@ MAY_CHANGE: dict[type, set[str]] = {
     RunStarted: {"run_id", "agent", "code_version", "input", "status", "started_at"}
     | {"parent_run_id", "budget_usd", "budget_tokens", "budget", "carried"},
     BudgetChanged: {"budget"},
+    PauseRequested: {"pause"},
+    PauseLifted: {"pause"},
     RunCompleted: {"status", "output", "ended_at"},
     RunFailed: {"status", "error", "ended_at"},
     CancelRequested: {"cancel_requested", "terminate_requested"},
     CancelTaken: {"cancel_taken"},
     RunCancelled: {"status", "ended_at", "cancel_requested"},
     RunSuspended: {"status", "suspended_reason", "suspended_detail"},
-    RunResumed: {"status", "suspended_reason", "suspended_detail", "cap_resumes"}
+    RunResumed: {"status", "suspended_reason", "suspended_detail", "cap_resumes", "pause"}
     | {"budget_resumes"},  # a resume after a cap or a budget suspension grants another allowance
     StepStarted: {"ops", "status", "step_attempts", "waiting_on", "deadline"}  # a retry began
     | {"model_calls"},
