@@ -1,4 +1,4 @@
-"""The seed's onboarding agent: days of waiting, no process held, every effect once.
+"""The onboarding agent: days of waiting, no process held, every effect once.
 
 ``onboarding`` takes a new hire through five stages, parked between them (a recorded position
 plus a wake condition kept by the broker, so workers may come and go, or crash, freely):

@@ -1,4 +1,4 @@
-"""The seed's onboarding agent end to end, with its worker SIGKILLed between every stage."""
+"""The onboarding agent end to end, with its worker SIGKILLed between every stage."""
 
 from __future__ import annotations
 
