@@ -1,1 +1,1 @@
-"""Bridges to other agent frameworks (Pydantic AI)."""
+"""Bridges to other agent frameworks (Pydantic AI, LangGraph)."""

@@ -579,9 +579,23 @@ class _JournaledToolset(WrapperToolset[Any]):
         tool: ToolsetTool[Any],
     ) -> Any:
         wrapped = self.wrapped
+        if (tool.tool_def.metadata or {}).get("sojourn_mcp_server"):  # an McpToolset's tool:
+            return await _mcp_call(self.ctx, wrapped.call_tool(name, tool_args, ctx, tool))
 
         async def body() -> Any:
             return await capture_tool_call(wrapped.call_tool(name, tool_args, ctx, tool))
 
         fn = self.owner.step_fn(f"tool:{name}", "tool")
         return replay_tool_call(await self.ctx.step(fn, body))
+
+
+async def _mcp_call(ctx: Context, call: Awaitable[Any]) -> Any:
+    """A call ``ctx.mcp`` journals itself (``integrations/mcp_toolset.py``), with the run's
+    context where the toolset finds it."""
+    from .mcp_toolset import RUN_CONTEXT  # the mcp extra: only an McpToolset's tools get here
+
+    token = RUN_CONTEXT.set(ctx)
+    try:
+        return await call
+    finally:
+        RUN_CONTEXT.reset(token)

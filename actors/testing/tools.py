@@ -1,8 +1,10 @@
 """``mock_mcp``: an MCP server's tools replaced, for a test, by scripted functions, calls kept.
 
-sojourn reaches MCP servers through the Pydantic AI integration: a server is a toolset of the
-agent (``pydantic_ai.mcp.MCPToolset``, or any ``AbstractToolset``), and ``SojournAgent`` runs
-each of its tool calls as a step ``tool:<name>``. ``mock_mcp(server, tools)`` puts a toolset
+For the MCP servers an agent reaches through the Pydantic AI integration (``ctx.mcp``'s own
+servers are tested against a real server, docs/mcp.md): there a server is a toolset of the
+agent (``pydantic_ai.mcp.MCPToolset``, sojourn's ``McpToolset``, or any ``AbstractToolset``),
+and ``SojournAgent`` runs each of its tool calls as a step (``tool:<name>``; ``mcp:...`` for an
+``McpToolset``'s). ``mock_mcp(server, tools)`` puts a toolset
 of scripted functions in the server's place in every ``SojournAgent`` run for a ``with``
 block, so an agent that uses a server in production is tested without one::
 

@@ -27,6 +27,9 @@ from sojourn.schemas.events import HistoryEntry, StepCompleted
 HERE = Path(__file__).resolve().parent
 EXAMPLES = frozenset(
     {"greeter", "welcome", "onboarding", "streaming", "research_agent", "chat", "hourly_report"}
+    | {"openai_agents"}
+    | {"mcp_tools"}
+    | {"langgraph_agent"}
 )
 
 
@@ -52,11 +55,15 @@ async def record(url: str, scratch: Path, only: frozenset[str] = EXAMPLES) -> No
     os.environ["SOJOURN_DEMO_OUTBOX"] = str(scratch / "welcome")
     os.environ["SOJOURN_DEMO_STEP_SECONDS"] = "0"
     os.environ["SOJOURN_ONBOARDING_OUTBOX"] = str(scratch / "onboarding")
+    os.environ["NOTES_DB"] = str(scratch / "notes.sqlite")  # mcp_tools' MCP server
     from examples import (
         chat,
         greeter,
         hourly_report,
+        langgraph_agent,
+        mcp_tools,
         onboarding,
+        openai_agents,
         research_agent,
         streaming,
         welcome,
@@ -71,6 +78,9 @@ async def record(url: str, scratch: Path, only: frozenset[str] = EXAMPLES) -> No
         research_agent.researcher,
         chat.chat,
         hourly_report.report,
+        mcp_tools.note_taker,
+        openai_agents.support_desk,
+        langgraph_agent.travel_agent,
     ]
     settings = Settings(prefix="golden")
     worker = Worker(agents, nats=url, settings=settings)
@@ -91,6 +101,12 @@ async def record(url: str, scratch: Path, only: frozenset[str] = EXAMPLES) -> No
             await record_chat(client)
         if "hourly_report" in only:
             await record_hourly(client)
+        if "mcp_tools" in only:
+            await record_mcp_tools(client)
+        if "openai_agents" in only:
+            await record_openai_agents(client)
+        if "langgraph_agent" in only:
+            await record_langgraph(client)
     finally:
         await client.close()
         await worker.stop()
@@ -195,6 +211,35 @@ async def record_hourly(client: Client) -> None:
     await client.delete_schedule("hourly-report")
     await client.result(fired, timeout=60)
     await save(client, "examples.hourly_report--scheduled", fired)
+
+
+async def record_openai_agents(client: Client) -> None:
+    run = await client.start("support-desk", "Please refund order A1")
+    await until_waiting_on(client, run, "approval.refund")
+    await save(client, "examples.openai_agents--parked", run)
+    await client.signal(run, "approval.refund", {"approve": True, "by": "ada"})
+    await client.result(run, timeout=60)
+    await save(client, "examples.openai_agents--approved", run)
+    run = await client.start("support-desk", "Please refund order A1")
+    await until_waiting_on(client, run, "approval.refund")
+    await client.signal(run, "approval.refund", {"approve": False, "by": "ada", "note": "no"})
+    await client.result(run, timeout=60)
+    await save(client, "examples.openai_agents--denied", run)
+
+
+async def record_langgraph(client: Client) -> None:
+    run = await client.start("travel-agent", "a flight to Lisbon on May 4")
+    await until_waiting_on(client, run, "approval.book_flight")
+    await save(client, "examples.langgraph_agent--parked", run)
+    await client.signal(run, "approval.book_flight", {"approve": True, "by": "ada"})
+    await client.result(run, timeout=60)
+    await save(client, "examples.langgraph_agent--approved", run)
+
+
+async def record_mcp_tools(client: Client) -> None:
+    run = await client.start("note-taker", ["buy milk", "call Ada"])
+    await client.result(run, timeout=60)
+    await save(client, "examples.mcp_tools--completed", run)
 
 
 async def main(only: frozenset[str] = EXAMPLES) -> None:
