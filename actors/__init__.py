@@ -39,6 +39,7 @@ from sojourn.schemas.errors import (
 )
 from sojourn.schemas.events import Budget, Usage
 from sojourn.schemas.schedules import ScheduleAnswer, ScheduleRecord
+from sojourn.schemas.updates import UpdateAnswer, UpdateRejectedError
 
 from .agents.agent import Agent, agent
 from .agents.callbacks import CallbackClaims, CallbackKeys
@@ -111,6 +112,8 @@ __all__ = [
     "TerminalError",
     "TriggerRejected",
     "UnknownAgent",
+    "UpdateAnswer",
+    "UpdateRejectedError",
     "Usage",
     "Watchdog",
     "Worker",

@@ -74,9 +74,11 @@ from .chaos_nats import ClusterNats, SingleNats
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-SEAMS = tuple(s for s in faults.SEAMS if s not in ("continued", "fired"))
+SEAMS = tuple(
+    s for s in faults.SEAMS if s not in ("continued", "fired", "forked", "update_applied")
+)
 """The runtime's seams (``actors/worker/faults.py``) the harness arms: all but those its agents
-never pass (they neither continue as new nor run on a schedule)."""
+never pass (they neither continue as new, nor run on a schedule, nor fork, nor take updates)."""
 FAULT_TYPES = ("sigkill_worker", "sigstop_worker", "restart_nats", "kill_node")
 DEFAULT_FAULTS = ("sigkill_worker", "sigstop_worker", "restart_nats")
 CLUSTER_FAULTS = ("sigkill_worker", "sigstop_worker", "kill_node")

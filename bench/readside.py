@@ -413,6 +413,8 @@ async def projector_catchup(
         "views_written": float(p.views_written),
         "changes_published": float(p.changes_published),
         "rows_written": float(p.rows_written),
+        # step records (decision 0040) written by then; 0 before they existed
+        "steps_written": float(getattr(p._store, "steps_written", 0)),
     }
     return p, out
 
@@ -774,13 +776,13 @@ async def raw_sqlite(path: Path, batches: list[list[Applied]]) -> dict[str, floa
         for s in _RAW_SCHEMA:
             await db.execute(s)
         t0 = time.perf_counter()
-        for runs_rows, step_rows in rows:
+        for runs_rows, steps_rows in rows:
             await db.execute("BEGIN IMMEDIATE")
             await db.executemany(
                 f"INSERT OR REPLACE INTO runs VALUES ({', '.join('?' * 19)})", runs_rows
             )
             await db.executemany(
-                f"INSERT OR REPLACE INTO steps VALUES ({', '.join('?' * 10)})", step_rows
+                f"INSERT OR REPLACE INTO steps VALUES ({', '.join('?' * 10)})", steps_rows
             )
             await db.execute("COMMIT")
         elapsed = time.perf_counter() - t0
@@ -1129,7 +1131,8 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
         add("")
         add(
             f"Writes by (b): {c['fresh_kv']['changes_published']:.0f} change messages, "
-            f"{c['fresh_kv']['views_written']:.0f} KV views; with SQLite "
+            f"{c['fresh_kv']['views_written']:.0f} KV views, "
+            f"{c['fresh_kv'].get('steps_written', 0):.0f} step records; with SQLite "
             f"{c['fresh_sqlite']['rows_written']:.0f} decisions applied; (c) wrote "
             f"{c['restart']['changes_published']:.0f} + {c['restart']['views_written']:.0f}. "
             f"(b)'s publishes: {fmt_rate(pubs, 'msgs')}, {pubs / pub:.2f}x the raw concurrent "

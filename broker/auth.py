@@ -237,12 +237,13 @@ def _snapshot_writing(names: Names) -> list[str]:
 
 
 def _client_inbox(names: Names, sender: str) -> list[str]:
-    """What a client sends as ``sender``: starts, signals, cancels and schedule requests (add,
-    pause, resume, trigger, delete); never a control message."""
+    """What a client sends as ``sender``: starts, signals, updates, cancels and schedule
+    requests (add, pause, resume, trigger, delete); never a control message."""
     return [
         names.start("*", sender),
         names.start("*", sender, "*"),
         names.signal("*", ">", sender),
+        names.update("*", ">", sender),
         names.cancel("*", sender),
         names.schedule("*", sender),
     ]
@@ -309,6 +310,9 @@ def permissions_for(
             names.wedge("*"),
             names.dlq_all,
             names.agent("*"),
+            # agents' holds and the runs they hold (an operator's pause --agent)
+            names.hold("*"),
+            names.held("*", "*"),
             names.values_all,  # large values' pieces (written once, by digest)
             # schedules' records and next fires (never a fire: only the broker stores those)
             names.schedule_record("*"),
@@ -367,6 +371,7 @@ def permissions_for(
             names.events_all,
             names.interrupts_all,
             names.presence_all,  # a worker answers on its own (``Names.presence``)
+            names.holds_all,  # agents' holds, as they are recorded
         )
         return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     raise ValueError(f"unknown role {role!r}")

@@ -142,6 +142,10 @@ class Names:
     def signal(self, run_id: str, name: str, sender: str | None = None) -> str:
         return f"{self._inbox(sender)}.signal.{run_id}.{name}"
 
+    def update(self, run_id: str, name: str, sender: str | None = None) -> str:
+        """An update to a run (``client.update``): a signal that wants an answer."""
+        return f"{self._inbox(sender)}.update.{run_id}.{name}"
+
     def cancel(self, run_id: str, sender: str | None = None) -> str:
         return f"{self._inbox(sender)}.cancel.{run_id}"
 
@@ -160,6 +164,10 @@ class Names:
     def decide(self, run_id: str, position: int, attempt: int, sender: str) -> str:
         """Control subject: an operator's decision on an in-doubt step (admin role only)."""
         return f"{self.prefix}.as.{sender}.decide.{run_id}.{position}.{attempt}"
+
+    def hold_request(self, agent: str, sender: str) -> str:
+        """Control subject: hold every run of ``agent``, or let them go on (admin role only)."""
+        return f"{self.prefix}.as.{sender}.hold.{agent}"
 
     def spawn(self, agent: str, sender: str) -> str:
         """Control subject: a run starts a child run (worker role only). Only here may a
@@ -180,10 +188,12 @@ class Names:
             f"{p}.start.*.*",
             f"{p}.signal.*.>",
             f"{p}.cancel.*",
+            f"{p}.update.*.>",
             f"{p}.as.*.start.*",
             f"{p}.as.*.start.*.*",
             f"{p}.as.*.signal.*.>",
             f"{p}.as.*.cancel.*",
+            f"{p}.as.*.update.*.>",
             f"{p}.as.*.spawn.*",
             f"{p}.as.*.resume.*",
             f"{p}.as.*.pause.*",
@@ -191,6 +201,7 @@ class Names:
             f"{p}.as.*.decide.*.*.*",
             f"{p}.as.*.child.*.*",
             f"{p}.as.*.schedule.*",
+            f"{p}.as.*.hold.*",
         ]
 
     def parse_inbox(self, subject: str) -> InboxSubject:
@@ -220,6 +231,10 @@ class Names:
             run_id = validate_token(rest[0], "run_id")
             name = validate_signal_name(".".join(rest[1:]))
             return InboxSubject("signal", run_id, name, sender)
+        if kind == "update" and len(rest) >= 2:
+            run_id = validate_token(rest[0], "run_id")
+            name = validate_signal_name(".".join(rest[1:]))
+            return InboxSubject("update", run_id, name, sender)
         if sender is not None:
             if kind == "spawn" and len(rest) == 1:
                 return InboxSubject("spawn", validate_token(rest[0], "agent name"), "", sender)
@@ -237,6 +252,8 @@ class Names:
             if kind == "child" and len(rest) == 2:
                 parent = validate_token(rest[0], "run_id")
                 return InboxSubject("child", parent, validate_token(rest[1], "run_id"), sender)
+            if kind == "hold" and len(rest) == 1:
+                return InboxSubject("hold", validate_token(rest[0], "agent name"), "", sender)
             if kind == "schedule" and len(rest) == 1:
                 return InboxSubject("schedule", validate_schedule_name(rest[0]), "", sender)
         raise InvalidName(f"subject {subject!r} is not a sojourn inbox subject")
@@ -329,6 +346,11 @@ class Names:
     def run_key(self, run_id: str) -> str:
         """The subject of ``run_id``'s entry in the runs bucket."""
         return f"$KV.{self.runs_bucket}.{run_id}"
+
+    def run_steps_key(self, run_id: str) -> str:
+        """The subject of ``run_id``'s step record (``RunSteps``, key ``<run_id>.steps``) in
+        the runs bucket."""
+        return f"$KV.{self.runs_bucket}.{run_id}.steps"
 
     @property
     def run_keys_all(self) -> str:
@@ -446,6 +468,19 @@ class Names:
 
     def agent(self, name: str) -> str:
         return f"{self.prefix}.agent.{name}"
+
+    def hold(self, agent: str) -> str:
+        """An agent's hold (``AgentHold``; its last message is the agent's state), in the
+        agents stream."""
+        return f"{self.prefix}.hold.{agent}"
+
+    @property
+    def holds_all(self) -> str:
+        return f"{self.prefix}.hold.*"
+
+    def held(self, agent: str, run_id: str) -> str:
+        """A run a hold of ``agent`` suspended (``HeldRun``), purged once it is resumed."""
+        return f"{self.prefix}.held.{agent}.{run_id}"
 
     def worker(self, worker_id: str) -> str:
         """The heartbeat subject of a worker (its id made one subject token)."""

@@ -214,10 +214,12 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
         },
         {  # agents any worker has ever served (what "unknown agent" means)
             "name": names.agents_stream,
-            "subjects": [f"{names.prefix}.agent.*"],
+            # and their holds (an operator's pause of every run of an agent) and held runs
+            "subjects": [f"{names.prefix}.agent.*", names.holds_all, names.held("*", "*")],
             "retention": "limits",
             "storage": "file",
             "max_msgs_per_subject": 1,
+            "allow_msg_ttl": True,  # a resumed held run's last record expires
             "allow_direct": True,
             "num_replicas": settings.replicas,
         },

@@ -217,6 +217,9 @@ class Projector:
             # record left behind only makes the next leader wait for it to expire).
             with contextlib.suppress(SojournError, TimeoutError):
                 async with asyncio.timeout(1.0):
+                    await self._store.flush_steps()  # the step records held back
+            with contextlib.suppress(SojournError, TimeoutError):
+                async with asyncio.timeout(1.0):
                     await self._lead.resign(self.written)
         if self._owns_broker and self._broker is not None:
             await self._broker.close()
@@ -371,7 +374,7 @@ class Projector:
         else:
             self._live[s.run_id] = view
         self._times[seq] = m.applied_time
-        self._applied.append(Applied(seq, view, events))
+        self._applied.append(Applied(seq, view, events, s))
 
     def _known(self, run_id: str) -> bool:
         return run_id in self.model.runs or run_id in self._live
@@ -508,6 +511,8 @@ class Projector:
         self._next_tick = time.monotonic() + self.interval
         await self._elect()
         await self._stream.refresh(self.broker, self.names.events_stream)
+        if self.leading:
+            await self._store.flush_steps()  # the step records held back (decision 0040)
         if self.model.caught_up and not self._applied:
             await self._reassess()
             if not self.model.lag_events:

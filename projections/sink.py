@@ -10,6 +10,8 @@ from sojourn.schemas.events import RunEvent
 from sojourn.schemas.health import LivenessState
 from sojourn.schemas.views import RunView
 
+from .summary import RunSummary
+
 __all__ = ["Applied", "ViewSink"]
 
 
@@ -22,6 +24,9 @@ class Applied(NamedTuple):
     """The run's view after it."""
     events: tuple[RunEvent, ...]
     """The decision's events (for the step rows)."""
+    summary: RunSummary | None = None
+    """The run's summary after it: the leader makes the run's step record
+    (``steplist.steps_of``) from the last one of each run in a batch it writes."""
 
 
 class ViewSink(Protocol):

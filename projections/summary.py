@@ -26,9 +26,11 @@ from sojourn.schemas.lifecycle import (
     next_waiting,
     out_of_place,
 )
+from sojourn.schemas.steps import StepRecord
 from sojourn.schemas.views import CHILDREN_SHOWN, ERROR_MESSAGE_MAX, ViewError
 from sojourn.schemas.vocabulary import (
     ATTRIBUTES_KIND,
+    LLM_STEP,
     POLL_WAIT,
     SPEND_KIND,
     TERMINAL,
@@ -37,7 +39,9 @@ from sojourn.schemas.vocabulary import (
     WaitKey,
     suspend_reason,
 )
-from sojourn.schemas.wire import CHILD_SIGNAL
+from sojourn.schemas.wire import CHILD_SIGNAL, DECIDE_SIGNAL
+
+from .steplist import decided, step_ended, step_started
 
 __all__ = ["CHILD_SIGNAL", "POLL_WAIT", "RunSummary", "summarize", "summarize_all"]
 # ``CHILD_SIGNAL`` (``sojourn.schemas.wire``) and ``POLL_WAIT`` (``sojourn.schemas.vocabulary``)
@@ -56,6 +60,9 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     parent_run_id: str | None = None
     schedule: str | None = None
     scheduled_at: float | None = None
+    forked_from: str | None = None
+    forked_at: int | None = None
+    """A fork's origin: the run and the position (``RunStarted.forked_from``)."""
     status: RunStatus = "new"
     """``new``, ``pending``, ``running``, ``waiting``, ``suspended`` or a terminal status."""
     started_at: float = 0.0
@@ -108,6 +115,20 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     """The run's search attributes: ``RunStarted.attributes`` with every
     ``ctx.set_attributes`` upsert applied (as the full fold)."""
     anomalies: int = 0
+    # the step list and every budget kind (decision 0040; ``steplist.steps_of`` reads them)
+    step_list: tuple[StepRecord, ...] = ()
+    """The latest ``STEPS_KEPT`` step positions (``steplist``), in position order."""
+    steps_total: int = 0
+    """Step positions started."""
+    budget: ev.Budget | None = None
+    """Every limit in effect per grant: ``RunStarted``'s budget, each ``BudgetChanged``
+    replacing limits (as the full fold)."""
+    carried: ev.Carried | None = None
+    """What the run's continue-as-new chain used before it (``RunStarted.carried``)."""
+    spent_input_tokens: int = 0
+    spent_output_tokens: int = 0
+    model_calls: int = 0
+    """Step attempts of kind ``llm``."""
 
     @property
     def terminal(self) -> bool:
@@ -140,10 +161,14 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
                 parent_run_id=event.parent_run_id,
                 schedule=event.schedule,
                 scheduled_at=event.scheduled_at,
+                forked_from=None if event.forked_from is None else event.forked_from.run_id,
+                forked_at=None if event.forked_from is None else event.forked_from.position,
                 started_at=event.at,
                 code_version=event.code_version,
                 budget_usd=event.budget.usd if event.budget else event.budget_usd,
                 budget_tokens=event.budget.tokens if event.budget else event.budget_tokens,
+                budget=_started_budget(event),
+                carried=event.carried,
                 attributes=dict(event.attributes or {}),
             )
         case ev.BudgetChanged():
@@ -152,12 +177,17 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
                 s,
                 budget_usd=s.budget_usd if b.usd is None else b.usd,
                 budget_tokens=s.budget_tokens if b.tokens is None else b.tokens,
+                budget=(s.budget or ev.Budget()).over(b),
             )
         case ev.StepStarted():
             in_doubt = s.step is not None and s.step_position == event.position
             retry = event.attempt > 1 and not in_doubt
+            listed, total = step_started(s.step_list, s.steps_total, event)
             s = rep(
                 s,
+                step_list=listed,
+                steps_total=total,
+                model_calls=s.model_calls + (event.kind == LLM_STEP),
                 step=event.name,
                 step_position=event.position,
                 step_started_at=event.at,
@@ -169,10 +199,13 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
                 error=s.error if event.attempt > 1 else None,
             )
         case ev.StepCompleted():
-            s = _charged(_step_closed(s, steps_done=s.steps_done + 1, error=None), event.usage)
+            listed = step_ended(s.step_list, event)
+            s = _step_closed(s, steps_done=s.steps_done + 1, error=None, step_list=listed)
+            s = _charged(s, event.usage)
         case ev.StepFailed():
             error = _error(event.error.type, event.error.message)
-            s = _charged(_step_closed(s, error=error), event.usage)
+            listed = step_ended(s.step_list, event)
+            s = _charged(_step_closed(s, error=error, step_list=listed), event.usage)
         case ev.WaitStarted():
             s = rep(s, idle_polls=s.idle_polls + (WaitKey.parse(event.key).kind == "poll"))
         case ev.WaitCompleted():
@@ -183,6 +216,8 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
                 done = child_notices(s.waiting_on)
                 s = rep(s, signals=tuple(x for x in s.signals if x.name not in done))
         case ev.SignalReceived():
+            if event.name.startswith(DECIDE_SIGNAL):
+                s = rep(s, step_list=decided(s.step_list, event))
             if any(x.signal_id == event.signal_id for x in s.signals):
                 return s
             sig = PendingSignal(event.signal_id, event.name, event.at)
@@ -227,8 +262,21 @@ def _charged(s: RunSummary, usage: ev.Usage | None) -> RunSummary:
     if usage is None:
         return s
     return msgspec.structs.replace(
-        s, spent_usd=s.spent_usd + usage.usd, spent_tokens=s.spent_tokens + usage.tokens
+        s,
+        spent_usd=s.spent_usd + usage.usd,
+        spent_tokens=s.spent_tokens + usage.tokens,
+        spent_input_tokens=s.spent_input_tokens + usage.input_tokens,
+        spent_output_tokens=s.spent_output_tokens + usage.output_tokens,
     )
+
+
+def _started_budget(event: ev.RunStarted) -> ev.Budget | None:
+    """The limits a start recorded (as the full fold reads them)."""
+    if event.budget is not None:
+        return event.budget
+    if event.budget_usd is None and event.budget_tokens is None:
+        return None
+    return ev.Budget(usd=event.budget_usd, tokens=event.budget_tokens)
 
 
 def _lifecycle(s: RunSummary, event: ev.RunEvent) -> RunSummary:

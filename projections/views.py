@@ -28,6 +28,8 @@ def view_of(s: RunSummary, liveness: LivenessState | None) -> RunView:
         parent_run_id=s.parent_run_id,
         schedule=s.schedule,
         scheduled_at=s.scheduled_at,
+        forked_from=s.forked_from,
+        forked_at=s.forked_at,
         attributes=s.attributes,
         children=s.children,
         children_count=s.children_count,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
@@ -30,8 +31,10 @@ from sojourn.schemas.errors import BrokerUnavailable
 from sojourn.schemas.views import RunView
 
 from .sink import Applied
+from .steplist import steps_of
+from .summary import RunSummary
 
-__all__ = ["EXPECT", "Entry", "Message", "ViewStore"]
+__all__ = ["EXPECT", "STEPS_EVERY", "Entry", "Message", "ViewStore"]
 
 log = logging.getLogger("sojourn.projector")
 T = TypeVar("T")
@@ -45,6 +48,9 @@ _BATCH = 500
 """Messages per atomic batch (the server takes up to ``BATCH_MAX``, 1,000)."""
 _READS_PER_TICK = 512
 """KV entries read per liveness pass for runs whose entry this projector has not seen."""
+STEPS_EVERY = 1.0
+"""Seconds between two writes of a live run's step record (an ended run's is written with its
+last view): a run deciding ten times a second costs one record write a second, not ten."""
 
 Message = tuple[str, bytes, dict[str, str]]
 """A message to publish: subject, body, headers."""
@@ -80,11 +86,57 @@ class ViewStore:
         """The ``last_seq`` of a run's last change message, read after a take-over."""
         self.views_written = 0
         self.changes_published = 0
+        self.steps_written = 0
+        self._steps_due: dict[str, RunSummary] = {}
+        """Live runs whose step record is written at the next ``flush_steps``."""
+        self._steps_at: dict[str, float] = {}
+        """When each live run's step record was last written (monotonic seconds)."""
 
     def forget(self) -> None:
         """Forget every entry and change message known (another leader may have written)."""
         self.entries.clear()
         self.published.clear()
+        self._steps_due.clear()
+        self._steps_at.clear()
+
+    async def write_steps(self, summaries: Mapping[str, RunSummary]) -> None:
+        """Write the step records (decision 0040) of runs whose view was just written, from
+        their summaries: an ended run's, and a live run's not written for ``STEPS_EVERY``
+        seconds, now; the others at the next ``flush_steps``. Not fenced: a record's
+        ``last_seq`` says which decision it holds."""
+        now = time.monotonic()
+        out: dict[str, RunSummary] = {}
+        for run_id, s in summaries.items():
+            if s.terminal:
+                self._steps_at.pop(run_id, None)
+            elif now - self._steps_at.get(run_id, -STEPS_EVERY) < STEPS_EVERY:
+                self._steps_due[run_id] = s
+                continue
+            else:
+                self._steps_at[run_id] = now
+            self._steps_due.pop(run_id, None)
+            out[run_id] = s
+        await self._put_steps(out)
+
+    async def flush_steps(self) -> None:
+        """Write every step record held back by ``write_steps``."""
+        due, self._steps_due = self._steps_due, {}
+        now = time.monotonic()
+        for run_id in due:
+            self._steps_at[run_id] = now
+        try:
+            await self._put_steps(due)
+        except BaseException:
+            for run_id, s in due.items():  # kept for the next flush (unless a newer one is)
+                self._steps_due.setdefault(run_id, s)
+            raise
+
+    async def _put_steps(self, summaries: Mapping[str, RunSummary]) -> None:
+        records: list[Message] = [
+            (self.names.run_steps_key(r), encode(steps_of(s)), {}) for r, s in summaries.items()
+        ]
+        await self.publish_all(records, counted=False)
+        self.steps_written += len(records)
 
     async def write(self, items: Sequence[Applied], recover_to: int) -> None:
         """Write the views of ``items``, each run's change messages then its last view as its
@@ -94,6 +146,7 @@ class ViewStore:
         await self.learn(items, recover_to)
         changes: list[Message] = []
         finals: dict[str, RunView] = {}
+        summaries: dict[str, RunSummary] = {}
         for a in items:
             v = a.view
             run_id = v.run_id
@@ -101,12 +154,15 @@ class ViewStore:
             if entry is not None and entry.view is not None and entry.view.last_seq >= a.seq:
                 continue  # both writes were done before
             finals[run_id] = v
+            if a.summary is not None:
+                summaries[run_id] = a.summary
             if self.published.get(run_id, 0) >= a.seq:
                 continue  # its change message was stored before
             msg_id = f"{run_id}:{a.seq}"
             changes.append((self.names.change(v.agent, run_id), encode(v), {h.MSG_ID: msg_id}))
         await self.publish_all(changes)
         await self.put_all(list(finals.values()))
+        await self.write_steps({r: s for r, s in summaries.items() if r in finals})
         for run_id, v in finals.items():
             self.published.pop(run_id, None)
             if v.liveness == "ended":
@@ -187,7 +243,7 @@ class ViewStore:
             return Entry(m.seq, None)
         return Entry(m.seq, _decode_view(m.data))
 
-    async def publish_all(self, msgs: list[Message]) -> None:
+    async def publish_all(self, msgs: list[Message], *, counted: bool = True) -> None:
         """Publish every change message (deduplicated by its id); retried until each is
         stored, since a change message must never be missing.
 
@@ -213,7 +269,8 @@ class ViewStore:
             todo = failed
             await asyncio.sleep(delay)
             delay = min(2.0, delay * 2)
-        self.changes_published += len(msgs)
+        if counted:
+            self.changes_published += len(msgs)
 
     async def try_publish(
         self, subject: str, data: bytes, headers: dict[str, str]

@@ -16,7 +16,10 @@ import msgspec
 from .events import HistoryEntry, RunEvent, SpendValue
 from .guard import check_depth
 from .health import WatchClaim, WedgeRecord, WorkerBeat
+from .holds import AgentHold, HeldRun, HoldAnswer, HoldRequest
 from .schedules import ScheduleAnswer, ScheduleRecord, ScheduleRequest
+from .steps import STEPS_KEPT, STEPS_RECORD_MAX, RunSteps
+from .updates import UpdateBody
 from .views import RunsQuery, RunView
 from .wire import (
     BudgetBody,
@@ -39,16 +42,22 @@ __all__ = [
     "decode_dead_letter",
     "decode_decision",
     "decode_events",
+    "decode_held_run",
+    "decode_hold",
+    "decode_hold_answer",
+    "decode_hold_request",
     "decode_intake_reply",
     "decode_json",
     "decode_lease_holder",
     "decode_pause",
     "decode_resume",
+    "decode_run_steps",
     "decode_schedule_answer",
     "decode_schedule_record",
     "decode_schedule_request",
     "decode_spend",
     "decode_start",
+    "decode_update",
     "decode_watch_claim",
     "decode_wedge_record",
     "decode_worker_beat",
@@ -89,12 +98,18 @@ _claim_decoder = _Decoder(WatchClaim)
 _cancel_decoder = _Decoder(CancelBody)
 _resume_decoder = _Decoder(ResumeBody)
 _pause_decoder = _Decoder(PauseBody)
+_hold_request_decoder = _Decoder(HoldRequest)
+_hold_decoder = _Decoder(AgentHold)
+_held_decoder = _Decoder(HeldRun)
+_hold_answer_decoder = _Decoder(HoldAnswer)
 _budget_decoder = _Decoder(BudgetBody)
 _decision_decoder = _Decoder(InDoubtDecision)
+_steps_decoder = _Decoder(RunSteps)
 _outcome_decoder = _Decoder(ChildOutcome)
 _schedule_request_decoder = _Decoder(ScheduleRequest)
 _schedule_record_decoder = _Decoder(ScheduleRecord)
 _schedule_answer_decoder = _Decoder(ScheduleAnswer)
+_update_decoder = _Decoder(UpdateBody)
 
 
 def encode(obj: Any) -> bytes:
@@ -177,12 +192,37 @@ def decode_cancel(data: bytes) -> CancelBody:
     return _cancel_decoder.decode(data)
 
 
+def decode_update(data: bytes) -> UpdateBody:
+    """An update message's body (``client.update``)."""
+    return _update_decoder.decode(data)
+
+
 def decode_resume(data: bytes) -> ResumeBody:
     return _resume_decoder.decode(data)
 
 
 def decode_pause(data: bytes) -> PauseBody:
     return _pause_decoder.decode(data)
+
+
+def decode_hold_request(data: bytes) -> HoldRequest:
+    return _hold_request_decoder.decode(data)
+
+
+def decode_hold(data: bytes) -> AgentHold:
+    return _hold_decoder.decode(data)
+
+
+def decode_held_run(data: bytes) -> HeldRun:
+    return _held_decoder.decode(data)
+
+
+def decode_hold_answer(data: bytes) -> HoldAnswer | IntakeError:
+    """Decode the intake's answer to a hold request (told apart by the ``error`` key)."""
+    raw = decode_json(data)
+    if isinstance(raw, dict) and "error" in raw:
+        return msgspec.convert(raw, IntakeError)
+    return _hold_answer_decoder.decode(data)
 
 
 def decode_budget(data: bytes) -> BudgetBody:
@@ -240,6 +280,19 @@ def decode_spend(raw: msgspec.Raw | bytes) -> SpendValue | None:
         return from_raw(raw, SpendValue)
     except msgspec.MsgspecError:
         return None
+
+
+def decode_run_steps(data: bytes) -> RunSteps:
+    """A run's step record (``RunSteps``, decision 0040) from bytes anyone may have written:
+    refused (``msgspec.DecodeError`` / ``msgspec.ValidationError``) when larger than
+    ``STEPS_RECORD_MAX``, nested deeper than a record, not one, or holding more than
+    ``STEPS_KEPT`` steps; never another error."""
+    if len(data) > STEPS_RECORD_MAX:
+        raise msgspec.DecodeError(f"a steps record of {len(data)} bytes (most: {STEPS_RECORD_MAX})")
+    record = _steps_decoder.decode(data)
+    if len(record.steps) > STEPS_KEPT:
+        raise msgspec.ValidationError(f"a steps record of {len(record.steps)} steps")
+    return record
 
 
 def decode_run_view(data: bytes | str) -> RunView:

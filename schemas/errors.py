@@ -23,6 +23,7 @@ __all__ = [
     "JetStreamError",
     "NondeterminismError",
     "ObjectUnreadable",
+    "OutcomeUnknown",
     "PayloadTooLarge",
     "PermissionDenied",
     "RetryableError",
@@ -179,6 +180,14 @@ class RetryableError(Exception):
     def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class OutcomeUnknown(RetryableError):
+    """Raise from a step when its attempt may or may not have done its work: what it called
+    went away mid-call (an MCP server's process died before it answered). The attempt is then
+    in doubt, as if its worker had died: the step's ``in_doubt`` policy settles it (``ask``
+    suspends the run, a reconcile function is asked); under ``"retry"`` it is retried like any
+    ``RetryableError``, within the step's retry policy."""
 
 
 class TerminalError(Exception):

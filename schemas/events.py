@@ -25,6 +25,7 @@ __all__ = [
     "ChildStarted",
     "ErrorInfo",
     "Event",
+    "ForkOrigin",
     "HistoryEntry",
     "PauseLifted",
     "PauseRequested",
@@ -41,6 +42,9 @@ __all__ = [
     "StepFailed",
     "StepStarted",
     "TriggerInfo",
+    "UpdateCompleted",
+    "UpdateRejected",
+    "UpdateRequested",
     "Usage",
     "ValueRecorded",
     "ValueRef",
@@ -191,6 +195,16 @@ class Carried(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """When the chain's first run started (``wall_seconds`` counts from there)."""
 
 
+class ForkOrigin(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a forked run comes from (``sojourn fork``, decision 0041): the run it was forked
+    from and the position it re-executes from. Its history holds that run's decisions of
+    every position before ``position``, copied (``copied`` events) after its ``RunStarted``."""
+
+    run_id: str
+    position: int
+    copied: int = 0
+
+
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of every run event. ``at`` is the writer's wall clock (unix seconds)."""
 
@@ -238,6 +252,8 @@ class RunStarted(Event, tag="run.started.v1", frozen=True, kw_only=True):
     attributes: dict[str, str | int | float | bool] | None = None
     """The run's search attributes as its start gave them (``sojourn.schemas.attributes``);
     ``ctx.set_attributes`` upserts them later (a ``ValueRecorded`` of kind ``attributes``)."""
+    forked_from: ForkOrigin | None = None
+    """Set on a fork (``sojourn fork``): the run and position it was forked from."""
 
 
 class BudgetChanged(Event, tag="run.budget_changed.v1", frozen=True, kw_only=True):
@@ -457,6 +473,46 @@ class ChildStarted(Event, tag="child.started.v1", frozen=True, kw_only=True):
     agent: str
 
 
+class UpdateRequested(Event, tag="update.requested.v1", frozen=True, kw_only=True):
+    """Written by the intake: an update for this run (``client.update``), once per
+    ``update_id``, pending until the run's code decides it at its next wait
+    (``UpdateCompleted`` or ``UpdateRejected``; decision 0042)."""
+
+    update_id: str
+    name: str
+    payload: msgspec.Raw
+    sent_by: str | None = None
+    """The ``<sender>`` token of the subject the update came on, as for signals."""
+    sender_verified: bool = False
+    """Whether the broker authenticated ``sent_by`` (``SignalReceived.sender_verified``)."""
+
+
+class UpdateCompleted(Event, tag="update.completed.v1", frozen=True, kw_only=True):
+    """The run applied the update ``update_id`` at the wait at ``position`` (its handler ran
+    there, after its validator accepted it): a replay applies it again there. ``answer`` is
+    the handler's return value, or ``error`` what it raised (its changes stand)."""
+
+    update_id: str
+    name: str
+    position: int
+    answer: msgspec.Raw
+    """JSON ``null`` when ``error`` is set."""
+    sent_by: str | None = None
+    error: ErrorInfo | None = None
+
+
+class UpdateRejected(Event, tag="update.rejected.v1", frozen=True, kw_only=True):
+    """The run refused the update ``update_id`` without applying it: its validator raised
+    (``code`` ``rejected``), or the code had no handler of that name (``unknown_update``).
+    Nothing of the run changed. ``code`` is an ``UpdateRejectCode``, kept as text."""
+
+    update_id: str
+    name: str
+    code: str
+    message: str = ""
+    sent_by: str | None = None
+
+
 RunEvent = (
     RunStarted
     | RunCompleted
@@ -477,6 +533,9 @@ RunEvent = (
     | WaitCompleted
     | SignalReceived
     | ChildStarted
+    | UpdateRequested
+    | UpdateCompleted
+    | UpdateRejected
 )
 """Every event that may appear in a run's history (a tagged union)."""
 

@@ -17,6 +17,8 @@ from .gateway import (
     StartAnswer,
 )
 from .schedules import ScheduleAnswer, ScheduleRecord, ScheduleRequest
+from .steps import RunSteps
+from .updates import UpdateAnswer, UpdateBody
 from .views import Chunk, RunsPage, RunsQuery, RunView
 from .wire import (
     CancelBody,
@@ -41,6 +43,7 @@ WIRE_SCHEMAS: dict[str, Any] = {
     "run-event": RunEvent,
     "run-event-message": list[RunEvent],
     "run-view": RunView,
+    "run-steps": RunSteps,
     "runs-query": RunsQuery,
     "runs-page": RunsPage,
     "output-chunk": Chunk,
@@ -53,6 +56,8 @@ WIRE_SCHEMAS: dict[str, Any] = {
     "http-callback-answer": CallbackAnswer,
     "http-cancel-answer": CancelAnswer,
     "http-history-entry": HistoryEntry,
+    "update-body": UpdateBody,
+    "http-update-answer": UpdateAnswer,
 }
 """Schema file stem -> type. ``run-event-message`` is the body of one run-event message;
 ``http-*`` are the HTTP gateway's bodies (its OpenAPI document uses these same schemas)."""

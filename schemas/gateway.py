@@ -51,12 +51,19 @@ GatewayCode = Literal[
     "stale_webhook",
     "invalid_csrf",
     "missing_field",
+    "update_rejected",
+    "update_failed",
+    "unknown_update",
+    "update_timeout",
 ]
 """What only HTTP can go wrong with: no or an unknown bearer token (``unauthorized``), a path
 or run that does not exist, a body that is not JSON, a malformed header, no broker behind
 the gateway (``unavailable``), the callback and webhook checks, and a request made with a
 console session cookie without its CSRF token or from another site (``invalid_csrf``), and a
-verified routed webhook whose body lacks the field that names its run (``missing_field``)."""
+verified routed webhook whose body lacks the field that names its run (``missing_field``); an
+update the run refused (``update_rejected``: its validator; ``unknown_update``: no handler of
+that name), whose handler raised (``update_failed``) or not answered in time
+(``update_timeout``: send it again with the same ``Idempotency-Key``)."""
 
 GATEWAY_CODES: tuple[GatewayCode, ...] = typing.get_args(GatewayCode)
 
@@ -91,6 +98,7 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "unknown_schedule": 404,
     "schedule_exists": 409,
     "invalid_attributes": 400,
+    "invalid_fork": 422,
     # HTTP's own
     "unauthorized": 401,
     "not_found": 404,
@@ -106,6 +114,10 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "stale_webhook": 401,
     "invalid_csrf": 403,
     "missing_field": 422,
+    "update_rejected": 409,
+    "update_failed": 409,
+    "unknown_update": 404,
+    "update_timeout": 504,
 }
 """The HTTP status of every problem code (a test checks each code has one)."""
 

@@ -114,6 +114,10 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     schedule: str | None = None
     scheduled_at: float | None = None
     """For a run a schedule started: the schedule and the fire time (``RunStarted``)."""
+    forked_from: str | None = None
+    forked_at: int | None = None
+    """For a fork (``sojourn fork``): the run it was forked from and the position it
+    re-executed from (``RunStarted.forked_from``)."""
     attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     """The run's search attributes (``sojourn.schemas.attributes``): given at its start,
     upserted by ``ctx.set_attributes``; ``{}`` in views written before they existed."""

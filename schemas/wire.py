@@ -31,6 +31,8 @@ __all__ = [
     "DeadLetter",
     "DeadLetterCode",
     "ErrorBody",
+    "ForkBody",
+    "ForkSignal",
     "InDoubtDecision",
     "InboxKind",
     "IntakeError",
@@ -70,6 +72,8 @@ InboxKind = Literal[
     "decide",
     "child",
     "schedule",
+    "hold",
+    "update",
 ]
 """What an inbox message asks for, from its subject (docs/wire.md "Subjects")."""
 
@@ -78,6 +82,31 @@ class BudgetBody(Budget, frozen=True, kw_only=True, forbid_unknown_fields=True, 
     """A budget as a client sends it (in a start, or on ``<prefix>.as.<sender>.budget.<run>``
     to change a live run's limits): a ``Budget`` whose unknown fields are refused, so that a
     misspelt limit is an error and never silently no limit."""
+
+
+class ForkSignal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A signal a fork starts with (``ForkBody.signal``), after the copied history: the fork
+    finds it buffered, as if it had arrived before the position it re-executes from."""
+
+    name: str
+    payload: msgspec.Raw
+
+
+class ForkBody(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """What makes a start a fork (``StartTrigger.fork``, decision 0041): a new run of the same
+    agent whose history is ``run_id``'s up to position ``from_step`` (or, ``from_failure``,
+    the position it failed at), re-executed from there with the code deployed now.
+
+    ``new_input`` false: the fork keeps the old run's input and the trigger's ``input`` must
+    be ``null``; true: the trigger's ``input`` is the fork's."""
+
+    run_id: str
+    from_step: int | None = None
+    from_failure: bool = False
+    new_input: bool = False
+    signal: ForkSignal | None = None
 
 
 class StartTrigger(
@@ -97,6 +126,8 @@ class StartTrigger(
     attributes: dict[str, str | int | float | bool] | None = None
     """The run's search attributes (``sojourn.schemas.attributes``: at most 32 keys, checked
     by the intake, refused ``invalid_attributes``)."""
+    fork: ForkBody | None = None
+    """Start the run as a fork of another run of the agent (``ForkBody``)."""
 
 
 RejectCode = Literal[
@@ -123,6 +154,7 @@ RejectCode = Literal[
     "unknown_schedule",
     "schedule_exists",
     "invalid_attributes",
+    "invalid_fork",
 ]
 REJECT_CODES: tuple[RejectCode, ...] = typing.get_args(RejectCode)
 """Every code the intake answers with (and keeps in a dead-letter record), and

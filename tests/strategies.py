@@ -41,6 +41,9 @@ from sojourn.schemas.events import (
     StepCompleted,
     StepFailed,
     StepStarted,
+    UpdateCompleted,
+    UpdateRejected,
+    UpdateRequested,
     Usage,
     ValueRecorded,
     WaitCompleted,
@@ -144,6 +147,9 @@ errors = st.builds(
 # 0.0 on purpose (and explicitly: hypothesis rarely draws it from the range): a deadline at the
 # epoch is still a deadline (``is not None``).
 deadlines = st.just(0.0) | st.floats(0, 2e9, allow_nan=False, allow_infinity=False)
+
+update_ids = st.sampled_from(["u1", "u2"])
+UPDATE_NAMES = ("plan", "add")
 
 E = TypeVar("E", bound=RunEvent)
 EVENT_TYPES: tuple[type[Any], ...] = get_args(RunEvent)
@@ -602,6 +608,27 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
         position=positions,
         child_run_id=child_ids,
         agent=st.sampled_from(CHILD_AGENTS),
+    ),
+    UpdateRequested: st.builds(
+        UpdateRequested,
+        update_id=update_ids,
+        name=st.sampled_from(UPDATE_NAMES),
+        payload=raws,
+        sent_by=st.none() | st.just("x"),
+    ),
+    UpdateCompleted: st.builds(
+        UpdateCompleted,
+        update_id=update_ids,
+        name=st.sampled_from(UPDATE_NAMES),
+        position=positions,
+        answer=raws,
+        error=st.none() | errors,
+    ),
+    UpdateRejected: st.builds(
+        UpdateRejected,
+        update_id=update_ids,
+        name=st.sampled_from(UPDATE_NAMES),
+        code=st.sampled_from(["rejected", "unknown_update"]),
     ),
 }
 """One strategy per member of the ``RunEvent`` union (checked by a test below)."""

@@ -51,6 +51,8 @@ PUBLIC = [
     "TerminalError",
     "TriggerRejected",
     "UnknownAgent",
+    "UpdateAnswer",
+    "UpdateRejectedError",
     "Usage",
     "Watchdog",
     "Worker",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast
 
@@ -22,6 +22,7 @@ from sojourn.schemas.names import validate_token
 from ..core.retry import RetryPolicy
 
 if TYPE_CHECKING:
+    from ..integrations.mcp import McpServer
     from .context import Context
 
 __all__ = ["Agent", "AgentOptions", "agent"]
@@ -46,6 +47,7 @@ class AgentOptions(TypedDict, total=False):
     budget: Budget | None
     on_cancel: Compensation | None
     lifetime: float | int | timedelta | None
+    mcp: Sequence[McpServer]
 
 
 class Agent(Generic[I, O]):
@@ -67,6 +69,7 @@ class Agent(Generic[I, O]):
         lifetime: the longest a run may live (seconds or ``timedelta``, from its start):
             past it the run is cancelled, its compensation run and its children cancelled,
             also while it is parked on a wait (a broker timer wakes it).
+        mcp: the MCP servers its runs call by name (``ctx.mcp``; the mcp extra, docs/mcp.md).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class Agent(Generic[I, O]):
         budget: Budget | None = None,
         on_cancel: Compensation | None = None,
         lifetime: float | int | timedelta | None = None,
+        mcp: Sequence[McpServer] = (),
     ) -> None:
         validate_token(name, "agent name")
         if poll_cap < 1:
@@ -88,6 +92,10 @@ class Agent(Generic[I, O]):
             raise TypeError("on_cancel must be an async function: async def fn(ctx, input)")
         self.on_cancel = on_cancel
         self.lifetime = lifetime_seconds(lifetime)
+        self.mcp = tuple(mcp)
+        names = [s.name for s in self.mcp]
+        if len(set(names)) != len(names):
+            raise ValueError(f"agent {name!r}: two MCP servers have the same name")
         self.name = name
         self.fn = fn
         self.version = version

@@ -25,8 +25,8 @@ run as a whole: ``gather``, versioning (``patched``), ``continue_as_new``, ``spe
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgspec
 
@@ -43,6 +43,10 @@ from .driver import Duration, seconds
 from .gather import ChildCall, ChildResult, GatherError
 from .long_waits import LongWaits
 from .steps import StepInfo, current_step, heartbeat, idempotency_headers
+
+if TYPE_CHECKING:
+    from ..core.retry import InDoubt, RetryPolicy
+    from ..integrations.mcp import McpServer
 
 __all__ = [
     "ChildCall",
@@ -216,3 +220,37 @@ class Context(Children, LongWaits):
 
         token: str = self._value("callback", issue, str)
         return token
+
+    # --- MCP tools ----------------------------------------------------------------------------
+
+    async def mcp(
+        self,
+        server: str | McpServer,
+        tool: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        in_doubt: InDoubt | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        usd: float | None = None,
+    ) -> Any:
+        """Call ``tool`` of the MCP server ``server`` (a name declared on the agent,
+        ``@agent(..., mcp=[McpServer(...)])``, or an ``McpServer``) with ``args``, as a
+        journaled step (``mcp:<server>.<tool>``, kind ``tool``), and return its result: the
+        tool's structured content, else its text. Replay returns the recorded result without
+        asking the server. Needs ``pip install 'sojourn[mcp]'``; see docs/mcp.md.
+
+        ``in_doubt``, ``retry``, ``timeout`` (seconds to wait for the answer) and ``usd`` (the
+        call's cost, charged to the run's budget) override the server's declaration. A call
+        whose server goes away before it answers is in doubt and settled by ``in_doubt``.
+
+        Raises:
+            KeyError: no server of that name is declared on the agent.
+            StepError: the call failed for good (``error_type`` ``McpToolError``: the tool
+                answered with an error; ``McpUnavailable``: the server could not be reached).
+        """
+        from ..integrations.mcp import call  # imported on first use: the mcp extra
+
+        return await call(
+            self, server, tool, args, in_doubt=in_doubt, retry=retry, timeout=timeout, usd=usd
+        )

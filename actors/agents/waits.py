@@ -18,7 +18,8 @@ from sojourn.schemas.vocabulary import WaitKey
 from ..core.actions import LookupChildren
 from ..core.journal import RecordedWait
 from ..core.waits import WaitTurn
-from .driver import ContextBase, Duration, seconds
+from .driver import Duration, seconds
+from .updates import Updates
 
 __all__ = ["Selected", "Waits"]
 
@@ -33,8 +34,9 @@ class Selected:
     payload: Any
 
 
-class Waits(ContextBase):
-    """``Context``'s durable waits: ``sleep``, ``wait_for``, ``select``."""
+class Waits(Updates):
+    """``Context``'s durable waits: ``sleep``, ``wait_for``, ``select``; updates
+    (``on_update``, ``updates.py``) are decided at them."""
 
     async def sleep(
         self, duration: Duration | None = None, *, until: datetime | None = None
@@ -111,7 +113,9 @@ class Waits(ContextBase):
                 return until.timestamp()
             return None if timeout is None else self._driver.time() + seconds(timeout)
 
+        position = self._m.journal.position  # the wait's (no await before it takes it)
         turn = self._m.wait(key.format(), signals=signals, deadline=deadline, children=children)
+        await self._replay_updates(position)  # those applied here before: again, in order
         if not isinstance(turn, WaitTurn):
             return turn
         return await self._decide(turn)
@@ -119,6 +123,7 @@ class Waits(ContextBase):
     async def _decide(self, turn: WaitTurn) -> RecordedWait | None:
         looked = False
         while True:
+            await self._take_updates(turn.position)  # updates not decided yet: decided here
             action = turn.next(self._driver.time(), looked=looked)
             if action is None:
                 return None

@@ -9,6 +9,7 @@ from importlib import metadata
 from . import (
     _archive,
     _budget,
+    _fork,
     _gateway,
     _projector,
     _read,
@@ -17,6 +18,7 @@ from . import (
     _serve,
     _stream,
     _topology,
+    _update,
     _watch,
 )
 from ._args import Command, Formatter
@@ -31,6 +33,8 @@ _FAMILIES: tuple[tuple[Command, ...], ...] = (
     _watch.COMMANDS,
     _stream.COMMANDS,
     _runs.COMMANDS,
+    _fork.COMMANDS,
+    _update.COMMANDS,
     _budget.COMMANDS,
     _schedule.COMMANDS,
     _topology.COMMANDS,
@@ -53,9 +57,11 @@ _ORDER = (
     "cancel",
     "terminate",
     "signal",
+    "update",
     "resume",
     "pause",
     "unpause",
+    "fork",
     "budget",
     "schedule",
     "decide",

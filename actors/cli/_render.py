@@ -80,6 +80,8 @@ def describe_event(e: events.RunEvent) -> tuple[str, str]:
             detail = f"agent={e.agent}{version}{by} input={short(e.input)}"
             if e.previous_run_id:
                 detail += f" continues={e.previous_run_id} generation={e.generation}"
+            if e.forked_from is not None:
+                detail += f" forked_from={e.forked_from.run_id} pos={e.forked_from.position}"
         case events.StepStarted():
             detail = f"{e.name} pos={e.position} attempt={e.attempt}"
         case events.StepCompleted():
@@ -227,6 +229,9 @@ def status_rows(state: RunState, liv: Liveness, run_id: str) -> list[tuple[str, 
         rows.append(("parent", state.parent_run_id))
     if state.continued_as:
         rows.append(("continued as", f"{state.continued_as} (ended by ctx.continue_as_new)"))
+    if state.forked_from is not None:
+        origin = state.forked_from
+        rows.append(("forked from", f"{origin.run_id} at pos={origin.position}"))
     if state.chain_root:
         chain = f"generation {state.generation} of {state.chain_root}"
         rows.append(("chain", chain + f", continuing {state.previous_run_id}"))

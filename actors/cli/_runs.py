@@ -41,6 +41,7 @@ from ._common import (
     require_deployment,
     to_run,
 )
+from ._holds import agent_hold, pause_arguments, unpause_arguments
 from ._render import (
     clock,
     describe_event,
@@ -261,6 +262,9 @@ async def cmd_resume(args: argparse.Namespace) -> int:
 
 
 async def cmd_pause(args: argparse.Namespace) -> int:
+    held = await agent_hold(args, pause=True)
+    if held is not None:
+        return held
     async with to_run(args) as (client, state):
         if isinstance(state, PendingRun):
             raise UsageError(f"run {args.run_id} is {_queued(state)}; it has no step to hold at")
@@ -272,6 +276,9 @@ async def cmd_pause(args: argparse.Namespace) -> int:
 
 
 async def cmd_unpause(args: argparse.Namespace) -> int:
+    held = await agent_hold(args, pause=False)
+    if held is not None:
+        return held
     async with to_run(args) as (client, state):
         if isinstance(state, PendingRun) or (
             state.pause is None and state.suspended_reason != "manual"
@@ -531,11 +538,6 @@ def _resume_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--note", metavar="TEXT", default="", help="recorded in the history")
 
 
-def _pause_arguments(p: argparse.ArgumentParser) -> None:
-    add_run_id(p)
-    p.add_argument("--reason", metavar="TEXT", default="", help="recorded in the history")
-
-
 def _decide_arguments(p: argparse.ArgumentParser) -> None:
     add_run_id(p)
     p.add_argument("position", metavar="POSITION", type=int, help="the step's position")
@@ -636,18 +638,21 @@ COMMANDS = (
     Command(
         "pause",
         cmd_pause,
-        "Hold a run at its next step (a step in flight finishes; timers keep firing).",
+        "Hold a run, or every run of an agent, at its next step (a step in flight finishes; "
+        "timers keep firing).",
         "sojourn pause 5f0c9e2d --reason 'bad deploy, investigating'",
         detail="The run suspends itself (reason manual) before its next step, until "
-        "`sojourn unpause`. Needs the admin role where the deployment authenticates.",
-        arguments=_pause_arguments,
+        "`sojourn unpause`. With --agent AGENT instead of a run: every live run of AGENT, and "
+        "every new one before its first step, until `sojourn unpause --agent AGENT`; --list "
+        "shows the agents held. Needs the admin role where the deployment authenticates.",
+        arguments=pause_arguments,
     ),
     Command(
         "unpause",
         cmd_unpause,
-        "Lift a pause: the run goes on from where it held.",
+        "Lift a pause of a run (or of an agent: --agent): it goes on from where it held.",
         "sojourn unpause 5f0c9e2d --note 'fixed'",
-        arguments=_resume_arguments,
+        arguments=unpause_arguments,
     ),
     Command(
         "decide",

@@ -3,7 +3,8 @@
 ``Client`` is put together from one part per concept, each a mixin in a module of its own on
 ``ClientBase`` (``base.py``: the connection, who it sends as, publishing to the inbox):
 ``runs.py`` (``start``, ``trigger``, ``signal``, ``cancel``, ``terminate``), ``admin.py``
-(``resume``, ``set_budget``, ``decide``), ``reading.py`` (``history``, ``state``, ``status``,
+(``resume``, ``set_budget``, ``decide``), ``holds.py`` (``pause_agent``, ``unpause_agent``,
+``agent_holds``), ``reading.py`` (``history``, ``state``, ``status``,
 ``liveness``, ``pending``, ``current_run``, ``result``), ``schedules.py`` (``add_schedule`` and
 the rest of a schedule's life) and ``read_side.py`` (``view``, ``runs``, ``watch``,
 ``stream``). This module adds connecting and closing.
@@ -20,14 +21,17 @@ from sojourn.schemas.config import Settings
 
 from ..history.pending import PendingRun
 from .admin import AdminControls
+from .forks import Forks
+from .holds import AgentHoldControls
 from .read_side import ReadSide
 from .runs import RunControl
 from .schedules import Schedules
+from .updates import Updates
 
 __all__ = ["Client", "PendingRun"]
 
 
-class Client(RunControl, AdminControls, Schedules, ReadSide):
+class Client(RunControl, AdminControls, AgentHoldControls, Schedules, ReadSide, Forks, Updates):
     """Talks to a sojourn deployment over NATS.
 
     Example:

@@ -12,7 +12,11 @@ from collections.abc import AsyncGenerator, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
+import msgspec
+
+from sojourn.schemas.codec import decode_run_steps
 from sojourn.schemas.names import validate_token
+from sojourn.schemas.steps import RunSteps
 from sojourn.schemas.views import RunsPage, RunView
 
 from ..history.chain import current_run
@@ -25,7 +29,7 @@ __all__ = ["ReadSide"]
 
 
 class ReadSide(ClientBase):
-    """``Client``'s read side: ``view``, ``runs``, ``watch``, ``stream``."""
+    """``Client``'s read side: ``view``, ``steps``, ``runs``, ``watch``, ``stream``."""
 
     async def view(self, run_id: str) -> RunView | None:
         """The run's view in the runs bucket (``schemas.views.RunView``: status, liveness, what
@@ -33,6 +37,25 @@ class ReadSide(ClientBase):
         when there is none (no projector runs, or the run is unknown to it)."""
         validate_token(run_id, "run_id")
         return await read_view(self.broker, self.names, run_id)
+
+    async def steps(self, run_id: str) -> RunSteps | None:
+        """The run's step list and spend (``schemas.steps.RunSteps``: the latest
+        ``STEPS_KEPT`` steps with their timings, attempts, retries, last error, outcome and
+        any in-doubt decision; ``steps_total`` counts them all; what it used of every budget
+        kind and the limit) as the projector last wrote it; ``None`` when there is none (no
+        projector runs, the run is unknown to it, or the stored bytes are not a record of
+        this run)."""
+        validate_token(run_id, "run_id")
+        m = await self.broker.direct_get_last(
+            self.names.runs_kv_stream, self.names.run_steps_key(run_id)
+        )
+        if m is None:
+            return None
+        try:
+            record = decode_run_steps(m.data)
+        except msgspec.MsgspecError:
+            return None
+        return record if record.run_id == run_id else None
 
     async def runs(
         self,

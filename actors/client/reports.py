@@ -63,6 +63,9 @@ def status_json(state: RunState, run_id: str) -> dict[str, Any]:
         "continued_as": state.continued_as,
         "chain_root": state.chain_root,
         "generation": state.generation,
+        "forked_from": None
+        if state.forked_from is None
+        else {"run_id": state.forked_from.run_id, "position": state.forked_from.position},
         "parent_run_id": state.parent_run_id,
         "suspended_reason": state.suspended_reason,
         "suspended_detail": state.suspended_detail,

@@ -25,6 +25,7 @@ from sojourn.schemas import events as ev
 from sojourn.schemas.codec import decode_spend, from_raw
 from sojourn.schemas.events import Carried, Usage
 from sojourn.schemas.health import LivenessState
+from sojourn.schemas.steps import ATTEMPT_OUTCOMES, AttemptOutcome
 from sojourn.schemas.views import ERROR_MESSAGE_MAX, ViewError
 from sojourn.schemas.vocabulary import (
     BUDGET_LIMITS,
@@ -82,13 +83,6 @@ ITEM_KINDS: tuple[ItemKind, ...] = (
     "start", "step", "wait", "signal", "child", "suspended", "resumed", "budget", "cancel",
     "refusal", "spend", "end",
 )  # fmt: skip
-
-AttemptOutcome = Literal["running", "completed", "failed", "in_doubt"]
-"""Where a step attempt stands: started and not settled (``running``), ``completed``,
-``failed`` (retried at ``retry_at``, or not), or ``in_doubt``: it started, never ended, and a
-later attempt began (its worker was lost mid-step)."""
-
-ATTEMPT_OUTCOMES: tuple[AttemptOutcome, ...] = ("running", "completed", "failed", "in_doubt")
 
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -46,6 +46,7 @@ from sojourn.schemas.events import (
     Usage,
     ValueRecorded,
 )
+from sojourn.schemas.holds import AgentHold
 from sojourn.schemas.vocabulary import PATCH_KIND, SPEND_KIND, StepKind, ValueKind
 from sojourn.schemas.wire import InDoubtDecision, decide_signal
 
@@ -98,6 +99,8 @@ class Machine:
     """Replay only: raise ``ReplayFrontier`` at the first operation history lacks."""
     on_record: Callable[[], None] | None = None
     """Called after events are queued (the driver arms its flush timer)."""
+    held: Callable[[], AgentHold | None] | None = None
+    """The hold of the run's agent now (``sojourn pause --agent``), as the driver knows it."""
     journal: Journal = field(init=False)
     pending: list[RunEvent] = field(default_factory=list)
     consumed: set[str] = field(default_factory=set)
@@ -416,8 +419,8 @@ class Machine:
 
     def over_budget(self, now: float, kind: StepKind | None = None) -> Suspend | None:
         """The suspension due now, checked before a step of ``kind`` (``None``: after
-        spending) and after every ``ctx.spend``: an operator's pause (reason ``manual``), or a
-        used-up limit of the run's budget (``limits.used_up``)."""
+        spending) and after every ``ctx.spend``: an operator's pause of the run or of its
+        agent (reason ``manual``), or a used-up limit of the run's budget (``limits.used_up``)."""
         pause = self.state.pause
         if pause is not None and kind is not None:
             by = f" by {pause.by}" if pause.by else ""
@@ -429,6 +432,9 @@ class Machine:
                     at=now,
                 )
             )
+        hold = self.held() if self.held is not None and kind is not None else None
+        if hold is not None:
+            return Suspend(RunSuspended(reason="manual", detail=hold.detail(), at=now))
         budget = self.budget()
         if budget is None:
             return None

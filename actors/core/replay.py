@@ -96,7 +96,8 @@ class _ReplayDriver:
     """The I/O side of a replay: there is none. The machine's journal stops at the frontier
     before any of these could be needed; reaching one is a bug, said loudly."""
 
-    def __init__(self, agent: str) -> None:
+    def __init__(self, agent: str, declared: Agent[Any, Any] | None = None) -> None:
+        self.agent = declared  # what the agent declares (its MCP servers, for ctx.mcp)
         self.agent_name = agent
         self.metric_agent = agent
         self.tool_calls = _NoCount()
@@ -152,7 +153,7 @@ def replay_run(agent: Agent[Any, Any], events: Sequence[RunEvent]) -> ReplayResu
         raise ValueError("the history has no RunStarted event")
     limits = Limits(max_value=1 << 62, crash_loop_limit=0, poll_cap=agent.poll_cap)
     machine = Machine(state, limits=limits, stop_at_frontier=True)
-    ctx = Context(machine, _ReplayDriver(agent.name), max_payload=1 << 62)
+    ctx = Context(machine, _ReplayDriver(agent.name, agent), max_payload=1 << 62)
 
     def result(divergence: Divergence | None = None) -> ReplayResult:
         checked = min(machine.journal.position, machine.journal.recorded)

@@ -32,7 +32,16 @@ from sojourn.schemas.vocabulary import (
     value_op,
 )
 
-__all__ = ["TERMINAL", "OpRecord", "RunState", "RunStatus", "SignalRecord", "evolve", "fold"]
+__all__ = [
+    "TERMINAL",
+    "OpRecord",
+    "RunState",
+    "RunStatus",
+    "SignalRecord",
+    "UpdateRecord",
+    "evolve",
+    "fold",
+]
 # ``RunStatus`` and ``TERMINAL`` are defined once, in ``sojourn.schemas.vocabulary``; the status
 # and waiting rules, in ``sojourn.schemas.lifecycle`` (shared with the run summary's fold).
 
@@ -80,6 +89,27 @@ class SignalRecord(msgspec.Struct, frozen=True, kw_only=True):
     """The trace context the signal carried (``SignalReceived.traceparent``)."""
 
 
+class UpdateRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An update the run received (``UpdateRequested``) and, once decided, how: ``outcome``
+    ``completed`` (applied at the wait at ``position``: a replay applies it there again) or
+    ``rejected``; ``pending`` until then (decision 0042)."""
+
+    update_id: str
+    name: str
+    payload: msgspec.Raw
+    sent_by: str | None = None
+    sender_verified: bool = False
+    outcome: str = "pending"
+    position: int | None = None
+    answer: msgspec.Raw | None = None
+    """The handler's answer (``completed`` without ``error``)."""
+    error: ev.ErrorInfo | None = None
+    """What the handler raised (``completed``: its changes stand)."""
+    code: str | None = None
+    """Why it was ``rejected`` (an ``UpdateRejectCode``), with ``message``."""
+    message: str = ""
+
+
 class RunState(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str = ""
     agent: str = ""
@@ -112,6 +142,8 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     ``retry:<step>``): read them with ``WaitingOn.parse``."""
     deadline: float | None = None
     signals: tuple[SignalRecord, ...] = ()
+    updates: tuple[UpdateRecord, ...] = ()
+    """Every update the run received, in arrival order, with how it was decided."""
     children: tuple[str, ...] = ()
     parent_run_id: str | None = None
     cap_resumes: int = 0
@@ -141,6 +173,8 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     generation: int = 1
     continued_as: str | None = None
     """Set when the run ended by continuing as new: the run that carries on."""
+    forked_from: ev.ForkOrigin | None = None
+    """Set on a fork (``RunStarted.forked_from``): the run and position it was forked from."""
     schedule: str | None = None
     """The schedule that started the run (``RunStarted.schedule``), if any."""
     scheduled_at: float | None = None
@@ -216,6 +250,7 @@ def evolve(state: RunState, event: ev.RunEvent) -> RunState:
                 previous_run_id=event.previous_run_id,
                 chain_root=event.chain_root,
                 generation=event.generation,
+                forked_from=event.forked_from,
                 schedule=event.schedule,
                 scheduled_at=event.scheduled_at,
                 attributes=dict(event.attributes or {}),
@@ -227,6 +262,8 @@ def evolve(state: RunState, event: ev.RunEvent) -> RunState:
             return msgspec.structs.replace(s, budget=base.over(event.budget))
         case ev.SignalReceived():
             return msgspec.structs.replace(s, signals=(*s.signals, _signal_record(event)))
+        case ev.UpdateRequested() | ev.UpdateCompleted() | ev.UpdateRejected():
+            return _update(s, event)
         case (
             ev.StepStarted()
             | ev.StepCompleted()
@@ -296,6 +333,40 @@ def evolve(state: RunState, event: ev.RunEvent) -> RunState:
                 cancel_requested=event.reason or "cancelled",
             )
     return _anomaly(s, f"unknown event {type(event).__name__}")  # pragma: no cover
+
+
+def _update(
+    s: RunState, event: ev.UpdateRequested | ev.UpdateCompleted | ev.UpdateRejected
+) -> RunState:
+    """An update received (once per id: a repeat changes nothing) or decided (once)."""
+    at = next((i for i, u in enumerate(s.updates) if u.update_id == event.update_id), None)
+    if isinstance(event, ev.UpdateRequested):
+        if at is not None:
+            return s
+        record = UpdateRecord(
+            update_id=event.update_id,
+            name=event.name,
+            payload=event.payload,
+            sent_by=event.sent_by,
+            sender_verified=event.sender_verified,
+        )
+        return msgspec.structs.replace(s, updates=(*s.updates, record))
+    if at is None or s.updates[at].outcome != "pending":
+        return _anomaly(s, f"update {event.update_id!r} decided twice or never received")
+    if isinstance(event, ev.UpdateCompleted):
+        decided = msgspec.structs.replace(
+            s.updates[at],
+            outcome="completed",
+            position=event.position,
+            answer=event.answer,
+            error=event.error,
+        )
+    else:
+        decided = msgspec.structs.replace(
+            s.updates[at], outcome="rejected", code=event.code, message=event.message
+        )
+    updates = (*s.updates[:at], decided, *s.updates[at + 1 :])
+    return msgspec.structs.replace(s, updates=updates)
 
 
 def _started_budget(event: ev.RunStarted) -> ev.Budget | None:

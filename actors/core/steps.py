@@ -14,7 +14,13 @@ from typing import Any, Protocol
 
 import msgspec
 
-from sojourn.schemas.errors import PayloadTooLarge, RetryableError, StepError, TerminalError
+from sojourn.schemas.errors import (
+    OutcomeUnknown,
+    PayloadTooLarge,
+    RetryableError,
+    StepError,
+    TerminalError,
+)
 from sojourn.schemas.events import (
     ErrorInfo,
     RunEvent,
@@ -273,8 +279,22 @@ class StepTurn:
         self, e: BaseException, duration: float, now: float, usage: Usage | None = None
     ) -> Raise | None:
         """The attempt raised ``e`` having charged ``usage``: record the failure; ``None``
-        means a retry is due (ask ``next`` again), else the ``StepError`` for the code."""
+        means a retry is due (ask ``next`` again), else the ``StepError`` for the code.
+
+        ``OutcomeUnknown`` under an in-doubt policy other than ``retry``: nothing is recorded,
+        the attempt stays started and unended (in doubt, as if its worker had died) and
+        ``next`` settles it by the policy (``ask`` suspends the run)."""
         self._m.charged(usage)
+        if isinstance(e, OutcomeUnknown) and self._in_doubt != "retry":
+            plan = self.plan
+            self.plan = Execute(
+                position=plan.position,
+                attempt=plan.attempt + 1,
+                in_doubt=True,
+                interrupted=plan.interrupted + 1,
+            )
+            self._settled = False
+            return None
         delay = retry_delay(e, self.policy, self.plan.attempt)
         return self._failed(e, delay, duration, now, usage)
 

@@ -4,11 +4,11 @@ Stateless: every answer comes from the broker (or the read side's listing servic
 one ``Client``, so any number of gateways may run behind a load balancer. The routes:
 
 - ``POST /v1/agents/{agent}/runs`` start (``Idempotency-Key`` is the run id);
-- ``GET /v1/runs`` list (the read side), ``GET /v1/runs/{id}`` status,
-  ``GET /v1/runs/{id}/history``;
-- ``POST /v1/runs/{id}/signals/{name}``, ``POST /v1/runs/{id}/cancel``; the operator's
-  ``terminate``, ``resume``, ``budget`` and ``POST /v1/schedules/{name}/{pause,resume}``
-  (``_controls.py``, admin only);
+- ``GET /v1/runs`` list (the read side), ``GET /v1/runs/{id}`` status, ``.../history``;
+- ``POST /v1/runs/{id}/signals/{name}``, ``.../updates/{name}`` (``_updates.py``),
+  ``.../cancel``, ``.../fork``; the operator's ``terminate``, ``resume``, ``budget``,
+  ``pause``, ``unpause``, ``POST /v1/agents/{agent}/{pause,unpause}`` and
+  ``POST /v1/schedules/{name}/{pause,resume}`` (``_controls.py``, admin only);
 - ``GET /v1/runs/{id}/events`` (views) and ``GET /v1/runs/{id}/stream`` (output chunks) as
   server-sent events, resumable with ``Last-Event-ID``;
 - ``POST /v1/callbacks/{token}`` and ``POST /v1/webhooks/{route}/{token}``: the only routes
@@ -17,7 +17,7 @@ one ``Client``, so any number of gateways may run behind a load balancer. The ro
 - ``/ui/...``: the web console (``sojourn.actors.console``), when the CLI passes its routes.
 
 A request is authenticated by its bearer token or, without an ``Authorization`` header, by a
-console session cookie (``_sessions.py``), which needs its CSRF token on anything but a read.
+console session cookie (``_sessions.py``), which needs its CSRF token on anything but a read;
 CORS headers are sent only to the origins ``--cors-origin`` names.
 
 What a caller starts, signals and cancels is sent as the name its bearer token has in the
@@ -85,6 +85,7 @@ from ..telemetry import TraceMiddleware
 from ._auth import BearerTokens, Caller, Policy
 from ._controls import Controls
 from ._deadletters import DeadLetters
+from ._forks import Forking
 from ._http import (
     HttpProblem,
     json_response,
@@ -98,6 +99,8 @@ from ._openapi import openapi_document
 from ._routed import RoutedWebhooks, query_attributes, start_attributes
 from ._sessions import COOKIE, CSRF_HEADER, SessionKey, Sessions, same_origin
 from ._sse import sse_events
+from ._steps import steps_route
+from ._updates import updates_route
 from ._webhooks import WebhookRoute
 from ._webhooks import verify as verify_webhook
 
@@ -116,14 +119,12 @@ class GatewayConfig:
     Attributes:
         tokens: the bearer tokens and their roles.
         policy: which actions need the admin role.
-        callback_keys: the keys callback tokens are verified with (``None``: callbacks and
-            webhooks answer 404, nothing can be verified).
+        callback_keys: the keys callback tokens are verified with (``None``: 404 for all).
         webhooks: the webhook routes by name.
         max_body: the largest request body read, in bytes.
         start_wait: how long a start or signal waits for the intake's answer before it is
             answered "stored, not yet taken" (202).
-        keepalive: seconds between comments on an idle event stream (proxies close silent
-            connections).
+        keepalive: seconds between comments on an idle event stream (for proxies).
         max_streams: event streams open at once; one more is answered 503 (each holds
             subscriptions on the broker and a task here).
         sessions: how console session cookies are signed and how long they last.
@@ -179,17 +180,22 @@ def create_app(
         Route("/v1/runs", gw.runs, methods=["GET"]),
         Route("/v1/runs/{run_id}", gw.status, methods=["GET"]),
         Route("/v1/runs/{run_id}/history", gw.history, methods=["GET"]),
+        steps_route(gw),
         Route("/v1/runs/{run_id}/signals/{name}", gw.signal, methods=["POST"]),
+        updates_route(gw),
         Route("/v1/runs/{run_id}/cancel", gw.cancel, methods=["POST"]),
+        Route("/v1/runs/{run_id}/fork", gw.fork, methods=["POST"]),
         Route("/v1/runs/{run_id}/terminate", gw.terminate, methods=["POST"]),
         Route("/v1/runs/{run_id}/resume", gw.resume, methods=["POST"]),
         Route("/v1/runs/{run_id}/budget", gw.budget, methods=["POST"]),
         Route("/v1/schedules/{name}/{verb}", gw.schedule, methods=["POST"]),
+        Route("/v1/agents/{agent}/{verb}", gw.pause, methods=["POST"]),
         Route("/v1/runs/{run_id}/events", gw.events, methods=["GET"]),
         Route("/v1/runs/{run_id}/stream", gw.stream, methods=["GET"]),
         Route("/v1/callbacks/{token}", gw.callback, methods=["POST"]),
         Route("/v1/webhooks/{route}/{token}", gw.webhook, methods=["POST"]),
         Route("/v1/webhooks/{route}", gw.routed, methods=["POST"]),
+        Route("/v1/runs/{run_id}/{verb}", gw.pause, methods=["POST"]),  # pause, unpause
     ]
 
     async def http_error(_request: Request, exc: Exception) -> Response:
@@ -248,9 +254,7 @@ def _answers(handler: Callable[[Any, Request], Awaitable[Response]]) -> Any:
                 "%s %s: %s (is the gateway's NATS user allowed to speak for every NAME of its "
                 "tokens file? python -m sojourn.broker.auth --speaks-for USER=NAME,...; "
                 "docs/gateway.md)",
-                request.method,
-                request.url.path,
-                e.message,
+                *(request.method, request.url.path, e.message),
             )
             response = problem_response(HttpProblem("internal", "the gateway failed; see its log"))
         except Exception:
@@ -264,7 +268,7 @@ def _answers(handler: Callable[[Any, Request], Awaitable[Response]]) -> Any:
     return wrapped
 
 
-class _Gateway(Controls, RoutedWebhooks):
+class _Gateway(Controls, RoutedWebhooks, Forking):
     def __init__(self, config: GatewayConfig) -> None:
         self.config: GatewayConfig = config
         self.max_body = config.max_body
@@ -523,7 +527,9 @@ class _Gateway(Controls, RoutedWebhooks):
     resume = _answers(Controls.resume)
     budget = _answers(Controls.budget)
     schedule = _answers(Controls.schedule)
+    pause = _answers(Controls.pause)
     routed = _answers(RoutedWebhooks.routed)
+    fork = _answers(Forking.fork)
 
     # --- server-sent events ---------------------------------------------------------------
 

@@ -1,8 +1,8 @@
-"""The operator's controls over HTTP: resume a suspended run, raise its budget, terminate it,
-pause or resume a schedule. Each needs a token with the admin role (the ``operate`` action),
-as the same controls need the admin role over NATS, and is recorded as sent by the caller's
-name. A mixin of the gateway's handler class (``_app.py``), which wraps each in its error
-mapping.
+"""The operator's controls over HTTP: resume a suspended run, raise its budget, terminate it, pause
+or unpause it or every run of an agent, pause or resume a schedule. Each needs a token with the
+admin role (the ``operate`` action), as the same controls need the admin role over NATS, and is
+recorded as sent by the caller's name. A mixin of the gateway's handler class (``_app.py``), which
+wraps each in its error mapping.
 
 Under broker authentication the control subjects are sent by the gateway's own NATS user,
 which then must be allowed them (an ``admin`` user; a ``client`` user's ``speaks_for`` never
@@ -23,7 +23,7 @@ from sojourn.schemas.errors import InvalidName
 from sojourn.schemas.events import Budget, RunEvent
 from sojourn.schemas.gateway import GatewayAction
 from sojourn.schemas.lifecycle import end_status
-from sojourn.schemas.names import validate_schedule_name
+from sojourn.schemas.names import validate_schedule_name, validate_token
 
 from ..client.base import TriggerRejected
 from ..client.client import Client
@@ -131,6 +131,40 @@ class Controls:
         await self._live(run_id)
         await self.client.set_budget(run_id, Budget(**limits), by=caller.name)
         return json_response(ControlAnswer(run_id=run_id, requested="budget"), 202)
+
+    async def pause(self, request: Request) -> Response:
+        """``POST /v1/runs/{id}/{pause,unpause}`` (``202``: stored for the run, like a
+        signal) and ``POST /v1/agents/{agent}/{pause,unpause}`` (the agent's hold once
+        recorded; an unpause once its held runs are resumed)."""
+        caller = self._authorize(request, "operate")
+        verb = str(request.path_params["verb"])
+        if verb not in ("pause", "unpause"):
+            raise HttpProblem("not_found", f"no such operation: {verb}")
+        if "agent" in request.path_params:
+            agent = str(request.path_params["agent"])
+            try:
+                validate_token(agent, "agent name")
+            except InvalidName as e:
+                raise HttpProblem("invalid_trigger", e.message) from None
+            note = await self._body(request, "")
+            try:
+                if verb == "pause":
+                    hold = await self.client.pause_agent(agent, note.reason, by=caller.name)
+                else:
+                    hold = await self.client.unpause_agent(agent, by=caller.name)
+            except TriggerRejected as e:
+                raise HttpProblem(e.code, e.message) from None
+            except TimeoutError as e:  # no worker up: the request stays queued
+                raise HttpProblem("unavailable", str(e)) from None
+            return json_response(hold)
+        run_id = self._run_id(request)
+        note = await self._body(request, run_id)
+        await self._live(run_id)
+        if verb == "pause":
+            await self.client.pause(run_id, note.reason, by=caller.name)
+        else:
+            await self.client.unpause(run_id, note.note, by=caller.name)
+        return json_response(ControlAnswer(run_id=run_id, requested=verb), 202)
 
     async def schedule(self, request: Request) -> Response:
         """``POST /v1/schedules/{name}/{pause,resume}``: the schedule's record after it."""

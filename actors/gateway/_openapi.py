@@ -112,7 +112,9 @@ def openapi_document() -> dict[str, Any]:
         "CallbackAnswer": WIRE_SCHEMAS["http-callback-answer"],
         "CancelAnswer": WIRE_SCHEMAS["http-cancel-answer"],
         "HistoryEntry": WIRE_SCHEMAS["http-history-entry"],
+        "UpdateAnswer": WIRE_SCHEMAS["http-update-answer"],
         "RunView": WIRE_SCHEMAS["run-view"],
+        "RunSteps": WIRE_SCHEMAS["run-steps"],
         "OutputChunk": WIRE_SCHEMAS["output-chunk"],
     }
     types = list(names.values())
@@ -189,6 +191,17 @@ def openapi_document() -> dict[str, Any]:
                 },
             }
         },
+        "/v1/runs/{run_id}/steps": {
+            "get": {
+                "summary": "A run's step list and the spend of every budget kind (the read side)",
+                "security": auth,
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": _body(refs["RunSteps"], "the run's RunSteps"),
+                    **_problems(400, 401, 403, 404, 503),
+                },
+            }
+        },
         "/v1/runs/{run_id}/signals/{name}": {
             "post": {
                 "summary": "Send a signal to a run (the body is its payload)",
@@ -198,6 +211,24 @@ def openapi_document() -> dict[str, Any]:
                 "responses": {
                     "202": _body(refs["SignalAnswer"], "stored for the run"),
                     **_problems(400, 401, 403, 404, 409, 413, 415, 429, 503),
+                },
+            }
+        },
+        "/v1/runs/{run_id}/updates/{name}": {
+            "post": {
+                "summary": "Send an update to a run and wait for its answer (the body is the "
+                "handler's payload; the `signal` action)",
+                "security": auth,
+                "parameters": [
+                    _RUN_ID,
+                    _param("name", "path", "the update's name (`ctx.on_update`)"),
+                    _param("Idempotency-Key", "header", "the update id: applied once per id"),
+                    _param("timeout", "query", "seconds to wait for the answer (30; at most 300)"),
+                ],
+                "requestBody": {"content": {_JSON: {"schema": _ANY_JSON}}},
+                "responses": {
+                    "200": _body(refs["UpdateAnswer"], "the run's answer"),
+                    **_problems(400, 401, 403, 404, 409, 413, 415, 429, 503, 504),
                 },
             }
         },
@@ -222,6 +253,39 @@ def openapi_document() -> dict[str, Any]:
                 },
             }
         },
+        "/v1/runs/{run_id}/fork": {
+            "post": {
+                "summary": "Fork a run: a new run that reuses its history before a position "
+                "and executes from there (the `start` action; the run is not changed)",
+                "security": auth,
+                "parameters": [
+                    _RUN_ID,
+                    _param("Idempotency-Key", "header", "the fork's run id: one fork per key"),
+                ],
+                "requestBody": {
+                    "content": {
+                        _JSON: {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "from_step": {"type": "integer", "minimum": 0},
+                                    "from_failure": {"type": "boolean"},
+                                    "input": _ANY_JSON,
+                                    "signal": {"type": "string"},
+                                    "payload": _ANY_JSON,
+                                },
+                            }
+                        }
+                    }
+                },
+                "responses": {
+                    "201": _body(refs["StartAnswer"], "created"),
+                    "200": _body(refs["StartAnswer"], "it existed (the same Idempotency-Key)"),
+                    "202": _body(refs["StartAnswer"], "stored; no worker has taken it yet"),
+                    **_problems(400, 401, 403, 404, 413, 415, 422, 503),
+                },
+            }
+        },
         "/v1/runs/{run_id}/terminate": _control(
             "Terminate a run: a cancel without compensation",
             {"reason": {"type": "string"}},
@@ -230,6 +294,41 @@ def openapi_document() -> dict[str, Any]:
         "/v1/runs/{run_id}/resume": _control(
             "Resume a suspended run", {"note": {"type": "string"}}, auth
         ),
+        "/v1/runs/{run_id}/pause": _control(
+            "Hold a run at its next step", {"reason": {"type": "string"}}, auth
+        ),
+        "/v1/runs/{run_id}/unpause": _control(
+            "Lift a run's pause", {"note": {"type": "string"}}, auth
+        ),
+        "/v1/agents/{agent}/{verb}": {
+            "post": {
+                "summary": "Hold every run of an agent at its next step, or let them go on "
+                "(admin only)",
+                "security": auth,
+                "parameters": [
+                    _param("agent", "path", "the agent's name"),
+                    _param("verb", "path", "pause or unpause"),
+                ],
+                "requestBody": {
+                    "content": {
+                        _JSON: {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"reason": {"type": "string"}},
+                            }
+                        }
+                    }
+                },
+                "responses": {
+                    "200": _body(
+                        {"type": "object"},
+                        "the agent's hold (agent, paused) and, for an unpause, how many held "
+                        "runs it resumed (resumed)",
+                    ),
+                    **_problems(400, 401, 403, 404, 413, 415, 503),
+                },
+            }
+        },
         "/v1/runs/{run_id}/budget": _control(
             "Set limits of a run's budget (the others stay); a run suspended on one resumes",
             {b: {"type": "number", "minimum": 0} for b in BUDGET_LIMITS},

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from time import time as _real_time
 from typing import Any, Literal
@@ -62,6 +63,7 @@ from .appends import KEPT_HISTORY_MAX, Appender, AppendRefused, BrokerLost, brok
 from .children import cascade_cancel, child_outcome, tell_parent
 from .clock import Clock, Timer
 from .faults import fault
+from .holds import AgentHolds
 from .interrupt import StepGuard
 from .opening import Opening
 from .run_timers import IN_PROCESS_BACKOFF, KeepTimer, RunTimers
@@ -94,6 +96,7 @@ class Activation:
         callback_keys: CallbackKeys | None = None,
         opening: Opening | None = None,
         clock: Clock | None = None,
+        holds: AgentHolds | None = None,
     ) -> None:
         """``keep_timer``: the worker's in-process timers (``InProcessTimers.keep`` for this
         run), which take the timers of the waits this activation parks on; the broker's copy
@@ -106,8 +109,10 @@ class Activation:
         ``callback_keys``: the worker's keyring, which signs the run's ``ctx.callback`` tokens.
         ``opening``: the run is not stored yet (``history`` is its ``RunStarted``): the first
         append stores it (``worker/opening.py``). ``clock``: the runs' clock, which stamps
-        what the run records and times its waits (``worker/clock.py``)."""
+        what the run records and times its waits (``worker/clock.py``). ``holds``: the
+        agents' holds (``worker/holds.py``): a held agent's run suspends before its next step."""
         self.agent = agent
+        self.holds = holds
         self.clock = clock or Clock()
         self.callback_keys = callback_keys
         self.progress = progress if progress is not None else Progress()
@@ -161,6 +166,7 @@ class Activation:
                 lifetime=agent.lifetime,
             ),
             on_record=self.log.arm_flush,
+            held=None if holds is None else functools.partial(holds.of, agent.name),
         )
         self.guard = StepGuard(self._look_for_cancel)
         """Interrupts this activation's running steps for a cancel (``worker/interrupt.py``)."""
@@ -292,6 +298,9 @@ class Activation:
         """Park the run visibly for a human (``sojourn resume`` lifts it)."""
         await self._set_lifetime_timer(None)
         await self.commit([event])
+        hold = self.holds.of(self.agent.name) if self.holds is not None else None
+        if self.holds is not None and hold is not None and hold.detail() == event.detail:
+            await self.holds.mark(self.agent.name, self.run_id)  # held for its agent's hold
         raise Parked()
 
     async def start_child(self, agent: str, body: bytes, child_id: str) -> None:

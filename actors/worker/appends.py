@@ -41,6 +41,7 @@ from sojourn.schemas.events import (
     RunEvent,
     SignalReceived,
     StepStarted,
+    UpdateRequested,
 )
 
 from ..core.actions import RunCancelledInterrupt
@@ -62,7 +63,14 @@ __all__ = [
     "is_outage",
 ]
 
-EXTERNAL_EVENTS = (CancelRequested, SignalReceived, BudgetChanged, PauseRequested, PauseLifted)
+EXTERNAL_EVENTS = (
+    CancelRequested,
+    SignalReceived,
+    BudgetChanged,
+    PauseRequested,
+    PauseLifted,
+    UpdateRequested,
+)
 """Events other parties append to a run without owning it; they commute with our decisions."""
 
 T = TypeVar("T")

@@ -20,6 +20,11 @@ each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RA
 - ``opened``: that first append landed, the first step has not run, and no heartbeat may list
   the run yet (a kill in the first milliseconds of a run);
 - ``child_spawned``: a parent published its child's start, but has not recorded it.
+- ``update_applied``: a run applied an update (``ctx.on_update``) and its
+  ``UpdateCompleted`` is stored, but the run has not gone on (nor its wake been settled):
+  the caller's answer is read back from that event (decision 0042).
+- ``forked``: the intake stored a fork (``worker/forks.py``) but has neither answered nor
+  acknowledged its trigger, and the fork has not begun executing.
 
 In a test's own process, ``observe`` installs a function called at every seam with the seam's
 name and what it knows of where it is (``SojournEnv.explore_crashes`` counts the seams a run
@@ -52,6 +57,8 @@ SEAMS = (
     "opening",
     "opened",
     "child_spawned",
+    "forked",
+    "update_applied",
 )
 
 SeamObserver = Callable[[str, str], None]

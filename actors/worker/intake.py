@@ -47,10 +47,12 @@ from ..history.snapshots import current as current_snapshot
 from .clock import Clock
 from .control import cancel_body, cancel_requested, events_for, signal_id
 from .faults import fault
+from .holds import AgentHolds
 from .interrupt import publish_interrupt
 from .opening import Opening
 from .refusals import Refusals, Rejected, Screened, dlq_kind, reply
 from .starts import Created, Starts, dismiss, handback_delay
+from .updates import known_update, update_body, update_requested
 
 __all__ = ["Intake", "OnCreated", "ScheduleRequests"]
 
@@ -103,6 +105,8 @@ class Intake:
         """Screens messages and refuses those not acted on."""
         self.starts = Starts(store, registry, agents, writer, opens=opens, clock=self.clock)
         """Creates the runs starts, spawns and schedule fires ask for."""
+        self.holds = AgentHolds(broker, names, store, writer, self.clock)
+        """The agents' holds, and the requests that change them (``worker/holds.py``)."""
 
     async def _agent_of(self, run_id: str) -> str | None:
         """The agent of an existing run, from its first stored message (for routing a wake)."""
@@ -154,6 +158,9 @@ class Intake:
                     raise Rejected("internal", "this process does not handle schedules")
                 await self.schedules.handle_request(msg, inbox)
                 return
+            if inbox.kind == "hold":
+                await self.holds.handle_request(msg, inbox)
+                return
             if inbox.kind == "cancel":
                 handled = await self._cancel(msg, inbox)
             else:
@@ -198,6 +205,7 @@ class Intake:
         the crash may have come before the wake."""
         run_id = inbox.target
         inbox_seq = msg.stream_seq
+        update = update_body(msg.data) if inbox.kind == "update" else None  # checked first
         for _ in range(20):
             # The history folded from the store's snapshot of it: only what came after the
             # snapshot is read and looked at (``history/snapshots.py``).
@@ -215,6 +223,10 @@ class Intake:
                 sid = signal_id(msg, inbox)
                 if sid in snap.signal_ids:
                     break  # delivered before under this id: count once, wake again
+            if update is not None and known_update(state, update.update_id) is not None:
+                if state.terminal:  # decided (or never) before the end: the history says
+                    return IntakeOk(run_id=run_id, created=False)
+                break  # received before under this id: once per id, wake again
             if state.terminal:
                 if inbox.kind == "child":
                     return IntakeOk(run_id=run_id, created=False)  # parent already over
@@ -224,13 +236,26 @@ class Intake:
                     continue
                 raise Rejected("run_ended", f"run '{run_id}' has ended ({state.status})")
             authenticated = self.broker.user is not None
-            events = events_for(
-                msg,
-                inbox,
-                state,
-                settings=self.settings,
-                authenticated=authenticated,
-                now=self.clock.now(),
+            events: list[RunEvent] = (
+                [
+                    update_requested(
+                        update,
+                        inbox,
+                        state,
+                        settings=self.settings,
+                        authenticated=authenticated,
+                        now=self.clock.now(),
+                    )
+                ]
+                if update is not None
+                else events_for(
+                    msg,
+                    inbox,
+                    state,
+                    settings=self.settings,
+                    authenticated=authenticated,
+                    now=self.clock.now(),
+                )
             )
             if not events:
                 return IntakeOk(run_id=run_id, created=False)

@@ -61,6 +61,7 @@ _DLQ_KINDS: dict[str, DlqKind] = {
     "budget": "signal",
     "decide": "signal",
     "child": "signal",
+    "update": "signal",
     "cancel": "cancel",
 }
 

@@ -147,6 +147,12 @@ class Starts:
             raise Rejected(
                 "invalid_run_id", f"run id {trigger.run_id!r} {reserved_run_id(trigger.run_id)}"
             )
+        if trigger.fork is not None:  # a fork of another run (decision 0041)
+            if inbox.kind != "start":
+                raise Rejected("invalid_trigger", "a child run is not a fork")
+            from .forks import create_fork  # it builds on this module
+
+            return await create_fork(self, msg, inbox.target, trigger, inbox.sender)
         try:
             return await self._create(msg, inbox.target, trigger, sender=inbox.sender)
         except Rejected as r:

@@ -65,7 +65,7 @@ from .interrupt import Interrupts
 from .opening import Opening
 from .scheduler import Scheduler
 from .sticky import STICKY_RUNS, StickyRuns
-from .tasks import settle_cancelled
+from .tasks import close_resources, settle_cancelled
 from .tenancy import Tenancy
 from .timers import InProcessTimers
 from .wakes import WakeLoops, resume_cause
@@ -291,6 +291,7 @@ class Worker:
             check(self.names, [await retry_unsettled(ensure)])
             fire_subs[name] = await b.pull(self.names.schedules_stream, config["durable_name"])
         await self.interrupts.subscribe(b)
+        await self.intake.holds.start()
         await retry_unsettled(functools.partial(self.heartbeats.start, self.store))
         await retry_unsettled(self.heartbeats.beat)
         await retry_unsettled(self.heartbeats.look)
@@ -340,14 +341,15 @@ class Worker:
         await self.sticky.close(grace)  # any that parked while the worker was stopping
         self.heartbeats.beating = False
         await self.interrupts.close()
+        await self.intake.holds.stop()
+        await close_resources(grace)  # the runs' MCP sessions (tasks.on_stop)
         for t in beating:
             t.cancel()
         await settle_cancelled(beating, grace)
         metrics.track_worker(self, on=False)
         if self._broker is not None and self._broker.connected:
-            # A graceful stop: not "down". Not sent while the server is gone (it would wait
-            # for its ack timeout), and bounded when a server does not answer: a stop must end
-            # within a couple of seconds whatever the server's state.
+            # A graceful stop: not "down". Not sent while the server is gone (it would wait for
+            # its ack timeout), and bounded when it does not answer: a stop ends within seconds.
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await self.heartbeats.beat(stopped=True)
@@ -643,6 +645,7 @@ class Worker:
             callback_keys=self.callback_keys,
             opening=opening,
             clock=self.clock,
+            holds=self.intake.holds,
         )
         self.folds += 1
         if opening is None:  # an opened run's history is not stored yet

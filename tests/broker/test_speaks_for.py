@@ -31,7 +31,7 @@ def senders(publish: tuple[str, ...]) -> dict[str, set[str]]:
     return out
 
 
-CLIENT_FORMS = {"start.*", "start.*.*", "signal.*.>", "cancel.*", "schedule.*"}
+CLIENT_FORMS = {"start.*", "start.*.*", "signal.*.>", "update.*.>", "cancel.*", "schedule.*"}
 
 
 def test_a_gateway_may_send_as_its_callers_what_a_client_sends_and_no_control() -> None:

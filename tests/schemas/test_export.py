@@ -72,6 +72,7 @@ def test_the_start_trigger_schema_is_closed_and_requires_input(tmp_path: Path) -
         "parent_run_id",
         "budget",
         "attributes",
+        "fork",
     }
     assert trigger["required"] == ["input"]
     assert trigger["additionalProperties"] is False

@@ -41,6 +41,9 @@ from sojourn.schemas.events import (
     StepCompleted,
     StepFailed,
     StepStarted,
+    UpdateCompleted,
+    UpdateRejected,
+    UpdateRequested,
     ValueRecorded,
     WaitCompleted,
     WaitStarted,
@@ -76,9 +79,10 @@ def test_the_arbitrary_strategy_covers_every_event_type() -> None:
 
 
 def test_the_op_events_here_are_the_operation_events_of_the_union() -> None:
-    # Every event with a position is an operation of the agent's code.
+    # Every event with a position is an operation of the agent's code, but an update's
+    # decision, whose position is the wait it was applied at (decision 0042).
     positional = {t for t in get_args(RunEvent) if "position" in t.__struct_fields__}
-    assert positional == set(OP_EVENTS)
+    assert positional - {UpdateCompleted} == set(OP_EVENTS)
 
 
 # --- fold equals reduce(evolve) ---------------------------------------------------------------
@@ -304,6 +308,9 @@ MAY_CHANGE: dict[type, set[str]] = {
     WaitCompleted: {"ops", "status", "waiting_on", "deadline", "signals"},
     SignalReceived: {"signals"},
     ChildStarted: {"ops", "children"},
+    UpdateRequested: {"updates"},
+    UpdateCompleted: {"updates"},
+    UpdateRejected: {"updates"},
 }
 """The fields of the state each event may change (besides the bookkeeping)."""
 
