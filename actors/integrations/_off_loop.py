@@ -1,6 +1,6 @@
 """Run an agent framework's coroutine to its end on a private event loop, in a thread of its
 own: for ``sojourn replay`` and the golden-history tests, which drive agent code by hand with
-no event loop, while a framework (the OpenAI Agents SDK) needs one for its tasks."""
+no event loop, while a framework (Pydantic AI, the OpenAI Agents SDK, LangGraph) needs one."""
 
 from __future__ import annotations
 

@@ -30,11 +30,8 @@ does not import this module.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import threading
 import weakref
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal, TypeVar, cast
 
@@ -57,6 +54,7 @@ from ..agents.patterns import ApprovalDecision
 from ..core.retry import RetryPolicy, step
 from ._langgraph_chat import SojournChatModel
 from ._langgraph_values import from_json, to_json
+from ._off_loop import off_loop as _off_loop
 
 __all__ = [
     "Answer",
@@ -70,9 +68,6 @@ __all__ = [
 
 R = TypeVar("R")
 
-REPLAY_TIMEOUT = 60.0
-"""Seconds a replay-only run of the graph (``sojourn replay``) may take before it is reported
-as awaiting something that never comes."""
 
 MARK = "sojourn"
 """The key of an interrupt value made by ``approval`` or ``ask``."""
@@ -312,27 +307,3 @@ class SojournGraph:
             )(run_body)
             self._steps[name] = fn
         return fn
-
-
-def _off_loop(run: Callable[[], Coroutine[Any, Any, R]]) -> R:
-    """Run ``run()`` on an event loop of its own, in a thread of its own, and return its result
-    (or raise what it raised): for ``sojourn replay``, which drives agent code with no event
-    loop (as ``pydantic_ai._off_loop``). Nothing in it does I/O: the replay answers every
-    step, wait and value from history, and refuses anything else."""
-    context = contextvars.copy_context()
-    outcome: list[tuple[bool, Any]] = []
-
-    def target() -> None:
-        try:
-            got = context.run(asyncio.run, asyncio.wait_for(run(), REPLAY_TIMEOUT))
-            outcome.append((True, got))
-        except BaseException as e:  # the replay's control flow (frontier, park) included
-            outcome.append((False, e))
-
-    thread = threading.Thread(target=target, name="sojourn-langgraph-replay", daemon=True)
-    thread.start()
-    thread.join()
-    ((ok, got),) = outcome
-    if not ok:
-        raise got
-    return got  # type: ignore[no-any-return]

@@ -30,17 +30,14 @@ This module imports pydantic-ai; ``import sojourn.actors`` does not import this 
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import math
 import re
-import threading
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar
 
 import pydantic_core
 from pydantic import TypeAdapter
@@ -82,6 +79,7 @@ from ..agents.context import Context
 from ..agents.driver import Duration
 from ..agents.steps import current_step
 from ..core.retry import RetryPolicy, step
+from ._off_loop import off_loop as _off_loop
 
 __all__ = ["MODEL_STAND_INS", "TOOLSET_STAND_INS", "Price", "Prices", "SojournAgent"]
 
@@ -317,47 +315,6 @@ def _with_stand_ins(
 
     replaced: AbstractToolset[Any] = toolset.visit_and_replace(swap)
     return replaced
-
-
-REPLAY_TIMEOUT = 60.0
-"""Seconds a replay-only run of the agent (``sojourn replay``) may take before it is reported
-as awaiting something that never comes."""
-
-
-def _off_loop(run: Callable[[], Coroutine[Any, Any, R]]) -> R:
-    """Run ``run()`` to its end on an event loop of its own, in a thread of its own, and
-    return its result (or raise what it raised).
-
-    For ``sojourn replay`` (and the golden-history tests), which drive agent code by hand with
-    no event loop: every ``ctx`` operation is answered from history there, but pydantic-ai
-    itself needs a loop (anyio's cancel scopes, its tasks). A thread keeps this independent of
-    any loop the caller runs. Nothing in it does I/O: the replay's context refuses it.
-    """
-    context = contextvars.copy_context()
-    outcome: list[Any] = []
-
-    def target() -> None:
-        try:
-            outcome.append(context.run(asyncio.run, _bounded(run())))
-        except BaseException as e:  # the replay's control flow (frontier, park) included
-            outcome.append(_Raised(e))
-
-    thread = threading.Thread(target=target, name="sojourn-pydantic-ai-replay", daemon=True)
-    thread.start()
-    thread.join()
-    (got,) = outcome
-    if isinstance(got, _Raised):
-        raise got.error
-    return cast(R, got)
-
-
-async def _bounded(coro: Coroutine[Any, Any, R]) -> R:
-    return await asyncio.wait_for(coro, REPLAY_TIMEOUT)
-
-
-@dataclass(frozen=True, slots=True)
-class _Raised:
-    error: BaseException
 
 
 def _control(group: BaseExceptionGroup[BaseException]) -> BaseException:
