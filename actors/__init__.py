@@ -18,6 +18,7 @@ Example:
     'greeter'
 """
 
+from sojourn.schemas.concurrency import Concurrency
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import (
     BrokerUnavailable,
@@ -29,6 +30,7 @@ from sojourn.schemas.errors import (
     NondeterminismError,
     PayloadTooLarge,
     PermissionDenied,
+    RateLimited,
     RetryableError,
     RunNotFound,
     SojournError,
@@ -36,8 +38,10 @@ from sojourn.schemas.errors import (
     StepTimeout,
     TerminalError,
     UnknownAgent,
+    UnknownLimit,
 )
 from sojourn.schemas.events import Budget, Usage
+from sojourn.schemas.limits import Limit, LimitRecord
 from sojourn.schemas.schedules import ScheduleAnswer, ScheduleRecord
 from sojourn.schemas.updates import UpdateAnswer, UpdateRejectedError
 
@@ -83,9 +87,12 @@ __all__ = [
     "ChildHandle",
     "ChildRunError",
     "Client",
+    "Concurrency",
     "Context",
     "GatherError",
     "InvalidName",
+    "Limit",
+    "LimitRecord",
     "NondeterminismError",
     "OutputChunk",
     "OutputReader",
@@ -93,6 +100,7 @@ __all__ = [
     "PendingRun",
     "PermissionDenied",
     "PollTimeout",
+    "RateLimited",
     "RetryPolicy",
     "RetryableError",
     "RunCancelledError",
@@ -112,6 +120,7 @@ __all__ = [
     "TerminalError",
     "TriggerRejected",
     "UnknownAgent",
+    "UnknownLimit",
     "UpdateAnswer",
     "UpdateRejectedError",
     "Usage",

@@ -313,10 +313,16 @@ def permissions_for(
             # agents' holds and the runs they hold (an operator's pause --agent)
             names.hold("*"),
             names.held("*", "*"),
+            names.limit("*"),  # shared rate limits' records (compare-and-set)
             names.values_all,  # large values' pieces (written once, by digest)
             # schedules' records and next fires (never a fire: only the broker stores those)
             names.schedule_record("*"),
             names.schedule_timer("*"),
+            # keyed starts' records and debounce bursts' next fires (decision 0047)
+            *(f"{names.prefix}.schedule.flow.{k}.*.*" for k in ("single", "burst", "timer")),
+            # concurrency keys' slots records and queue entries (decision 0048)
+            f"{names.prefix}.schedule.flow.slots.*.*",
+            f"{names.prefix}.schedule.flow.queue.*.*.*",
             # child runs, the cancel cascade and child runs' end notices, in its own name
             names.start("*", user),
             names.start("*", user, "*"),
@@ -372,6 +378,7 @@ def permissions_for(
             names.interrupts_all,
             names.presence_all,  # a worker answers on its own (``Names.presence``)
             names.holds_all,  # agents' holds, as they are recorded
+            names.limits_all,  # shared rate limits, as they are written (blocks, rates)
         )
         return Permissions(tuple(publish), tuple(_never(names)), subscribe)
     raise ValueError(f"unknown role {role!r}")

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.limits import validate_limit_name
 from sojourn.schemas.names import (
     REPLY_PREFIX,
     TOKEN_PATTERN,
@@ -169,6 +170,11 @@ class Names:
         """Control subject: hold every run of ``agent``, or let them go on (admin role only)."""
         return f"{self.prefix}.as.{sender}.hold.{agent}"
 
+    def limit_request(self, name: str, sender: str) -> str:
+        """Control subject: set, block or unblock the shared rate limit ``name`` (admin role
+        only)."""
+        return f"{self.prefix}.as.{sender}.limit.{name}"
+
     def spawn(self, agent: str, sender: str) -> str:
         """Control subject: a run starts a child run (worker role only). Only here may a
         trigger name a parent, and only here may a run id have the child form."""
@@ -202,6 +208,7 @@ class Names:
             f"{p}.as.*.child.*.*",
             f"{p}.as.*.schedule.*",
             f"{p}.as.*.hold.*",
+            f"{p}.as.*.limit.*",
         ]
 
     def parse_inbox(self, subject: str) -> InboxSubject:
@@ -254,6 +261,8 @@ class Names:
                 return InboxSubject("child", parent, validate_token(rest[1], "run_id"), sender)
             if kind == "hold" and len(rest) == 1:
                 return InboxSubject("hold", validate_token(rest[0], "agent name"), "", sender)
+            if kind == "limit" and len(rest) == 1:
+                return InboxSubject("limit", validate_limit_name(rest[0]), "", sender)
             if kind == "schedule" and len(rest) == 1:
                 return InboxSubject("schedule", validate_schedule_name(rest[0]), "", sender)
         raise InvalidName(f"subject {subject!r} is not a sojourn inbox subject")
@@ -481,6 +490,15 @@ class Names:
     def held(self, agent: str, run_id: str) -> str:
         """A run a hold of ``agent`` suspended (``HeldRun``), purged once it is resumed."""
         return f"{self.prefix}.held.{agent}.{run_id}"
+
+    def limit(self, name: str) -> str:
+        """A shared rate limit's record (``LimitRecord``; its last message is the limit's
+        state, changed by compare-and-set only), in the agents stream."""
+        return f"{self.prefix}.limit.{name}"
+
+    @property
+    def limits_all(self) -> str:
+        return f"{self.prefix}.limit.*"
 
     def worker(self, worker_id: str) -> str:
         """The heartbeat subject of a worker (its id made one subject token)."""

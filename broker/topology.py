@@ -214,8 +214,14 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
         },
         {  # agents any worker has ever served (what "unknown agent" means)
             "name": names.agents_stream,
-            # and their holds (an operator's pause of every run of an agent) and held runs
-            "subjects": [f"{names.prefix}.agent.*", names.holds_all, names.held("*", "*")],
+            # and their holds (an operator's pause of every run of an agent) and held runs, and
+            # the shared rate limits' records
+            "subjects": [
+                f"{names.prefix}.agent.*",
+                names.holds_all,
+                names.held("*", "*"),
+                names.limits_all,
+            ],
             "retention": "limits",
             "storage": "file",
             "max_msgs_per_subject": 1,

@@ -20,7 +20,9 @@ from typing import Any
 
 import msgspec
 
+from sojourn.schemas.concurrency import queued_detail
 from sojourn.schemas.health import Liveness, LivenessState, WedgeRecord, WorkerBeat, lease_covered
+from sojourn.schemas.lifecycle import queued_on
 from sojourn.schemas.vocabulary import SuspendReason
 from sojourn.schemas.wire import LeaseHolder
 
@@ -138,6 +140,9 @@ def classify(
     # pending or running: the run has work to do, so someone must hold it and heartbeat.
     if running is not None:
         return running
+    queued = queued_on(s.waiting_on) if s.status == "pending" else None
+    if queued is not None:  # waits in its concurrency key's queue: nobody holds it (0048)
+        return make("pending", reason=queued_detail(queued, None), since=s.waiting_since)
     if lease is not None and owner is not None:
         # Its owner went silent and nobody took over (yet): a paused or dead worker.
         if lease.worker:

@@ -55,6 +55,7 @@ from sojourn.schemas.wire import LeaseHolder
 
 from .anomaly import HistoryBaseline, RateBaseline
 from .liveness import Listed, Thresholds, claim, classify, holders
+from .queues import depths
 from .summary import RunSummary, close_decision, summarize
 
 __all__ = [
@@ -495,9 +496,19 @@ def gauge_families(model: RunModel | None) -> list[Metric]:
         "Mean idle polls (ctx.poll checks that found nothing) per live run.",
         labels=["agent"],
     )
+    queued = GaugeMetricFamily(
+        "sojourn_concurrency_queued_runs",
+        "Runs queued on a concurrency key (decision 0048), all keys of the agent.",
+        labels=["agent"],
+    )
+    deepest = GaugeMetricFamily(
+        "sojourn_concurrency_queue_depth",
+        "Runs queued on the agent's deepest concurrency key (keys are never labels).",
+        labels=["agent"],
+    )
     families: list[Metric] = [
         runs, suspended, workers, timers, lag, lag_s, scan,
-        rate, rate_base, hist_max, hist_base, ratio, idle,
+        rate, rate_base, hist_max, hist_base, ratio, idle, queued, deepest,
     ]  # fmt: skip
     if model is None:
         return families
@@ -550,4 +561,9 @@ def gauge_families(model: RunModel | None) -> list[Metric]:
                 ratio.add_metric([agent, "history_growth"], r)
         ps = polls.get(agent)
         idle.add_metric([agent], sum(ps) / len(ps) if ps else 0.0)
+    waiting = depths(model.runs.values())
+    for agent in sorted(model.agents):
+        total, most = waiting.get(agent, (0, 0))
+        queued.add_metric([agent], total)
+        deepest.add_metric([agent], most)
     return families

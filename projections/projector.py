@@ -63,6 +63,7 @@ from .leadership import Backlog, Leadership
 from .liveness import classify
 from .model import RunModel, read_snapshot
 from .pending import PendingViews
+from .queues import placed, positions
 from .rebuild import Rebuild
 from .sink import Applied, ViewSink
 from .snapshots import Snapshots
@@ -529,6 +530,8 @@ class Projector:
             if view.liveness != liv.state:
                 self._live[run_id] = msgspec.structs.replace(view, liveness=liv.state)
                 changed.append((run_id, liv.state))
+        # queued runs' places in their keys' queues (decision 0048)
+        self._live.update(placed(self._live, positions(self.model.runs.values())))
         if self.sink is not None and changed:
             await self.sink.set_liveness(changed)
         if self.leading:

@@ -129,6 +129,9 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     spent_output_tokens: int = 0
     model_calls: int = 0
     """Step attempts of kind ``llm``."""
+    queue_ticket: int = 0
+    """A run queued on its concurrency key at its start: its place in the key's queue
+    (``RunStarted.concurrency.ticket``, decision 0048); ``waiting_on`` says while it waits."""
 
     @property
     def terminal(self) -> bool:
@@ -170,6 +173,7 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
                 budget=_started_budget(event),
                 carried=event.carried,
                 attributes=dict(event.attributes or {}),
+                queue_ticket=0 if event.concurrency is None else event.concurrency.ticket,
             )
         case ev.BudgetChanged():
             b = event.budget
@@ -206,6 +210,8 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
             error = _error(event.error.type, event.error.message)
             listed = step_ended(s.step_list, event)
             s = _charged(_step_closed(s, error=error, step_list=listed), event.usage)
+        case ev.StepThrottled():  # waits for a slot of a shared limit: ``waiting_on`` says
+            pass
         case ev.WaitStarted():
             s = rep(s, idle_polls=s.idle_polls + (WaitKey.parse(event.key).kind == "poll"))
         case ev.WaitCompleted():
@@ -252,6 +258,8 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
             return rep(failed, error=_error(event.error.type, event.error.message))
         case ev.RunCompleted() | ev.RunCancelled():
             return rep(_ended(s, next_status(s.status, event), event.at), error=None)
+        case ev.RunAdmitted():  # out of its key's queue (decision 0048): ``waiting_on`` says
+            pass
         case _:  # pragma: no cover
             return rep(s, anomalies=s.anomalies + 1)
     return _lifecycle(s, event)
@@ -286,7 +294,7 @@ def _lifecycle(s: RunSummary, event: ev.RunEvent) -> RunSummary:
     waiting = next_waiting(s.waiting_on, event)
     if waiting is None:
         return s if status == s.status else msgspec.structs.replace(s, status=status)
-    began = isinstance(event, (ev.WaitStarted, ev.StepFailed))
+    began = isinstance(event, (ev.WaitStarted, ev.StepFailed, ev.StepThrottled, ev.RunStarted))
     return msgspec.structs.replace(
         s,
         status=status,

@@ -9,7 +9,9 @@ a restart (tests/projections/test_views.py checks exactly that).
 
 from __future__ import annotations
 
+from sojourn.schemas.concurrency import queued_detail
 from sojourn.schemas.health import LivenessState
+from sojourn.schemas.lifecycle import queued_on
 from sojourn.schemas.views import RunView
 
 from .summary import RunSummary
@@ -57,6 +59,7 @@ def view_of(s: RunSummary, liveness: LivenessState | None) -> RunView:
         ended_at=s.ended_at,
         last_seq=s.last_seq,
         events=s.events,
+        detail=None if (q := queued_on(s.waiting_on)) is None else queued_detail(q, None),
     )
 
 

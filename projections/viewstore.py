@@ -183,7 +183,9 @@ class ViewStore:
             if entry is None or entry.view is None:
                 continue
             cur = entry.view
-            if cur.last_seq == view.last_seq and cur.liveness != view.liveness:
+            if cur.last_seq == view.last_seq and (
+                cur.liveness != view.liveness or cur.queue_position != view.queue_position
+            ):
                 stale.append(view)
         if not stale:
             return
@@ -192,7 +194,7 @@ class ViewStore:
                 (
                     self.names.change(v.agent, v.run_id),
                     encode(v),
-                    {h.MSG_ID: f"{v.run_id}:{v.last_seq}:{v.liveness}"},
+                    {h.MSG_ID: f"{v.run_id}:{v.last_seq}:{v.liveness}:{v.queue_position}"},
                 )
                 for v in stale
             ]

@@ -13,10 +13,13 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from .concurrency import QueueEntry, SlotsRecord
 from .events import HistoryEntry, RunEvent, SpendValue
+from .flow import DebounceRecord, SingletonRecord
 from .guard import check_depth
 from .health import WatchClaim, WedgeRecord, WorkerBeat
 from .holds import AgentHold, HeldRun, HoldAnswer, HoldRequest
+from .limits import LimitAnswer, LimitRecord, LimitRequest
 from .schedules import ScheduleAnswer, ScheduleRecord, ScheduleRequest
 from .steps import STEPS_KEPT, STEPS_RECORD_MAX, RunSteps
 from .updates import UpdateBody
@@ -40,6 +43,7 @@ __all__ = [
     "decode_cancel",
     "decode_child_outcome",
     "decode_dead_letter",
+    "decode_debounce_record",
     "decode_decision",
     "decode_events",
     "decode_held_run",
@@ -49,12 +53,18 @@ __all__ = [
     "decode_intake_reply",
     "decode_json",
     "decode_lease_holder",
+    "decode_limit_answer",
+    "decode_limit_record",
+    "decode_limit_request",
     "decode_pause",
+    "decode_queue_entry",
     "decode_resume",
     "decode_run_steps",
     "decode_schedule_answer",
     "decode_schedule_record",
     "decode_schedule_request",
+    "decode_singleton_record",
+    "decode_slots_record",
     "decode_spend",
     "decode_start",
     "decode_update",
@@ -102,12 +112,19 @@ _hold_request_decoder = _Decoder(HoldRequest)
 _hold_decoder = _Decoder(AgentHold)
 _held_decoder = _Decoder(HeldRun)
 _hold_answer_decoder = _Decoder(HoldAnswer)
+_limit_record_decoder = _Decoder(LimitRecord)
+_limit_request_decoder = _Decoder(LimitRequest)
+_limit_answer_decoder = _Decoder(LimitAnswer)
 _budget_decoder = _Decoder(BudgetBody)
 _decision_decoder = _Decoder(InDoubtDecision)
 _steps_decoder = _Decoder(RunSteps)
 _outcome_decoder = _Decoder(ChildOutcome)
 _schedule_request_decoder = _Decoder(ScheduleRequest)
 _schedule_record_decoder = _Decoder(ScheduleRecord)
+_singleton_record_decoder = _Decoder(SingletonRecord)
+_debounce_record_decoder = _Decoder(DebounceRecord)
+_slots_record_decoder = _Decoder(SlotsRecord)
+_queue_entry_decoder = _Decoder(QueueEntry)
 _schedule_answer_decoder = _Decoder(ScheduleAnswer)
 _update_decoder = _Decoder(UpdateBody)
 
@@ -180,6 +197,26 @@ def decode_schedule_record(data: bytes) -> ScheduleRecord:
     return _schedule_record_decoder.decode(data)
 
 
+def decode_singleton_record(data: bytes) -> SingletonRecord:
+    """Decode a singleton key's record as the broker keeps it (decision 0047)."""
+    return _singleton_record_decoder.decode(data)
+
+
+def decode_debounce_record(data: bytes) -> DebounceRecord:
+    """Decode a debounce key's burst record as the broker keeps it (decision 0047)."""
+    return _debounce_record_decoder.decode(data)
+
+
+def decode_slots_record(data: bytes) -> SlotsRecord:
+    """Decode a concurrency key's slots record as the broker keeps it (decision 0048)."""
+    return _slots_record_decoder.decode(data)
+
+
+def decode_queue_entry(data: bytes) -> QueueEntry:
+    """Decode a concurrency key's queue entry as the broker keeps it (decision 0048)."""
+    return _queue_entry_decoder.decode(data)
+
+
 def decode_schedule_answer(data: bytes) -> ScheduleAnswer | IntakeError:
     """Decode the intake's answer to a schedule request (told apart by the ``error`` key)."""
     raw = decode_json(data)
@@ -223,6 +260,22 @@ def decode_hold_answer(data: bytes) -> HoldAnswer | IntakeError:
     if isinstance(raw, dict) and "error" in raw:
         return msgspec.convert(raw, IntakeError)
     return _hold_answer_decoder.decode(data)
+
+
+def decode_limit_record(data: bytes) -> LimitRecord:
+    return _limit_record_decoder.decode(data)
+
+
+def decode_limit_request(data: bytes) -> LimitRequest:
+    return _limit_request_decoder.decode(data)
+
+
+def decode_limit_answer(data: bytes) -> LimitAnswer | IntakeError:
+    """Decode the intake's answer to a limit request (told apart by the ``error`` key)."""
+    raw = decode_json(data)
+    if isinstance(raw, dict) and "error" in raw:
+        return msgspec.convert(raw, IntakeError)
+    return _limit_answer_decoder.decode(data)
 
 
 def decode_budget(data: bytes) -> BudgetBody:

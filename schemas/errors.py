@@ -26,6 +26,7 @@ __all__ = [
     "OutcomeUnknown",
     "PayloadTooLarge",
     "PermissionDenied",
+    "RateLimited",
     "RetryableError",
     "RunNotFound",
     "ServerStartError",
@@ -35,6 +36,7 @@ __all__ = [
     "StepTimeout",
     "TerminalError",
     "UnknownAgent",
+    "UnknownLimit",
     "ValueUnreadable",
     "WebhookRejectCode",
     "WebhookRejected",
@@ -180,6 +182,16 @@ class RetryableError(Exception):
     def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RateLimited(RetryableError):
+    """Raise from a step when what it called answered "too many requests" (an HTTP 429),
+    with the ``retry_after`` it asked for. A step with a shared limit (``@step(limit=...)``)
+    then blocks that limit for everyone until then, not only its own next attempt."""
+
+
+class UnknownLimit(SojournError):
+    """A step names a shared rate limit no worker declared and no operator set."""
 
 
 class OutcomeUnknown(RetryableError):

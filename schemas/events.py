@@ -23,12 +23,14 @@ __all__ = [
     "CancelTaken",
     "Carried",
     "ChildStarted",
+    "ConcurrencyInfo",
     "ErrorInfo",
     "Event",
     "ForkOrigin",
     "HistoryEntry",
     "PauseLifted",
     "PauseRequested",
+    "RunAdmitted",
     "RunCancelled",
     "RunCompleted",
     "RunEvent",
@@ -41,6 +43,7 @@ __all__ = [
     "StepCompleted",
     "StepFailed",
     "StepStarted",
+    "StepThrottled",
     "TriggerInfo",
     "UpdateCompleted",
     "UpdateRejected",
@@ -205,6 +208,18 @@ class ForkOrigin(msgspec.Struct, frozen=True, kw_only=True):
     copied: int = 0
 
 
+class ConcurrencyInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``RunStarted.concurrency``: the run counts against ``limit`` live runs of its agent under
+    ``key`` (decision 0048, ``sojourn.schemas.concurrency``). ``ticket`` 0: it took a slot at
+    its start; else it was queued (``ticket`` is its queue entry's sequence, its place in the
+    queue) and waits (``waiting_on`` ``queue:<key>``) until ``RunAdmitted``. The next run of a
+    continue-as-new chain inherits the slot (``ticket`` 0)."""
+
+    key: str
+    limit: int
+    ticket: int = 0
+
+
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of every run event. ``at`` is the writer's wall clock (unix seconds)."""
 
@@ -254,6 +269,9 @@ class RunStarted(Event, tag="run.started.v1", frozen=True, kw_only=True):
     ``ctx.set_attributes`` upserts them later (a ``ValueRecorded`` of kind ``attributes``)."""
     forked_from: ForkOrigin | None = None
     """Set on a fork (``sojourn fork``): the run and position it was forked from."""
+    concurrency: ConcurrencyInfo | None = None
+    """Set on a run started under a concurrency key (decision 0048): queued at its start when
+    its ``ticket`` is set."""
 
 
 class BudgetChanged(Event, tag="run.budget_changed.v1", frozen=True, kw_only=True):
@@ -341,6 +359,14 @@ class RunSuspended(Event, tag="run.suspended.v1", frozen=True, kw_only=True):
     """For ``budget``: the limit that was used up (a ``BudgetLimit``: ``usd``, ``steps``...)."""
 
 
+class RunAdmitted(Event, tag="run.admitted.v1", frozen=True, kw_only=True):
+    """A run queued on its concurrency key (``RunStarted.concurrency.ticket``) took a slot of
+    it: it is no longer queued, and a worker replays it (decision 0048)."""
+
+    key: str
+    ticket: int = 0
+
+
 class RunResumed(Event, tag="run.resumed.v1", frozen=True, kw_only=True):
     """A human (or a deploy) lifted a suspension; the run replays again."""
 
@@ -360,6 +386,10 @@ class StepStarted(Event, tag="step.started.v1", frozen=True, kw_only=True):
     kind: str = "step"
     """A ``StepKind``: ``step``, ``llm`` (a model request) or ``tool``; a plain string like
     ``RunSuspended.reason``."""
+    limit: str | None = None
+    """The shared rate limit the attempt took a slot of (``@step(limit=...)``), if any."""
+    slot: float | None = None
+    """When that slot began (unix seconds): the attempt starts at or after it."""
 
 
 class StepCompleted(Event, tag="step.completed.v1", frozen=True, kw_only=True):
@@ -386,6 +416,21 @@ class StepFailed(Event, tag="step.failed.v1", frozen=True, kw_only=True):
     retry_at: float | None = None
     usage: Usage | None = None
     """What the failed attempt charged before it failed (a model request may cost money)."""
+
+
+class StepThrottled(Event, tag="step.throttled.v1", frozen=True, kw_only=True):
+    """Attempt ``attempt`` of a step must wait for capacity of the shared rate limit ``limit``:
+    it was granted the slot beginning at ``slot`` (unix seconds) while the limit's block epoch
+    was ``epoch``. The run waits (``waiting_on: limit:<limit>``) with no worker holding it and
+    a timer wakes it at the slot; a block imposed after the grant that covers the slot (the
+    limit's epoch went up) or a slot missed by more than the grace makes it ask again."""
+
+    position: int
+    name: str
+    attempt: int = 1
+    limit: str
+    slot: float
+    epoch: int = 0
 
 
 class SpendValue(msgspec.Struct, frozen=True):
@@ -525,9 +570,11 @@ RunEvent = (
     | RunCancelled
     | RunSuspended
     | RunResumed
+    | RunAdmitted
     | StepStarted
     | StepCompleted
     | StepFailed
+    | StepThrottled
     | ValueRecorded
     | WaitStarted
     | WaitCompleted

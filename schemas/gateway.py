@@ -98,7 +98,12 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "unknown_schedule": 404,
     "schedule_exists": 409,
     "invalid_attributes": 400,
+    "invalid_limit": 400,
+    "unknown_limit": 404,
     "invalid_fork": 422,
+    "invalid_key": 400,
+    "invalid_debounce": 400,
+    "invalid_concurrency": 400,
     # HTTP's own
     "unauthorized": 401,
     "not_found": 404,
@@ -162,6 +167,17 @@ class StartAnswer(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str
     created: bool | None
     queued: bool = False
+
+
+class KeyedStartAnswer(StartAnswer, frozen=True, kw_only=True):
+    """``POST /v1/agents/{agent}/runs`` of a keyed start (decision 0047): a ``StartAnswer``
+    that also says whether it attached or was debounced."""
+
+    attached: bool
+    """A singleton start (``Sojourn-Singleton-Key``) found its key's run live: ``run_id``."""
+    debounced: bool
+    """A debounced start (``Sojourn-Debounce``): ``run_id`` is the run its burst starts when
+    it ends."""
 
 
 class SignalAnswer(msgspec.Struct, frozen=True, kw_only=True):

@@ -30,6 +30,8 @@ __all__ = [
     "out_of_place",
     "parked",
     "parked_on",
+    "queued_at_start",
+    "queued_on",
 ]
 
 TERMINAL_EVENTS = (ev.RunCompleted, ev.RunFailed, ev.RunCancelled)
@@ -107,7 +109,7 @@ def next_status(status: RunStatus, event: ev.RunEvent) -> RunStatus:
         return to
     if isinstance(event, ev.StepFailed):
         return active(status) if event.retry_at is None else parked(status)
-    if kind is ev.WaitStarted:
+    if kind is ev.WaitStarted or kind is ev.StepThrottled:
         return parked(status)
     return status
 
@@ -158,8 +160,13 @@ def next_waiting(on: tuple[str, ...], event: ev.RunEvent) -> Waiting | None:
     if type(event) not in _WAITING_EVENTS:  # the bulk of a history: decided in one lookup
         return None
     if isinstance(event, ev.StepStarted):
-        if on and on == (WaitingOn.retry(event.name).format(),):
+        if on and (
+            on == (WaitingOn.retry(event.name).format(),)
+            or (event.limit is not None and on == (WaitingOn.limit(event.limit).format(),))
+        ):
             return NOT_WAITING
+    elif isinstance(event, ev.StepThrottled):
+        return Waiting((WaitingOn.limit(event.limit).format(),), event.slot)
     elif isinstance(event, ev.StepFailed):
         if event.retry_at is not None:
             return Waiting((WaitingOn.retry(event.name).format(),), event.retry_at)
@@ -167,11 +174,39 @@ def next_waiting(on: tuple[str, ...], event: ev.RunEvent) -> Waiting | None:
         return Waiting(parked_on(event.signals, event.children, event.deadline), event.deadline)
     elif isinstance(event, ev.WaitCompleted):
         return NOT_WAITING
+    elif isinstance(event, ev.RunStarted):
+        return queued_at_start(event)
+    elif isinstance(event, ev.RunAdmitted):
+        return NOT_WAITING if queued_on(on) is not None else None
+    return None
+
+
+def queued_at_start(event: ev.RunStarted) -> Waiting | None:
+    """What a run started queued on its concurrency key waits on (``queue:<key>``, decision
+    0048), ``None`` for any other start."""
+    c = event.concurrency
+    if c is None or not c.ticket:
+        return None
+    return Waiting((WaitingOn.queue(c.key).format(),))
+
+
+def queued_on(on: Sequence[str]) -> str | None:
+    """The concurrency key a run waiting on ``on`` is queued on, ``None`` when it is not."""
+    if len(on) == 1 and on[0].startswith("queue:"):
+        return on[0][len("queue:") :]
     return None
 
 
 _WAITING_EVENTS: frozenset[type] = frozenset(
-    {ev.StepStarted, ev.StepFailed, ev.WaitStarted, ev.WaitCompleted}
+    {
+        ev.StepStarted,
+        ev.StepFailed,
+        ev.StepThrottled,
+        ev.WaitStarted,
+        ev.WaitCompleted,
+        ev.RunStarted,
+        ev.RunAdmitted,
+    }
 )
 
 

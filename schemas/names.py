@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.flow import DEBOUNCED_RUN_ID
 
 __all__ = [
     "CHAIN_RUN_ID",
@@ -79,6 +80,11 @@ def reserved_run_id(run_id: str) -> str | None:
         return (
             "has the form of a scheduled run's id (<schedule>-at<YYYYMMDDTHHMMSS>Z), which only "
             "a schedule's fire may use"
+        )
+    if DEBOUNCED_RUN_ID.fullmatch(run_id):
+        return (
+            "has the form of a debounced burst's run id (d<20 hex digits>-b<number>), which "
+            "only a debounced burst may use"
         )
     return None
 

@@ -121,6 +121,12 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     """The run's search attributes (``sojourn.schemas.attributes``): given at its start,
     upserted by ``ctx.set_attributes``; ``{}`` in views written before they existed."""
+    detail: str | None = None
+    """A pending run queued on its concurrency key (decision 0048): ``queued on key K,
+    position P`` (``queued on key K`` until the projector has counted its place)."""
+    queue_position: int | None = None
+    """Its place in its key's queue (1: next to take a slot) as the projector last counted
+    it, on its periodic pass (``sojourn status`` counts it live)."""
 
 
 class RunsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

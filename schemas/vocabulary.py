@@ -89,12 +89,21 @@ def is_terminal(status: str) -> TypeGuard[TerminalStatus]:
 # --- suspensions, child outcomes, values, wait outcomes ---------------------------------------
 
 SuspendReason = Literal[
-    "nondeterminism", "cap", "budget", "in_doubt", "crash_loop", "poison", "manual", "other"
+    "nondeterminism",
+    "cap",
+    "budget",
+    "in_doubt",
+    "crash_loop",
+    "poison",
+    "manual",
+    "limit",
+    "other",
 ]
 """Why a run is suspended (``RunSuspended.reason``). Written today: ``nondeterminism`` (replay
 diverged), ``cap`` (the poll cap), ``budget`` (``ctx.spend`` over the agent's budget),
 ``in_doubt`` (a step with ``in_doubt="ask"`` whose end was never recorded), ``crash_loop`` (a
-step cut off too often in a row). Reserved: ``poison``, ``manual``. ``other``: a reason no
+step cut off too often in a row), ``manual`` (an operator's pause), ``limit`` (a step names a
+shared rate limit nobody declared). Reserved: ``poison``. ``other``: a reason no
 writer of today makes. The event field stays a plain string (a newer reason must not make an
 older reader fail); the folds read it with ``suspend_reason``, so their fields are typed."""
 SUSPEND_REASONS: tuple[SuspendReason, ...] = get_args(SuspendReason)
@@ -181,10 +190,11 @@ def value_op(kind: str) -> OpKind:
     return kind if is_value_kind(kind) else "other"
 
 
-OpStatus = Literal["started", "completed", "failed", "recorded", "waiting"]
+OpStatus = Literal["started", "completed", "failed", "recorded", "waiting", "throttled"]
 """Where an operation stands (``OpRecord.status``): a step ``started`` (in doubt: it may have
-run), ``completed`` or ``failed``; a value ``recorded``; a wait ``waiting`` until it is
-``completed`` (a child start is ``completed`` once recorded)."""
+run), ``completed`` or ``failed``, or ``throttled`` (waiting for a slot of a shared limit); a
+value ``recorded``; a wait ``waiting`` until it is ``completed`` (a child start is
+``completed`` once recorded)."""
 OP_STATUSES: tuple[OpStatus, ...] = get_args(OpStatus)
 
 
@@ -307,16 +317,17 @@ _POLL = WaitKey("poll")
 
 # --- what a run waits on ----------------------------------------------------------------------
 
-WaitingKind = Literal["signal", "run", "timer", "retry", "other"]
+WaitingKind = Literal["signal", "run", "timer", "retry", "limit", "queue", "other"]
 """One thing a parked run waits on: a signal, a child run's end, its timer, a step's retry
-backoff. ``other``: text no writer of today makes."""
+backoff, a slot of a shared rate limit, a slot of its concurrency key (a queued run, decision
+0048). ``other``: text no writer of today makes."""
 WAITING_KINDS: tuple[WaitingKind, ...] = get_args(WaitingKind)
 
 
 class WaitingOn(msgspec.Struct, frozen=True):
     """The typed form of an entry of ``RunState.waiting_on`` / ``RunSummary.waiting_on``
     (and ``Liveness.on``), which stay strings: ``signal:<name>``, ``run:<run_id>``, ``timer``,
-    ``retry:<step>``."""
+    ``retry:<step>``, ``limit:<name>``."""
 
     kind: WaitingKind
     target: str = ""
@@ -338,11 +349,19 @@ class WaitingOn(msgspec.Struct, frozen=True):
     def retry(cls, step: str) -> WaitingOn:
         return cls("retry", step)
 
+    @classmethod
+    def limit(cls, name: str) -> WaitingOn:
+        return cls("limit", name)
+
+    @classmethod
+    def queue(cls, key: str) -> WaitingOn:
+        return cls("queue", key)
+
     def format(self) -> str:
         match self.kind:
             case "timer":
                 return "timer"
-            case "signal" | "run" | "retry":
+            case "signal" | "run" | "retry" | "limit" | "queue":
                 return f"{self.kind}:{self.target}"
         return self.target
 
@@ -359,6 +378,10 @@ class WaitingOn(msgspec.Struct, frozen=True):
                 return cls("run", rest)
             if head == "retry":
                 return cls("retry", rest)
+            if head == "limit":
+                return cls("limit", rest)
+            if head == "queue":
+                return cls("queue", rest)
         return cls("other", text)
 
 

@@ -13,7 +13,9 @@ from typing import Literal
 
 import msgspec
 
+from .concurrency import ConcurrencyBody
 from .events import Budget
+from .flow import DebounceBody
 from .vocabulary import ChildStatus
 
 __all__ = [
@@ -74,6 +76,7 @@ InboxKind = Literal[
     "schedule",
     "hold",
     "update",
+    "limit",
 ]
 """What an inbox message asks for, from its subject (docs/wire.md "Subjects")."""
 
@@ -128,6 +131,15 @@ class StartTrigger(
     by the intake, refused ``invalid_attributes``)."""
     fork: ForkBody | None = None
     """Start the run as a fork of another run of the agent (``ForkBody``)."""
+    singleton_key: str | None = None
+    """Attach to the live run started with this key (for this agent) instead of starting
+    another (``sojourn.schemas.flow``, decision 0047)."""
+    debounce: DebounceBody | None = None
+    """Start one run after the last of a burst of starts with the same key (``DebounceBody``,
+    decision 0047); the run id is the burst's, so the trigger names none."""
+    concurrency: ConcurrencyBody | None = None
+    """At most ``limit`` live runs of the agent started with ``key``; beyond, the run is
+    queued until a slot frees (``sojourn.schemas.concurrency``, decision 0048)."""
 
 
 RejectCode = Literal[
@@ -155,6 +167,11 @@ RejectCode = Literal[
     "schedule_exists",
     "invalid_attributes",
     "invalid_fork",
+    "invalid_limit",
+    "unknown_limit",
+    "invalid_key",
+    "invalid_debounce",
+    "invalid_concurrency",
 ]
 REJECT_CODES: tuple[RejectCode, ...] = typing.get_args(RejectCode)
 """Every code the intake answers with (and keeps in a dead-letter record), and
@@ -184,11 +201,17 @@ class ChildOutcome(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorBody | None = None
 
 
-class IntakeOk(msgspec.Struct, frozen=True, kw_only=True):
-    """The intake's answer on ``Sojourn-Reply-To`` when a trigger was accepted."""
+class IntakeOk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The intake's answer on ``Sojourn-Reply-To`` when a trigger was accepted (``attached``
+    and ``debounced`` only when true: a plain start's answer is what it always was)."""
 
     run_id: str
     created: bool
+    attached: bool = False
+    """A singleton start that found its key's run live: ``run_id`` is that run."""
+    debounced: bool = False
+    """A debounced start, recorded in its burst: ``run_id`` is the run the burst will start
+    when it ends (not created yet)."""
 
 
 class IntakeError(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,9 +27,11 @@ from sojourn.schemas.events import (
     CancelTaken,
     Carried,
     ChildStarted,
+    ConcurrencyInfo,
     ErrorInfo,
     PauseLifted,
     PauseRequested,
+    RunAdmitted,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -41,6 +43,7 @@ from sojourn.schemas.events import (
     StepCompleted,
     StepFailed,
     StepStarted,
+    StepThrottled,
     UpdateCompleted,
     UpdateRejected,
     UpdateRequested,
@@ -121,6 +124,7 @@ OP_EVENTS = (
     StepStarted,
     StepCompleted,
     StepFailed,
+    StepThrottled,
     ValueRecorded,
     WaitStarted,
     WaitCompleted,
@@ -130,6 +134,7 @@ OpEvent = (
     StepStarted
     | StepCompleted
     | StepFailed
+    | StepThrottled
     | ValueRecorded
     | WaitStarted
     | WaitCompleted
@@ -428,7 +433,11 @@ def valid_histories(draw: st.DrawFn) -> tuple[list[RunEvent], Expected]:
             for attempt in range(1, attempts + 1):
                 if attempt > 1 and draw(st.booleans()):
                     pause()  # parked as in doubt, then released by a human
-                emit(StepStarted(position=p, name=name, attempt=attempt))
+                limit = None
+                if draw(st.integers(0, 3)) == 0:  # waited for a slot of a shared limit
+                    limit = "api"
+                    emit(StepThrottled(position=p, name=name, attempt=attempt, limit=limit, slot=5))
+                emit(StepStarted(position=p, name=name, attempt=attempt, limit=limit))
                 exp.status = "running"
             # Only the last operation may stay open: the code waits for a step to finish.
             outcome = draw(st.sampled_from(["completed", "failed", *(["open"] if last else [])]))
@@ -524,6 +533,12 @@ budgets: st.SearchStrategy[Budget] = st.builds(
     polls=limits_int,
     wall_seconds=st.none() | st.floats(1, 1e9, allow_nan=False),
 )
+concurrency_keys = st.sampled_from(["tenant-1", "t:2"])
+concurrencies: st.SearchStrategy[ConcurrencyInfo] = st.builds(
+    ConcurrencyInfo, key=concurrency_keys, limit=st.integers(1, 3), ticket=st.integers(0, 9)
+)
+"""A run's concurrency key (decision 0048): ``ticket`` 0 took a slot at its start, else it
+was queued."""
 ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
     RunStarted: st.builds(
         RunStarted,
@@ -531,6 +546,7 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
         agent=st.just("a"),
         input=raws,
         parent_run_id=st.none() | st.just("p"),
+        concurrency=st.none() | concurrencies,
     ),
     RunCompleted: st.builds(RunCompleted, output=raws),
     RunFailed: st.builds(RunFailed, error=errors),
@@ -551,6 +567,7 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
         RunSuspended, reason=st.sampled_from(SUSPEND_REASONS), detail=st.just("d")
     ),
     RunResumed: st.builds(RunResumed),
+    RunAdmitted: st.builds(RunAdmitted, key=concurrency_keys, ticket=st.integers(0, 9)),
     StepStarted: st.builds(
         StepStarted,
         position=positions,
@@ -574,6 +591,15 @@ ARBITRARY: dict[type, st.SearchStrategy[Any]] = {
         error=errors,
         retry_at=st.none() | st.sampled_from([0.0, 5.0]),
         usage=st.none() | usages,
+    ),
+    StepThrottled: st.builds(
+        StepThrottled,
+        position=positions,
+        name=st.sampled_from(NAMES),
+        attempt=attempts,
+        limit=st.sampled_from(["api", "openai"]),
+        slot=st.sampled_from([0.0, 5.0]),
+        epoch=st.integers(0, 2),
     ),
     ValueRecorded: st.builds(
         ValueRecorded, position=positions, kind=st.sampled_from(VALUE_KINDS), value=raws
@@ -642,6 +668,7 @@ REWRITES: dict[type, dict[str, st.SearchStrategy[Any]]] = {
     StepStarted: {"name": st.sampled_from(NAMES), "attempt": attempts},
     StepCompleted: {"name": st.sampled_from(NAMES), "result": raws},
     StepFailed: {"name": st.sampled_from(NAMES), "error": errors},
+    StepThrottled: {"name": st.sampled_from(NAMES), "slot": st.sampled_from([1.0, 7.0])},
     ValueRecorded: {"kind": st.sampled_from(VALUE_KINDS), "value": raws},
     WaitStarted: {"key": wait_keys, "deadline": st.none() | deadlines},
     WaitCompleted: {"key": wait_keys, "outcome": st.sampled_from(WAIT_OUTCOMES), "payload": raws},
@@ -861,5 +888,6 @@ waiting_entries: st.SearchStrategy[WaitingOn] = st.one_of(
     run_ids.map(WaitingOn.run),
     st.just(WaitingOn.timer()),
     st.sampled_from(NAMES).map(WaitingOn.retry),
+    st.sampled_from(["api", "openai"]).map(WaitingOn.limit),
 )
 """Every entry of ``waiting_on`` a fold makes, through the constructors."""

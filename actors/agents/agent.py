@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast
 
 import msgspec
 
+from sojourn.schemas.concurrency import Concurrency
 from sojourn.schemas.events import Budget
 from sojourn.schemas.guard import check_depth
+from sojourn.schemas.limits import Limit, validate_limit_name
 from sojourn.schemas.names import validate_token
 
 from ..core.retry import RetryPolicy
@@ -48,6 +50,8 @@ class AgentOptions(TypedDict, total=False):
     on_cancel: Compensation | None
     lifetime: float | int | timedelta | None
     mcp: Sequence[McpServer]
+    limits: Mapping[str, Limit]
+    concurrency: Concurrency | None
 
 
 class Agent(Generic[I, O]):
@@ -70,6 +74,13 @@ class Agent(Generic[I, O]):
             past it the run is cancelled, its compensation run and its children cancelled,
             also while it is parked on a wait (a broker timer wakes it).
         mcp: the MCP servers its runs call by name (``ctx.mcp``; the mcp extra, docs/mcp.md).
+        limits: shared rate limits its steps use by name (``@step(limit=...)``,
+            ``ctx.llm(..., limit=...)``), declared for the whole deployment: a limit that does
+            not exist yet is created with this rate; one that does keeps its own (docs/guide.md,
+            "Shared rate limits").
+        concurrency: at most ``limit`` live runs per key, the key made from each run's input
+            (``Concurrency(key=lambda input: input.tenant, limit=5)``); a run beyond it is
+            queued until a slot frees (docs/guide.md, "Concurrency keys"; decision 0048).
     """
 
     def __init__(
@@ -84,8 +95,14 @@ class Agent(Generic[I, O]):
         on_cancel: Compensation | None = None,
         lifetime: float | int | timedelta | None = None,
         mcp: Sequence[McpServer] = (),
+        limits: Mapping[str, Limit] | None = None,
+        concurrency: Concurrency | None = None,
     ) -> None:
         validate_token(name, "agent name")
+        if concurrency is not None and not isinstance(concurrency, Concurrency):
+            raise TypeError("concurrency is a Concurrency(key=..., limit=...)")
+        self.concurrency = concurrency
+        self.limits = declared_limits(limits)
         if poll_cap < 1:
             raise ValueError("poll_cap must be >= 1")
         if on_cancel is not None and not inspect.iscoroutinefunction(on_cancel):
@@ -138,6 +155,17 @@ class Agent(Generic[I, O]):
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r})"
+
+
+def declared_limits(limits: Mapping[str, Limit] | None) -> dict[str, Limit]:
+    """Declared shared rate limits, checked: names and ``Limit`` values."""
+    out: dict[str, Limit] = {}
+    for name, limit in (limits or {}).items():
+        validate_limit_name(name)
+        if not isinstance(limit, Limit):
+            raise TypeError(f"limit {name!r} is declared with a Limit(...), not {limit!r}")
+        out[name] = limit
+    return out
 
 
 def lifetime_seconds(lifetime: float | int | timedelta | None) -> float | None:

@@ -31,6 +31,7 @@ from sojourn.schemas.wire import ChildOutcome
 from ..client.output import StepOutput
 from ..core.actions import Park
 from ..core.machine import Machine
+from ..core.ratelimit import Grant
 from ..ops import metrics as _metrics
 from ..worker.interrupt import StepGuard
 from .callbacks import CallbackKeys
@@ -91,6 +92,18 @@ class Driver(Protocol):
 
     async def park(self, action: Park) -> None:
         """Set the wait's timer, then store the wait (and what is pending)."""
+
+    async def reserve(self, limit: str) -> Grant:
+        """A slot of the shared rate limit ``limit`` (``UnknownLimit`` if nobody declared it)."""
+
+    async def await_slot(self, position: int, slot: float, park: bool) -> None:
+        """Wait for a step's slot: here, or (``park``) on its timer, the run parked."""
+
+    async def block_limit(self, limit: str, seconds: float | None) -> None:
+        """A provider's 429 to a step of ``limit``: block the limit for everyone."""
+
+    def charge_limit(self, limit: str, tokens: int) -> None:
+        """Charge the tokens a request of ``limit`` used."""
 
     async def rest(self) -> None:
         """The code parked on a wait (recorded): raise ``Parked``, or suspend the code

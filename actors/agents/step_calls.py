@@ -17,15 +17,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from sojourn.schemas.codec import from_raw, to_raw
-from sojourn.schemas.events import Usage
+from sojourn.schemas.errors import RateLimited, UnknownLimit
+from sojourn.schemas.events import RunSuspended, Usage
 
 from ..client.output import StepOutput
 from ..core.actions import (
     Attempt,
+    AwaitSlot,
     Backoff,
     InDoubtPolicy,
     Raise,
     Reconcile,
+    Reserve,
     Return,
     RunCancelledInterrupt,
     Suspend,
@@ -82,7 +85,9 @@ class StepCalls(ContextBase):
         self._driver.check_live()
         name = step_name(fn)
         opts = step_options(fn)
-        turn = self._m.step(name, _in_doubt_policy(opts.in_doubt), opts.retry, opts.kind)
+        turn = self._m.step(
+            name, _in_doubt_policy(opts.in_doubt), opts.retry, opts.kind, opts.limit
+        )
         rtype = return_type(fn)
         if isinstance(turn, Return):
             fault("replay", f"step {name!r}, recorded")
@@ -101,6 +106,10 @@ class StepCalls(ContextBase):
                     return from_raw(done.result, rtype)
             elif isinstance(action, Backoff):
                 await self._driver.backoff(action.position, action.retry_at)
+            elif isinstance(action, Reserve):
+                await self._reserve(turn, action)
+            elif isinstance(action, AwaitSlot):
+                await self._driver.await_slot(action.position, action.slot, action.park)
             elif isinstance(action, Suspend):
                 if action.unit is not None:
                     agent = self._driver.metric_agent
@@ -148,7 +157,9 @@ class StepCalls(ContextBase):
             raise RunCancelledInterrupt() from None
         except Exception as e:
             spent = time.perf_counter() - t0
-            failed = turn.raised(e, spent, self._driver.time(), self._charged(meter))
+            usage = self._charged(meter)
+            await self._limited(turn, e, usage)
+            failed = turn.raised(e, spent, self._driver.time(), usage)
             series.duration.observe(spent)
             (series.retry_scheduled if failed is None else series.failed).inc()
             return None
@@ -156,13 +167,38 @@ class StepCalls(ContextBase):
             current_info.reset(token)
             self._driver.running(None)
         spent = time.perf_counter() - t0
-        done = turn.returned(raw, spent, self._driver.time(), self._charged(meter))
+        usage = self._charged(meter)
+        await self._limited(turn, None, usage)
+        done = turn.returned(raw, spent, self._driver.time(), usage)
         series.duration.observe(spent)
         if isinstance(done, Return):
             series.completed.inc()
             return done
         series.failed.inc()
         return None
+
+    async def _reserve(self, turn: StepTurn, action: Reserve) -> None:
+        """A slot of the step's shared limit; a limit nobody declared suspends the run (reason
+        ``limit``) until an operator sets it and resumes the run."""
+        try:
+            grant = await self._driver.reserve(action.limit)
+        except UnknownLimit as e:
+            detail = f"{e.message}; then `sojourn resume {self.run_id}`"
+            now = self._driver.time()
+            await self._driver.suspend(RunSuspended(reason="limit", detail=detail, at=now))
+            return
+        turn.granted(grant, self._driver.time())
+
+    async def _limited(self, turn: StepTurn, e: BaseException | None, usage: Usage | None) -> None:
+        """After an attempt of a step with a shared limit: charge the tokens it used, and
+        block the limit for everyone when the provider answered 429 (``RateLimited``)."""
+        limit = turn.limit
+        if limit is None:
+            return
+        if usage is not None and usage.tokens:
+            self._driver.charge_limit(limit, usage.tokens)
+        if isinstance(e, RateLimited):
+            await self._driver.block_limit(limit, e.retry_after)
 
     async def _reconcile(self, policy: Any, turn: StepTurn, action: Reconcile) -> None:
         """Ask the step's reconcile function, by idempotency key, whether the in-doubt attempt
@@ -215,6 +251,7 @@ class StepCalls(ContextBase):
         stream: bool = False,
         retry: RetryPolicy | None = None,
         prices: PriceTable | None = None,
+        limit: str | None = None,
         **options: Any,
     ) -> ModelResponse:
         """Send one request to ``model`` as a journaled step (``llm:<model.name>``, kind
@@ -225,8 +262,9 @@ class StepCalls(ContextBase):
         ``extra``...). The step gives the model its idempotency key, streams the text to the
         run's output stream with ``stream=True``, and charges the usage, priced by ``prices``
         (else the model's own table), to the run's budget. ``retry`` defaults to
-        ``sojourn.actors.llm.LLM_RETRY`` (a 429's ``Retry-After`` is the delay). See
-        docs/llm.md.
+        ``sojourn.actors.llm.LLM_RETRY`` (a 429's ``Retry-After`` is the delay). ``limit``
+        names a shared rate limit: the request waits for a slot of it, its tokens are charged
+        to it, and a 429 blocks it for every run. See docs/llm.md.
 
         Raises:
             StepError: the request failed for good (its ``error_type`` names the model
@@ -235,7 +273,15 @@ class StepCalls(ContextBase):
         from ..llm._call import call_model  # imported on first use: httpx is not needed before
 
         return await call_model(
-            self, model, messages, tools, options, stream=stream, retry=retry, prices=prices
+            self,
+            model,
+            messages,
+            tools,
+            options,
+            stream=stream,
+            retry=retry,
+            prices=prices,
+            limit=limit,
         )
 
     # --- output streams ---------------------------------------------------------------------

@@ -9,8 +9,10 @@ from importlib import metadata
 from . import (
     _archive,
     _budget,
+    _concurrency,
     _fork,
     _gateway,
+    _limit,
     _projector,
     _read,
     _runs,
@@ -37,8 +39,10 @@ _FAMILIES: tuple[tuple[Command, ...], ...] = (
     _update.COMMANDS,
     _budget.COMMANDS,
     _schedule.COMMANDS,
+    _limit.COMMANDS,
     _topology.COMMANDS,
     _archive.COMMANDS,
+    _concurrency.COMMANDS,
 )
 
 _ORDER = (
@@ -64,6 +68,8 @@ _ORDER = (
     "fork",
     "budget",
     "schedule",
+    "limit",
+    "queue",
     "decide",
     "replay",
     "topology",

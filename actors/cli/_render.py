@@ -84,6 +84,13 @@ def describe_event(e: events.RunEvent) -> tuple[str, str]:
                 detail += f" forked_from={e.forked_from.run_id} pos={e.forked_from.position}"
         case events.StepStarted():
             detail = f"{e.name} pos={e.position} attempt={e.attempt}"
+            if e.limit is not None:
+                detail += f" limit={e.limit} slot={stamp(e.slot)}"
+        case events.StepThrottled():
+            detail = (
+                f"{e.name} pos={e.position} attempt={e.attempt} waits for limit {e.limit} "
+                f"until {stamp(e.slot)}"
+            )
         case events.StepCompleted():
             detail = (
                 f"{e.name} pos={e.position} attempt={e.attempt} took={e.duration:.3f}s"

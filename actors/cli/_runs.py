@@ -41,7 +41,9 @@ from ._common import (
     require_deployment,
     to_run,
 )
+from ._concurrency import add_concurrency_arguments, concurrency_options
 from ._holds import agent_hold, pause_arguments, unpause_arguments
+from ._keyed import add_keyed_arguments, keyed_options, keyed_outcome
 from ._render import (
     clock,
     describe_event,
@@ -87,7 +89,9 @@ async def cmd_start(args: argparse.Namespace) -> int:
     intake_timeout = (timeout or 86_400.0) if args.wait else (timeout or INTAKE_WAIT)
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
-    run_id = args.run_id or uuid.uuid4().hex
+    keyed = keyed_options(args)  # a singleton key or a debounce: the intake names the run
+    limited = concurrency_options(args)  # a concurrency key (decision 0048)
+    run_id = args.run_id or (None if "debounce" in keyed else uuid.uuid4().hex)
     try:
         attributes = parse_attribute_args(args.attr)
     except InvalidAttributes as e:
@@ -102,9 +106,12 @@ async def cmd_start(args: argparse.Namespace) -> int:
                 timeout=intake_timeout,
                 budget=budget_from_args(args),
                 attributes=attributes,
+                **keyed,
+                **limited,
             )
         )
-        out(f"run_id: {run_id}")
+        if not keyed:
+            out(f"run_id: {run_id}")
         if args.wait:
             done, _ = await asyncio.wait({trigger}, timeout=INTAKE_WAIT)
             if not done:
@@ -115,14 +122,14 @@ async def cmd_start(args: argparse.Namespace) -> int:
         try:
             receipt = await trigger
         except UnknownAgent as e:
-            raise TriggerRejected("unknown_agent", e.message, run_id=run_id) from None
+            raise TriggerRejected("unknown_agent", e.message, run_id=run_id or "") from None
         if receipt.queued:
             out(
                 f"queued: no worker answered yet; the trigger is stored and will run when a "
                 f"worker serving {args.agent} starts"
             )
-        elif receipt.created:
-            out("accepted: new run")
+        elif keyed or receipt.created:
+            out(keyed_outcome(receipt) if keyed else "accepted: new run")
         else:
             out("accepted: a run with this id already exists (it was not started again)")
         if not args.wait:
@@ -153,6 +160,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
             return EXIT_OK
         state = await lookup(client, args.run_id)
         liv = None if isinstance(state, PendingRun) else await client.liveness(args.run_id)
+        # queued on its concurrency key: where it stands (decision 0048)
+        detail = None if isinstance(state, PendingRun) else await client.queued_detail(state)
     if isinstance(state, PendingRun):
         for key, value in pending_rows(state):
             out(f"{key:<10} {value}")
@@ -160,6 +169,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
     assert liv is not None
     for key, value in status_rows(state, liv, args.run_id):
         out(f"{key:<10} {value}")
+    if detail is not None:
+        out(f"{'detail':<10} {detail}")
     return EXIT_OK
 
 
@@ -499,6 +510,8 @@ def _start_arguments(p: argparse.ArgumentParser) -> None:
         help="a search attribute (repeatable): tier=gold is a string, tier:=3 or vip:=true "
         "a typed value",
     )
+    add_keyed_arguments(p)
+    add_concurrency_arguments(p)
     add_seconds(
         p,
         "--timeout",

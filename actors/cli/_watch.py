@@ -70,6 +70,11 @@ def what_happened(e: events.RunEvent) -> str:
                 case other:
                     how = str(other)
             return f"resumed at pos={e.position} ({e.key}): {how}"
+        case events.StepThrottled():
+            return (
+                f"{e.name} pos={e.position} attempt {e.attempt} waits for its slot of limit "
+                f"{e.limit} at {_until(e.slot, e.at)}"
+            )
         case events.StepFailed() if e.retry_at is not None:
             return (
                 f"{e.name} pos={e.position} attempt {e.attempt} failed after {e.duration:.3f}s: "

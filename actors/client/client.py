@@ -21,8 +21,10 @@ from sojourn.schemas.config import Settings
 
 from ..history.pending import PendingRun
 from .admin import AdminControls
+from .concurrency import ConcurrencyReads
 from .forks import Forks
 from .holds import AgentHoldControls
+from .limits import LimitControls
 from .read_side import ReadSide
 from .runs import RunControl
 from .schedules import Schedules
@@ -31,7 +33,17 @@ from .updates import Updates
 __all__ = ["Client", "PendingRun"]
 
 
-class Client(RunControl, AdminControls, AgentHoldControls, Schedules, ReadSide, Forks, Updates):
+class Client(
+    RunControl,
+    AdminControls,
+    AgentHoldControls,
+    LimitControls,
+    Schedules,
+    ReadSide,
+    Forks,
+    Updates,
+    ConcurrencyReads,
+):
     """Talks to a sojourn deployment over NATS.
 
     Example:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sojourn.broker.eventstore import Decision
+from sojourn.schemas.concurrency import queued_detail
 from sojourn.schemas.errors import RunNotFound
 
 from ..core.state import RunState
@@ -123,6 +124,10 @@ async def status_report(client: Client, run_id: str) -> dict[str, Any]:
         return body
     body = status_json(state, run_id)
     body["liveness"] = msgspec.to_builtins(await client.liveness(run_id))
+    where = await client.queued(state)  # queued on its concurrency key (decision 0048)
+    if where is not None:
+        body["detail"] = queued_detail(*where)
+        body["queue"] = {"key": where[0], "position": where[1]}
     return body
 
 

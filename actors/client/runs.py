@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, TypedDict, Unpack
 
 import msgspec
@@ -18,8 +19,10 @@ import msgspec
 from sojourn.broker import headers as h
 from sojourn.schemas.attributes import validate_attributes
 from sojourn.schemas.codec import encode, to_raw
+from sojourn.schemas.concurrency import ConcurrencyBody
 from sojourn.schemas.errors import InvalidName, PayloadTooLarge
 from sojourn.schemas.events import Budget
+from sojourn.schemas.flow import DebounceBody, DebounceInputs, debounce_fault, key_fault
 from sojourn.schemas.names import (
     RESERVED_SIGNAL_PREFIX,
     reserved_run_id,
@@ -31,6 +34,7 @@ from sojourn.schemas.wire import CancelBody, IntakeError, StartTrigger
 from ..history.snapshots import current as current_snapshot
 from ..telemetry import outgoing
 from .base import ClientBase, TriggerRejected, budget_body, refuse_unknown, rejected
+from .concurrency import concurrency_body
 
 __all__ = ["RunControl", "StartOptions", "StartReceipt"]
 
@@ -49,6 +53,19 @@ class StartOptions(TypedDict, total=False):
         tracestate: the W3C ``tracestate`` that goes with ``traceparent``.
         attributes: the run's search attributes (``sojourn.schemas.attributes``: str, int,
             float, bool or an aware datetime; at most 32), which listings filter by.
+        singleton_key: attach to the live run started with this key (for this agent) instead
+            of starting another (decision 0047); the answer says ``attached``.
+        debounce: start one run this long (seconds, or a ``timedelta``: 0.1 s to 7 days)
+            after the last of a burst of starts with the same ``debounce_key``; the run id is
+            the burst's (``run_id`` must not be given).
+        debounce_key: the key of a debounced start (required with ``debounce``).
+        debounce_inputs: ``"last"`` (default: the run gets the last start's input) or
+            ``"all"`` (the list of every input of the burst, in order).
+        concurrency: ``{"key": K, "limit": N}`` (or a ``ConcurrencyBody``): at most N live
+            runs of the agent started with key K; beyond, the run is queued (``pending``)
+            until a slot frees, in arrival order (decision 0048). Not for an agent that
+            declares its own (``Agent(concurrency=...)``), nor with a singleton key or a
+            debounce.
     """
 
     run_id: str | None
@@ -58,6 +75,11 @@ class StartOptions(TypedDict, total=False):
     traceparent: str | None
     tracestate: str | None
     attributes: Mapping[str, Any] | None
+    singleton_key: str | None
+    debounce: float | timedelta | None
+    debounce_key: str | None
+    debounce_inputs: DebounceInputs
+    concurrency: ConcurrencyBody | dict[str, Any] | None
 
 
 class StartReceipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +89,11 @@ class StartReceipt(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str
     created: bool | None
     queued: bool
+    attached: bool = False
+    """A singleton start found its key's run live: ``run_id`` is that run."""
+    debounced: bool = False
+    """A debounced start: ``run_id`` is the run its burst will start when it ends (``""``
+    when no worker answered yet)."""
 
 
 class RunControl(ClientBase):
@@ -85,16 +112,22 @@ class RunControl(ClientBase):
         token) is recorded as who started it (``RunStarted.trigger.sent_by``); on an
         authenticated connection it is the connection's user unless it is one of
         ``speaks_for``. (``run_id``, ``timeout``, ``budget`` and ``sender`` are the keyword
-        arguments of ``StartOptions``.)
+        arguments of ``StartOptions``.) A ``singleton_key`` or a ``debounce`` makes the start
+        keyed (decision 0047): the intake's answer is always awaited, and the id returned is
+        the run it names (the key's live run, or the burst's; ``""`` for a debounced start no
+        worker answered in time).
 
         Raises:
-            InvalidName: ``agent``, ``run_id`` or ``sender`` is not a valid name.
-            ValueError: ``sender`` is not this connection's user or one it speaks for.
+            InvalidName: ``agent``, ``run_id``, ``sender`` or a key is not a valid name.
+            ValueError: ``sender`` is not this connection's user or one it speaks for; a
+                debounce out of range or without its key.
             PayloadTooLarge: the encoded trigger exceeds ``settings.max_payload``.
             TriggerRejected: (``wait=True``) the intake refused it.
             BrokerUnavailable: the broker did not take the trigger.
         """
-        receipt = await self.trigger(agent, input, wait=wait, **options)
+        keyed = options.get("singleton_key") is not None or options.get("debounce") is not None
+        # A keyed start's run is the intake's to name: its answer is always awaited.
+        receipt = await self.trigger(agent, input, wait=wait or keyed, **options)
         return receipt.run_id
 
     async def trigger(
@@ -105,6 +138,12 @@ class RunControl(ClientBase):
         run_id, timeout = options.get("run_id"), options.get("timeout", 5.0)
         validate_token(agent, "agent name")
         who = self._sender(options.get("sender"))
+        singleton_key, debounce = _keyed(options)
+        concurrency = concurrency_body(options.get("concurrency"))
+        if concurrency is not None and (singleton_key is not None or debounce is not None):
+            raise ValueError("a singleton or debounced start takes no concurrency")
+        if debounce is not None and run_id is not None:
+            raise ValueError("a debounced start names no run_id: its burst's run is named for it")
         run_id = validate_token(run_id, "run_id") if run_id is not None else _new_run_id()
         why = reserved_run_id(run_id)
         if why is not None:
@@ -117,7 +156,15 @@ class RunControl(ClientBase):
         if given:  # refused here, before anything is published, as the intake would
             attributes = {k: v for k, v in validate_attributes(given).items() if v is not None}
         body = encode(
-            StartTrigger(input=to_raw(input), run_id=run_id, budget=limits, attributes=attributes)
+            StartTrigger(
+                input=to_raw(input),
+                run_id=None if debounce is not None else run_id,
+                budget=limits,
+                attributes=attributes,
+                singleton_key=singleton_key,
+                debounce=debounce,
+                concurrency=concurrency,
+            )
         )
         if len(body) > self.settings.max_payload:
             raise PayloadTooLarge(
@@ -129,21 +176,37 @@ class RunControl(ClientBase):
         headers = {h.MSG_ID: f"start:{agent}:{run_id}"}
         headers.update(outgoing(options.get("traceparent"), options.get("tracestate")))
         # The run id in the subject makes the stored trigger findable: the run is pending.
-        subject = self.names.start(agent, who, run_id)
+        # Not for a keyed start, whose run may be another (attached, or its burst's).
+        keyed = singleton_key is not None or debounce is not None
+        subject = self.names.start(agent, who, None if keyed else run_id)
+        if debounce is not None:
+            run_id = ""  # the burst's run, named by the intake's answer
         if not wait:
             await self._publish(subject, body, headers)
-            return StartReceipt(run_id=run_id, created=None, queued=True)
+            return StartReceipt(
+                run_id=run_id, created=None, queued=True, debounced=debounce is not None
+            )
         reply = await self._publish_answered(subject, body, headers, timeout, who)
+        if reply == "duplicate" and keyed:  # answered once, before: what it said is not kept
+            return StartReceipt(run_id=run_id, created=None, queued=True)
         if reply == "duplicate":
             # The inbox already holds this exact trigger (a retry inside the dedup window):
             # the intake answers only once, so answer from the run's history instead.
             exists = await self.store.last_seq(run_id) > 0
             return StartReceipt(run_id=run_id, created=False if exists else None, queued=not exists)
         if reply is None:
-            return StartReceipt(run_id=run_id, created=None, queued=True)
+            return StartReceipt(
+                run_id=run_id, created=None, queued=True, debounced=debounce is not None
+            )
         if isinstance(reply, IntakeError):
             raise rejected(reply, run_id)
-        return StartReceipt(run_id=reply.run_id, created=reply.created, queued=False)
+        return StartReceipt(
+            run_id=reply.run_id,
+            created=reply.created,
+            queued=False,
+            attached=reply.attached,
+            debounced=reply.debounced,
+        )
 
     async def signal(
         self,
@@ -249,6 +312,45 @@ class RunControl(ClientBase):
 
 _SIGNAL_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 """A caller's signal id: it travels in a header and is recorded in the history."""
+
+
+def _keyed(options: StartOptions) -> tuple[str | None, DebounceBody | None]:
+    """The singleton key and the debounce of a start, checked as the intake would (decision
+    0047), before anything is published.
+
+    Raises:
+        InvalidName: a key is empty, longer than 256 bytes or holds control characters.
+        ValueError: a debounce out of range, without a key, or with a singleton key.
+    """
+    singleton_key = options.get("singleton_key")
+    seconds, key = options.get("debounce"), options.get("debounce_key")
+    inputs = options.get("debounce_inputs", "last")
+    if singleton_key is not None:
+        why = key_fault(singleton_key)
+        if why is not None:
+            raise InvalidName(f"singleton_key: {why}")
+    if seconds is None:
+        if key is not None or "debounce_inputs" in options:
+            raise ValueError("debounce_key and debounce_inputs go with debounce")
+        return singleton_key, None
+    if singleton_key is not None:
+        raise ValueError("a start has a singleton_key or a debounce, not both")
+    if key is None:
+        raise ValueError("a debounced start names its debounce_key")
+    why = key_fault(key)
+    if why is not None:
+        raise InvalidName(f"debounce_key: {why}")
+    if inputs not in ("last", "all"):
+        raise ValueError(f'debounce_inputs is "last" or "all", not {inputs!r}')
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"debounce is seconds or a timedelta, not {type(seconds).__name__}")
+    body = DebounceBody(seconds=float(seconds), key=key, inputs=inputs)
+    why = debounce_fault(body)
+    if why is not None:
+        raise ValueError(why)
+    return singleton_key, body
 
 
 def _new_run_id() -> str:

@@ -215,11 +215,24 @@ class _Builder:
         self.items: list[Item] = []
         self.steps: dict[int, int] = {}  # position -> index of its item
         self.waits: dict[int, int] = {}
+        self.slots: dict[int, int] = {}
+        """Steps waiting for a slot of a shared limit: their position -> the wait's item."""
 
     def add(self, item: Item) -> None:
         self.items.append(item)
 
+    def throttled(self, e: ev.StepThrottled, seq: int) -> None:
+        """A step waiting for its slot of a shared rate limit: drawn as a wait until the slot
+        (its deadline), ended by the step's start."""
+        on = f"limit:{_clip(e.limit, 64)}"
+        self.slots[e.position] = len(self.items)
+        item = Item(kind="wait", at=e.at, seq=seq, position=e.position, name=on, waits_for=(on,))
+        self.add(msgspec.structs.replace(item, deadline=e.slot))
+
     def step_started(self, e: ev.StepStarted, seq: int, writer: str) -> None:
+        slot = self.slots.pop(e.position, None)
+        if slot is not None:
+            self.items[slot] = msgspec.structs.replace(self.items[slot], end=e.at)
         attempt = Attempt(attempt=e.attempt, outcome="running", started_at=e.at, writer=writer)
         index = self.steps.get(e.position)
         if index is None:
@@ -316,6 +329,8 @@ class _Builder:
                 self.step_started(e, seq, writer)
             case ev.StepCompleted() | ev.StepFailed():
                 self.step_ended(e)
+            case ev.StepThrottled():
+                self.throttled(e, seq)
             case ev.WaitStarted():
                 self.wait_started(e, seq)
             case ev.WaitCompleted():

@@ -19,6 +19,7 @@ from sojourn.schemas.vocabulary import BudgetLimit
 
 __all__ = [
     "Attempt",
+    "AwaitSlot",
     "Backoff",
     "ChildStart",
     "InDoubtPolicy",
@@ -27,6 +28,7 @@ __all__ = [
     "Parked",
     "Raise",
     "Reconcile",
+    "Reserve",
     "Return",
     "RunCancelledInterrupt",
     "StepAction",
@@ -82,6 +84,25 @@ class Backoff:
 
 
 @dataclass(slots=True)
+class Reserve:
+    """Ask the shared rate limit ``limit`` for a slot for the step at ``position`` (I/O: the
+    worker's ``SharedLimits``), then report it with ``StepTurn.granted``."""
+
+    position: int
+    limit: str
+
+
+@dataclass(slots=True)
+class AwaitSlot:
+    """Wait for the step's slot at ``slot``: in this activation when ``park`` is false (it is
+    near), else on a timer with the run parked (its ``StepThrottled`` is recorded)."""
+
+    position: int
+    slot: float
+    park: bool
+
+
+@dataclass(slots=True)
 class Suspend:
     """Append ``event`` and park: the run waits for a human (``sojourn resume``/``decide``)."""
 
@@ -122,6 +143,6 @@ class LookupChildren:
     children: tuple[str, ...]
 
 
-StepAction = Return | Raise | Attempt | Backoff | Suspend | Reconcile
+StepAction = Return | Raise | Attempt | Backoff | Suspend | Reconcile | Reserve | AwaitSlot
 WaitAction = Park | LookupChildren
 InDoubtPolicy = Literal["retry", "ask", "reconcile"]

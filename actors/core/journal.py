@@ -20,6 +20,7 @@ from sojourn.schemas.errors import NondeterminismError
 from sojourn.schemas.events import ErrorInfo
 from sojourn.schemas.vocabulary import PATCH_KIND, ValueKind, WaitOutcome, value_op
 
+from .ratelimit import Grant
 from .state import OpRecord, RunState
 
 __all__ = [
@@ -70,6 +71,9 @@ class Execute:
     retry_at: float | None = None
     interrupted: int = 0
     """In doubt: how many attempts in a row were cut off mid-step (this one included)."""
+    grant: Grant | None = None
+    """The slot of a shared rate limit this attempt was granted (recorded ``StepThrottled``,
+    or granted in this activation), if it waits for one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +165,13 @@ class Journal:
         if rec.status == "completed":
             assert rec.result is not None
             return Recorded(position=p, result=rec.result)
+        if rec.status == "throttled":  # a slot of a shared limit was granted, not yet used
+            assert rec.limit is not None and rec.deadline is not None
+            grant = Grant(rec.limit, rec.deadline, rec.epoch)
+            attempt = rec.attempts + 1
+            return self._open(
+                Execute(p, attempt, in_doubt=False, interrupted=rec.interrupted, grant=grant)
+            )
         if rec.status == "failed":
             assert rec.error is not None
             if rec.deadline is not None:  # a retry is due at ``deadline``

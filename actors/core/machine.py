@@ -47,6 +47,7 @@ from sojourn.schemas.events import (
     ValueRecorded,
 )
 from sojourn.schemas.holds import AgentHold
+from sojourn.schemas.limits import LimitRecord
 from sojourn.schemas.vocabulary import PATCH_KIND, SPEND_KIND, StepKind, ValueKind
 from sojourn.schemas.wire import InDoubtDecision, decide_signal
 
@@ -73,13 +74,15 @@ A = TypeVar("A", bound=str)
 
 
 def _open(op: OpRecord) -> bool:
-    """Whether an operation history recorded is not settled: a step started and never ended
-    or with a retry due, a wait still waiting."""
+    """Whether an operation history recorded is not settled: a step started and never ended,
+    with a retry due or waiting for a slot of a shared limit, a wait still waiting."""
     if op.kind == "wait":
         return op.status == "waiting"
     if op.kind != "step":
         return False
-    return op.status == "started" or (op.status == "failed" and op.deadline is not None)
+    return op.status in ("started", "throttled") or (
+        op.status == "failed" and op.deadline is not None
+    )
 
 
 @dataclass(slots=True)
@@ -101,6 +104,8 @@ class Machine:
     """Called after events are queued (the driver arms its flush timer)."""
     held: Callable[[], AgentHold | None] | None = None
     """The hold of the run's agent now (``sojourn pause --agent``), as the driver knows it."""
+    limit_records: Callable[[str], LimitRecord | None] | None = None
+    """The shared rate limits as the driver knows them now (a block a 429 imposed)."""
     journal: Journal = field(init=False)
     pending: list[RunEvent] = field(default_factory=list)
     consumed: set[str] = field(default_factory=set)
@@ -286,6 +291,7 @@ class Machine:
         in_doubt: InDoubtPolicy,
         retry: RetryPolicy | None,
         kind: StepKind = "step",
+        limit: str | None = None,
     ) -> Return | StepTurn:
         """A step call: its recorded result, or a turn that decides how to run it.
 
@@ -299,7 +305,11 @@ class Machine:
             return Return(plan.result)
         if isinstance(plan, RecordedFailure):
             raise step_error(name, plan.attempts, plan.error, self.run_id)
-        return StepTurn(self, name, plan, in_doubt, retry or self.limits.retry, kind)
+        return StepTurn(self, name, plan, in_doubt, retry or self.limits.retry, kind, limit)
+
+    def limit_record(self, name: str) -> LimitRecord | None:
+        """The shared rate limit ``name`` as the driver knows it now."""
+        return None if self.limit_records is None else self.limit_records(name)
 
     def decision(self, position: int, attempt: int) -> InDoubtDecision | None:
         """An operator's decision about attempt ``attempt`` of the in-doubt step at

@@ -35,6 +35,7 @@ from .actions import Park, Parked, RunCancelledInterrupt
 from .journal import ReplayFrontier, describe_op
 from .limits import Limits
 from .machine import Machine
+from .ratelimit import Grant
 from .state import RunState, fold
 
 __all__ = ["Divergence", "ReplayResult", "decode_history_file", "replay_run"]
@@ -128,6 +129,18 @@ class _ReplayDriver:
 
     async def rest(self) -> None:
         raise Parked()
+
+    async def reserve(self, limit: str) -> Grant:
+        raise self._refuse()
+
+    async def await_slot(self, position: int, slot: float, park: bool) -> None:
+        raise self._refuse()
+
+    async def block_limit(self, limit: str, seconds: float | None) -> None:
+        raise self._refuse()
+
+    def charge_limit(self, limit: str, tokens: int) -> None:
+        raise self._refuse()
 
     async def suspend(self, event: Any) -> None:
         raise self._refuse()

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from sojourn.schemas.limits import validate_limit_name
 from sojourn.schemas.vocabulary import STEP_KINDS, StepKind
 
 __all__ = ["NOT_DONE", "InDoubt", "RetryPolicy", "StepOptions", "step", "step_options"]
@@ -89,6 +90,8 @@ class StepOptions:
     timeout: float | None = None
     """Seconds one attempt may run: past it the attempt fails with ``StepTimeout`` (an async
     one is cancelled, a sync one abandoned) and is retried as the step's policy says."""
+    limit: str | None = None
+    """The shared rate limit every attempt takes a slot of (decision 0046)."""
 
 
 def step_timeout(timeout: float | int | timedelta | None) -> float | None:
@@ -108,8 +111,11 @@ def step(
     in_doubt: InDoubt = "retry",
     kind: StepKind = "step",
     timeout: float | int | timedelta | None = None,
+    limit: str | None = None,
 ) -> Callable[[F], F]:
-    """Attach options to a step function (it stays a plain function).
+    """Attach options to a step function (it stays a plain function). ``limit`` names a
+    shared rate limit (``Agent(limits=...)``): each attempt waits for a slot of it, across
+    every worker of the deployment.
 
     Example:
         >>> from sojourn.actors import RetryPolicy, step
@@ -121,9 +127,13 @@ def step(
     if kind not in STEP_KINDS:
         raise ValueError(f"a step's kind is one of {', '.join(STEP_KINDS)}, not {kind!r}")
     seconds = step_timeout(timeout)
+    if limit is not None:
+        validate_limit_name(limit)
 
     def attach(fn: F) -> F:
-        opts = StepOptions(name=name, retry=retry, in_doubt=in_doubt, kind=kind, timeout=seconds)
+        opts = StepOptions(
+            name=name, retry=retry, in_doubt=in_doubt, kind=kind, timeout=seconds, limit=limit
+        )
         fn.__sojourn_step__ = opts  # type: ignore[attr-defined]
         if name is not None:
             fn.__sojourn_step_name__ = name  # type: ignore[attr-defined]

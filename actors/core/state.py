@@ -17,7 +17,13 @@ import msgspec
 from sojourn.schemas import events as ev
 from sojourn.schemas.attributes import decode_upsert, merge_attributes
 from sojourn.schemas.codec import decode_spend
-from sojourn.schemas.lifecycle import next_status, next_waiting, out_of_place
+from sojourn.schemas.lifecycle import (
+    next_status,
+    next_waiting,
+    out_of_place,
+    queued_at_start,
+    queued_on,
+)
 from sojourn.schemas.vocabulary import (
     ATTRIBUTES_KIND,
     LLM_STEP,
@@ -74,6 +80,10 @@ class OpRecord(msgspec.Struct, frozen=True, kw_only=True):
     interrupted: int = 0
     """Attempts in a row at this step that started and never ended before the one recorded
     last (their worker died mid-step): how a step that kills its worker is recognised."""
+    limit: str | None = None
+    """A step ``throttled``: the shared rate limit it waits for (its slot is ``deadline``, the
+    limit's block epoch at the grant ``epoch``)."""
+    epoch: int = 0
 
 
 class SignalRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -185,6 +195,14 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     traceparent: str | None = None
     """The trace context the run was started in (``RunStarted.traceparent``)."""
     tracestate: str | None = None
+    concurrency: ev.ConcurrencyInfo | None = None
+    """The run's concurrency key (``RunStarted.concurrency``, decision 0048); while
+    ``waiting_on`` is ``queue:<key>`` it is queued (``queued``)."""
+
+    @property
+    def queued(self) -> bool:
+        """Whether the run waits in its concurrency key's queue (not admitted yet)."""
+        return queued_on(self.waiting_on) is not None and self.status == "pending"
 
     @property
     def terminal(self) -> bool:
@@ -256,7 +274,13 @@ def evolve(state: RunState, event: ev.RunEvent) -> RunState:
                 attributes=dict(event.attributes or {}),
                 traceparent=event.traceparent,
                 tracestate=event.tracestate,
+                concurrency=event.concurrency,
+                waiting_on=() if (q := queued_at_start(event)) is None else q.on,
             )
+        case ev.RunAdmitted():
+            if not s.queued or s.concurrency is None or s.concurrency.key != event.key:
+                return _anomaly(s, "RunAdmitted while not queued on its key")
+            return _lifecycle(s, event)
         case ev.BudgetChanged():
             base = s.budget or ev.Budget()
             return msgspec.structs.replace(s, budget=base.over(event.budget))
@@ -268,6 +292,7 @@ def evolve(state: RunState, event: ev.RunEvent) -> RunState:
             ev.StepStarted()
             | ev.StepCompleted()
             | ev.StepFailed()
+            | ev.StepThrottled()
             | ev.ValueRecorded()
             | ev.WaitStarted()
             | ev.WaitCompleted()
@@ -406,6 +431,7 @@ _OP_EVENTS = (
     ev.StepStarted,
     ev.StepCompleted,
     ev.StepFailed,
+    ev.StepThrottled,
     ev.ValueRecorded,
     ev.WaitStarted,
     ev.WaitCompleted,
@@ -415,6 +441,7 @@ _OpEvent = (
     ev.StepStarted
     | ev.StepCompleted
     | ev.StepFailed
+    | ev.StepThrottled
     | ev.ValueRecorded
     | ev.WaitStarted
     | ev.WaitCompleted
@@ -546,7 +573,7 @@ def _misplaced(ops: Sequence[OpRecord], event: _OpEvent) -> str | None:
         return f"value {p} recorded again over {was} ({prev.status})"
     if prev.kind != "step" or prev.name != event.name:
         return f"step {p} '{event.name}' {verb} over {was} ({prev.status})"
-    if isinstance(event, ev.StepStarted):
+    if isinstance(event, (ev.StepStarted, ev.StepThrottled)):
         ok = prev.status != "completed"
     else:
         ok = prev.status == "started"
@@ -555,6 +582,7 @@ def _misplaced(ops: Sequence[OpRecord], event: _OpEvent) -> str | None:
 
 _VERB: dict[type, str] = {
     ev.StepStarted: "started",
+    ev.StepThrottled: "throttled",
     ev.StepCompleted: "completed",
     ev.StepFailed: "failed",
     ev.ValueRecorded: "recorded",
@@ -564,6 +592,7 @@ _VERB: dict[type, str] = {
 }
 _NOUN: dict[type, str] = {
     ev.StepStarted: "step",
+    ev.StepThrottled: "step",
     ev.StepCompleted: "step",
     ev.StepFailed: "step",
     ev.ValueRecorded: "value",
@@ -579,8 +608,7 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: ev.RunEvent) -> RunState:
     match event:
         case ev.StepStarted():
             prev = ops[event.position] if event.position < len(ops) else None
-            interrupted = prev.interrupted + 1 if prev and prev.status == "started" else 0
-            rec = _step_record(event, "started", interrupted=interrupted)
+            rec = _step_record(event, "started", interrupted=_cut_off(prev))
             s = msgspec.structs.replace(
                 s,
                 step_attempts=s.step_attempts + 1,
@@ -594,6 +622,19 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: ev.RunEvent) -> RunState:
         case ev.StepFailed():
             rec = _step_record(event, "failed", error=event.error, deadline=event.retry_at)
             s = _charged(s, event.usage)
+        case ev.StepThrottled():
+            prev = ops[event.position] if event.position < len(ops) else None
+            rec = OpRecord(
+                position=event.position,
+                kind="step",
+                name=event.name,
+                status="throttled",
+                attempts=event.attempt - 1,
+                deadline=event.slot,
+                limit=event.limit,
+                epoch=event.epoch,
+                interrupted=_cut_off(prev),
+            )
         case ev.ValueRecorded():
             rec = OpRecord(
                 position=event.position,
@@ -651,6 +692,16 @@ def _apply_op(s: RunState, ops: list[OpRecord], event: ev.RunEvent) -> RunState:
     else:
         ops[rec.position] = rec
     return _lifecycle(s, event)
+
+
+def _cut_off(prev: OpRecord | None) -> int:
+    """Attempts in a row cut off mid-step at a step about to start again (or to wait for a
+    slot of a shared limit first): one more if the last attempt never ended."""
+    if prev is None:
+        return 0
+    if prev.status == "started":
+        return prev.interrupted + 1
+    return prev.interrupted if prev.status == "throttled" else 0
 
 
 def _step_record(

@@ -9,6 +9,7 @@ clipped to ``ERROR_TEXT_MAX``), so a replay raises the same ``StepError``. Pure.
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from typing import Any, Protocol
 
@@ -28,14 +29,28 @@ from sojourn.schemas.events import (
     StepCompleted,
     StepFailed,
     StepStarted,
+    StepThrottled,
     Usage,
 )
+from sojourn.schemas.limits import LimitRecord
 from sojourn.schemas.vocabulary import StepKind
 from sojourn.schemas.wire import InDoubtDecision
 
-from .actions import Attempt, Backoff, InDoubtPolicy, Raise, Reconcile, Return, StepAction, Suspend
+from .actions import (
+    Attempt,
+    AwaitSlot,
+    Backoff,
+    InDoubtPolicy,
+    Raise,
+    Reconcile,
+    Reserve,
+    Return,
+    StepAction,
+    Suspend,
+)
 from .journal import Execute, Journal
 from .limits import Limits
+from .ratelimit import LIMIT_SLEEP_MAX, Grant, usable
 from .retry import DEFAULT_RETRYABLE, RetryPolicy
 
 __all__ = [
@@ -132,11 +147,24 @@ class StepHost(Protocol):
     def stop(self, position: int, compensate_at: int | None = None) -> None:
         """The code stops at ``position`` (a cancel interrupted it)."""
 
+    def limit_record(self, name: str) -> LimitRecord | None:
+        """The shared rate limit ``name`` as the worker knows it now (``None``: unknown)."""
+
 
 class StepTurn:
     """How one step call is carried out: attempts, backoffs, in-doubt settlement."""
 
-    __slots__ = ("_done", "_in_doubt", "_m", "_settled", "kind", "name", "plan", "policy")
+    __slots__ = (
+        "_done",
+        "_in_doubt",
+        "_m",
+        "_settled",
+        "kind",
+        "limit",
+        "name",
+        "plan",
+        "policy",
+    )
 
     def __init__(
         self,
@@ -146,9 +174,12 @@ class StepTurn:
         in_doubt: InDoubtPolicy,
         policy: RetryPolicy | None,
         kind: StepKind = "step",
+        limit: str | None = None,
     ) -> None:
         self._m = machine
         self.kind = kind
+        self.limit = limit
+        """The shared rate limit each attempt takes a slot of (``@step(limit=...)``)."""
         self.name = name
         self.plan = plan
         self.policy = policy
@@ -182,11 +213,59 @@ class StepTurn:
         over = self._m.over_budget(now, self.kind)
         if over is not None:
             return over
+        slot: float | None = None
+        if self.limit is not None:
+            wait = self._slot(now)
+            if wait is not None:
+                return wait
+            assert self.plan.grant is not None
+            slot = self.plan.grant.slot
         self._m.attempted(self.kind)
         started = StepStarted(
-            position=plan.position, name=self.name, attempt=plan.attempt, kind=self.kind, at=now
+            position=plan.position,
+            name=self.name,
+            attempt=plan.attempt,
+            kind=self.kind,
+            at=now,
+            limit=self.limit,
+            slot=slot,
         )
         return Attempt(plan.position, plan.attempt, plan.in_doubt, started)
+
+    def _slot(self, now: float) -> Reserve | AwaitSlot | None:
+        """For a step with a limit: ask for a slot (none yet, or the one it has was overtaken
+        by a block or missed), wait for it, or ``None``: it has begun, start the attempt."""
+        assert self.limit is not None
+        plan = self.plan
+        grant = plan.grant
+        if grant is not None and (
+            grant.limit != self.limit or not usable(grant, self._m.limit_record(self.limit), now)
+        ):
+            grant = None
+            self.plan = dataclasses.replace(plan, grant=None)
+        if grant is None:
+            return Reserve(plan.position, self.limit)
+        if grant.slot > now:
+            return AwaitSlot(plan.position, grant.slot, park=grant.slot - now > LIMIT_SLEEP_MAX)
+        return None
+
+    def granted(self, grant: Grant, now: float) -> None:
+        """The limit granted the slot ``grant`` (after a ``Reserve``): a slot further off than
+        ``LIMIT_SLEEP_MAX`` is recorded (``StepThrottled``) and the run parks until it."""
+        plan = self.plan
+        self.plan = dataclasses.replace(plan, grant=grant)
+        if grant.slot - now > LIMIT_SLEEP_MAX:
+            self._m.record(
+                StepThrottled(
+                    position=plan.position,
+                    name=self.name,
+                    attempt=plan.attempt,
+                    limit=grant.limit,
+                    slot=grant.slot,
+                    epoch=grant.epoch,
+                    at=now,
+                )
+            )
 
     def _settle(self, now: float) -> StepAction | None:
         """Apply the in-doubt policy; ``None`` means run the step again.

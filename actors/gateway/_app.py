@@ -9,6 +9,7 @@ one ``Client``, so any number of gateways may run behind a load balancer. The ro
   ``.../cancel``, ``.../fork``; the operator's ``terminate``, ``resume``, ``budget``,
   ``pause``, ``unpause``, ``POST /v1/agents/{agent}/{pause,unpause}`` and
   ``POST /v1/schedules/{name}/{pause,resume}`` (``_controls.py``, admin only);
+- the shared rate limits: ``GET /v1/limits``, ``/v1/limits/{name}...`` (``_limits.py``);
 - ``GET /v1/runs/{id}/events`` (views) and ``GET /v1/runs/{id}/stream`` (output chunks) as
   server-sent events, resumable with ``Last-Event-ID``;
 - ``POST /v1/callbacks/{token}`` and ``POST /v1/webhooks/{route}/{token}``: the only routes
@@ -41,7 +42,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from sojourn.schemas.codec import decode_events, encode, from_raw
@@ -64,7 +65,6 @@ from sojourn.schemas.gateway import (
     CancelAnswer,
     GatewayAction,
     SignalAnswer,
-    StartAnswer,
 )
 from sojourn.schemas.health import LIVENESS_STATES
 from sojourn.schemas.lifecycle import end_status
@@ -83,6 +83,7 @@ from ..history.chain import continued_as
 from ..ops import metrics as _metrics
 from ..telemetry import TraceMiddleware
 from ._auth import BearerTokens, Caller, Policy
+from ._concurrency import concurrency_options
 from ._controls import Controls
 from ._deadletters import DeadLetters
 from ._forks import Forking
@@ -95,10 +96,12 @@ from ._http import (
     require_json,
     unix_seconds,
 )
+from ._keyed import start_answer, start_options
+from ._limits import limits_routes
 from ._openapi import openapi_document
-from ._routed import RoutedWebhooks, query_attributes, start_attributes
+from ._routed import RoutedWebhooks, query_attributes
 from ._sessions import COOKIE, CSRF_HEADER, SessionKey, Sessions, same_origin
-from ._sse import sse_events
+from ._sse import EventStreams
 from ._steps import steps_route
 from ._updates import updates_route
 from ._webhooks import WebhookRoute
@@ -108,7 +111,6 @@ __all__ = ["GatewayConfig", "create_app"]
 
 log = logging.getLogger("sojourn.gateway")
 
-_LAST_EVENT_ID_MAX: Final = 20
 _SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
 
 
@@ -189,6 +191,7 @@ def create_app(
         Route("/v1/runs/{run_id}/resume", gw.resume, methods=["POST"]),
         Route("/v1/runs/{run_id}/budget", gw.budget, methods=["POST"]),
         Route("/v1/schedules/{name}/{verb}", gw.schedule, methods=["POST"]),
+        *limits_routes(gw),
         Route("/v1/agents/{agent}/{verb}", gw.pause, methods=["POST"]),
         Route("/v1/runs/{run_id}/events", gw.events, methods=["GET"]),
         Route("/v1/runs/{run_id}/stream", gw.stream, methods=["GET"]),
@@ -268,7 +271,7 @@ def _answers(handler: Callable[[Any, Request], Awaitable[Response]]) -> Any:
     return wrapped
 
 
-class _Gateway(Controls, RoutedWebhooks, Forking):
+class _Gateway(Controls, RoutedWebhooks, Forking, EventStreams):
     def __init__(self, config: GatewayConfig) -> None:
         self.config: GatewayConfig = config
         self.max_body = config.max_body
@@ -367,7 +370,8 @@ class _Gateway(Controls, RoutedWebhooks, Forking):
             why = reserved_run_id(run_id)
             if why is not None:
                 raise HttpProblem("invalid_run_id", f"run id {run_id!r} {why}")
-        attributes = start_attributes(request.headers)
+        options = start_options(request.headers)  # attributes, keyed starts (0047)
+        limited = concurrency_options(request.headers)  # a concurrency key (0048)
         body = await read_body(request, self.config.max_body)
         value = require_json(request, body)
         try:
@@ -378,7 +382,8 @@ class _Gateway(Controls, RoutedWebhooks, Forking):
                 wait=True,
                 timeout=self.config.start_wait,
                 sender=caller.name,
-                attributes=attributes,
+                **options,
+                **limited,
             )
         except UnknownAgent as e:
             raise HttpProblem("unknown_agent", e.message) from None
@@ -386,8 +391,7 @@ class _Gateway(Controls, RoutedWebhooks, Forking):
             raise self._rejected(e, run_id) from None
         except PayloadTooLarge as e:
             raise HttpProblem("payload_too_large", e.message) from None
-        status = 202 if receipt.queued else 201 if receipt.created else 200
-        answer = StartAnswer(run_id=receipt.run_id, created=receipt.created, queued=receipt.queued)
+        answer, status = start_answer(receipt, "singleton_key" in options or "debounce" in options)
         return json_response(answer, status, {"Location": f"/v1/runs/{receipt.run_id}"})
 
     @_answers
@@ -531,40 +535,7 @@ class _Gateway(Controls, RoutedWebhooks, Forking):
     routed = _answers(RoutedWebhooks.routed)
     fork = _answers(Forking.fork)
 
-    # --- server-sent events ---------------------------------------------------------------
-
-    @staticmethod
-    def _resume_from(request: Request, param: str) -> int:
-        """Where an event stream resumes: ``Last-Event-ID`` (a reconnecting browser sends it)
-        over the ``param`` query parameter, 0 without either."""
-        text = request.headers.get("last-event-id") or request.query_params.get(param) or "0"
-        if not text.isdigit() or len(text) > _LAST_EVENT_ID_MAX:
-            raise HttpProblem("invalid_header", f"{param} / Last-Event-ID must be an offset")
-        return int(text)
-
-    def _admit_stream(self) -> None:
-        if self.streams_open >= self.config.max_streams:
-            raise HttpProblem(
-                "unavailable",
-                f"this gateway holds {self.streams_open} event streams, its limit: try another "
-                "gateway or later",
-                headers={"Retry-After": "5"},
-            )
-
-    def _sse(self, events: AsyncIterator[tuple[str, int | None, bytes]]) -> StreamingResponse:
-        async def counted() -> AsyncIterator[bytes]:
-            self.streams_open += 1
-            try:
-                async for chunk in sse_events(events, self.config.keepalive, self.closing):
-                    yield chunk
-            finally:
-                self.streams_open -= 1
-
-        return StreamingResponse(
-            counted(),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
+    # --- server-sent events (``EventStreams``: admission, resume point, the response) -------
 
     async def _exists(self, run_id: str) -> list[RunEvent]:
         """``unknown_run`` at once for a run nothing is known of (the intake would take a few

@@ -14,15 +14,22 @@ import contextlib
 import logging
 from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Final, Protocol
 
-__all__ = ["encode_event", "sse_events"]
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from ._http import HttpProblem
+
+__all__ = ["EventStreams", "encode_event", "sse_events"]
 
 log = logging.getLogger("sojourn.gateway")
 
 _END: Final = b"event: end\ndata: {}\n\n"
 _SETTLE: Final = 1.0
 """Seconds an ended stream waits for its reader task to stop."""
+_LAST_EVENT_ID_MAX: Final = 20
+"""Digits of an event stream's resume point (``Last-Event-ID``, ``after``)."""
 _QUEUED: Final = 64
 """Events read ahead of a slow client; past that the source waits (back pressure)."""
 
@@ -105,3 +112,53 @@ async def sse_events(
         else:
             task.cancel()
             log.warning("an event stream's reader did not stop within %.0f s", _SETTLE)
+
+
+class _StreamsConfig(Protocol):
+    @property
+    def max_streams(self) -> int: ...
+
+    @property
+    def keepalive(self) -> float: ...
+
+
+class EventStreams:
+    """The gateway's event streams (a mixin): at most ``config.max_streams`` open at once,
+    each resumable from an offset, each ended cleanly when the gateway closes."""
+
+    config: _StreamsConfig
+    streams_open: int
+    closing: asyncio.Event
+
+    @staticmethod
+    def _resume_from(request: Request, param: str) -> int:
+        """Where an event stream resumes: ``Last-Event-ID`` (a reconnecting browser sends it)
+        over the ``param`` query parameter, 0 without either."""
+        text = request.headers.get("last-event-id") or request.query_params.get(param) or "0"
+        if not text.isdigit() or len(text) > _LAST_EVENT_ID_MAX:
+            raise HttpProblem("invalid_header", f"{param} / Last-Event-ID must be an offset")
+        return int(text)
+
+    def _admit_stream(self) -> None:
+        if self.streams_open >= self.config.max_streams:
+            raise HttpProblem(
+                "unavailable",
+                f"this gateway holds {self.streams_open} event streams, its limit: try another "
+                "gateway or later",
+                headers={"Retry-After": "5"},
+            )
+
+    def _sse(self, events: AsyncIterator[tuple[str, int | None, bytes]]) -> StreamingResponse:
+        async def counted() -> AsyncIterator[bytes]:
+            self.streams_open += 1
+            try:
+                async for chunk in sse_events(events, self.config.keepalive, self.closing):
+                    yield chunk
+            finally:
+                self.streams_open -= 1
+
+        return StreamingResponse(
+            counted(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )

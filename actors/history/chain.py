@@ -223,6 +223,10 @@ async def start_next(
         chain_root=root,
         generation=generation,
         carried=carried,
+        # the chain keeps its concurrency slot (decision 0048): the next run is never queued
+        concurrency=None
+        if started.concurrency is None
+        else msgspec.structs.replace(started.concurrency, ticket=0),
         at=now,
     )
     passed: list[RunEvent] = [

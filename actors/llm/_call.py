@@ -158,6 +158,7 @@ async def call_model(
     stream: bool,
     retry: RetryPolicy | None,
     prices: PriceTable | None,
+    limit: str | None = None,
 ) -> ModelResponse:
     """``ctx.llm``'s body (see ``Context.llm``): ``options`` are its ``ModelRequest`` fields."""
     if not isinstance(getattr(model, "name", None), str) or not callable(
@@ -169,7 +170,7 @@ async def call_model(
     request = model_request(messages, tools, options)
     table = prices or getattr(model, "prices", None) or _NO_PRICES
     fn = _ModelStep(model, request, ctx.stream if stream else None, table)
-    step(name=fn.__name__, retry=retry or LLM_RETRY, kind="llm")(fn)
+    step(name=fn.__name__, retry=retry or LLM_RETRY, kind="llm", limit=limit)(fn)
     result = await ctx.step(fn)
     if isinstance(result, ModelResponse):
         return result

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
-from sojourn.schemas.errors import RetryableError, TerminalError
+from sojourn.schemas.errors import RateLimited, RetryableError, TerminalError
 from sojourn.schemas.events import Usage
 
 __all__ = [
@@ -184,7 +184,7 @@ class _ProviderRetryable(ModelError, RetryableError):
         self.usage = usage
 
 
-class ModelRateLimited(_ProviderRetryable):
+class ModelRateLimited(_ProviderRetryable, RateLimited):
     """429 (or 503 with ``Retry-After``): the provider asks us to come back later;
     ``retry_after`` (seconds, at most an hour) is the run's delay before the next attempt."""
 

@@ -17,6 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 from wsgiref.simple_server import make_server
 
@@ -37,7 +38,13 @@ __all__ = [
     "ARCHIVED_RUNS",
     "ARCHIVE_ERRORS",
     "BUDGET_BREACHES",
+    "CONCURRENCY_ADMITTED",
+    "CONCURRENCY_QUEUED",
+    "CONCURRENCY_QUEUE_WAIT",
+    "CONCURRENCY_RELEASED",
     "DEAD_LETTERS",
+    "DEBOUNCED_TRIGGERS",
+    "DEBOUNCE_FIRES",
     "EVENTS_APPENDED",
     "FOLD_SECONDS",
     "GATEWAY_DEAD_LETTERS_DROPPED",
@@ -51,6 +58,7 @@ __all__ = [
     "SCHEDULE_LATENESS",
     "SCHEDULE_RUNS",
     "SPEND",
+    "STARTS_ATTACHED",
     "STEPS",
     "STEPS_IN_DOUBT",
     "STEP_DURATION",
@@ -280,6 +288,49 @@ SPEND = Counter(
     ["agent", "unit"],
 )
 
+STARTS_ATTACHED = Counter(
+    "sojourn_starts_attached",
+    "Singleton starts that attached to their key's live run instead of starting one "
+    "(decision 0047).",
+    ["agent"],
+)
+DEBOUNCED_TRIGGERS = Counter(
+    "sojourn_debounced_triggers",
+    "Debounced starts recorded in a burst (decision 0047).",
+    ["agent"],
+)
+DEBOUNCE_FIRES = Counter(
+    "sojourn_debounce_fires",
+    "Debounce bursts that ended, by how: fired (its deadline passed) or full (its inputs "
+    "reached the bound and it was closed at once).",
+    ["agent", "how"],
+)
+# Concurrency keys (decision 0048). Keys are unbounded caller data: never a label. The queues'
+# depths are the watchdog's gauges (``sojourn_concurrency_queued_runs``, ``_queue_depth``).
+CONCURRENCY_QUEUED = Counter(
+    "sojourn_concurrency_queued",
+    "Starts queued because every slot of their concurrency key was taken (decision 0048).",
+    ["agent"],
+)
+CONCURRENCY_ADMITTED = Counter(
+    "sojourn_concurrency_admitted",
+    "Runs that took a slot of their concurrency key, by how: start (at once) or queue (from "
+    "the key's queue, when a slot freed).",
+    ["agent", "how"],
+)
+CONCURRENCY_RELEASED = Counter(
+    "sojourn_concurrency_released",
+    "Slots of concurrency keys given back, by how: ended (the run's end), refused (its start "
+    "was refused after it took the slot) or reaped (a holder found ended or never created).",
+    ["agent", "how"],
+)
+CONCURRENCY_QUEUE_WAIT = Histogram(
+    "sojourn_concurrency_queue_wait_seconds",
+    "How long a run waited in its concurrency key's queue before it took a slot.",
+    ["agent"],
+    buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+)
+
 SPEND_WINDOW = 3600.0
 """Seconds of the rolling window of ``sojourn_spend_window``."""
 _BUCKET = 60.0
@@ -347,6 +398,52 @@ def count_usage(agent: str, usage: Usage) -> None:
     count_spend(agent, "tokens", usage.tokens)
     count_spend(agent, "input_tokens", usage.input_tokens)
     count_spend(agent, "output_tokens", usage.output_tokens)
+
+
+_LIMIT_WAITS = (0.0, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
+LIMIT_GRANTS = Counter(
+    "sojourn_limit_grants",
+    "Slots granted by a shared rate limit (decision 0046), by limit.",
+    ["limit"],
+)
+LIMIT_WAIT = Histogram(
+    "sojourn_limit_wait_seconds",
+    "How long a request waits for its slot of a shared rate limit: from the grant to the "
+    "slot's start, by limit.",
+    ["limit"],
+    buckets=_LIMIT_WAITS,
+)
+LIMIT_CONFLICTS = Counter(
+    "sojourn_limit_conflicts",
+    "Writes to a shared rate limit's record that lost a compare-and-set and were retried.",
+    ["limit"],
+)
+LIMIT_BLOCKS = Counter(
+    "sojourn_limit_blocks",
+    "Blocks of a shared rate limit a provider's 429 imposed (every worker waits them out).",
+    ["limit"],
+)
+LIMIT_WRITE_FAILURES = Counter(
+    "sojourn_limit_write_failures",
+    "Writes to a shared rate limit's record that failed for good (the tokens they charged are "
+    "not counted), by limit.",
+    ["limit"],
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitMetrics:
+    """The series of one shared rate limit (limits are at most ``LIMITS_MAX``)."""
+
+    grants: Any
+    wait: Any
+    conflicts: Any
+
+
+def limit_metrics(name: str) -> LimitMetrics:
+    return LimitMetrics(
+        LIMIT_GRANTS.labels(name), LIMIT_WAIT.labels(name), LIMIT_CONFLICTS.labels(name)
+    )
 
 
 BUDGET_BREACHES = Counter(

@@ -65,8 +65,10 @@ from .clock import Clock, Timer
 from .faults import fault
 from .holds import AgentHolds
 from .interrupt import StepGuard
+from .limits import SharedLimits
 from .opening import Opening
 from .run_timers import IN_PROCESS_BACKOFF, KeepTimer, RunTimers
+from .slots import SlotWaits
 from .sticky import Body
 
 __all__ = ["Activation", "Outcome"]
@@ -75,7 +77,7 @@ Outcome = TerminalStatus | Literal["suspended", "waiting", "fenced", "noop"]
 _NULL = to_raw(None)
 
 
-class Activation:
+class Activation(SlotWaits):
     """Executes one run from its history until it completes, fails, parks or is fenced."""
 
     def __init__(
@@ -97,6 +99,7 @@ class Activation:
         opening: Opening | None = None,
         clock: Clock | None = None,
         holds: AgentHolds | None = None,
+        limits: SharedLimits | None = None,
     ) -> None:
         """``keep_timer``: the worker's in-process timers (``InProcessTimers.keep`` for this
         run), which take the timers of the waits this activation parks on; the broker's copy
@@ -110,9 +113,11 @@ class Activation:
         ``opening``: the run is not stored yet (``history`` is its ``RunStarted``): the first
         append stores it (``worker/opening.py``). ``clock``: the runs' clock, which stamps
         what the run records and times its waits (``worker/clock.py``). ``holds``: the
-        agents' holds (``worker/holds.py``): a held agent's run suspends before its next step."""
+        agents' holds (``worker/holds.py``): a held agent's run suspends before its next step.
+        ``limits``: the shared rate limits (``worker/limits.py``) its steps take slots of."""
         self.agent = agent
         self.holds = holds
+        self.limits = limits
         self.clock = clock or Clock()
         self.callback_keys = callback_keys
         self.progress = progress if progress is not None else Progress()
@@ -167,6 +172,7 @@ class Activation:
             ),
             on_record=self.log.arm_flush,
             held=None if holds is None else functools.partial(holds.of, agent.name),
+            limit_records=None if limits is None else limits.record,
         )
         self.guard = StepGuard(self._look_for_cancel)
         """Interrupts this activation's running steps for a cancel (``worker/interrupt.py``)."""
@@ -428,6 +434,10 @@ class Activation:
             return await self._end([self.machine.cancelled(self.clock.now())], "cancelled")
         if s.status == "new" or s.status == "suspended":
             return "noop"
+        if s.queued:  # waits for a slot of its concurrency key (decision 0048): a cancel ends it
+            if self.machine.cancel_reason() is None:
+                return "noop"
+            return await self._end([self.machine.cancelled(self.clock.now())], "cancelled")
         try:
             if self.machine.cancel_due() and self.agent.on_cancel is None:
                 raise RunCancelledInterrupt()
@@ -680,3 +690,7 @@ class Activation:
         elif s.parent_run_id:
             await tell_parent(self.store, self.run_id, s, self.sender)
         await self.timers.clear(s.ops, lifetime=self.agent.lifetime is not None)
+        if s.concurrency is not None:  # give its slot back, admit the next (decision 0048)
+            from .concurrency import KeySlots
+
+            await KeySlots(self.store, self.log.writer, self.clock.now).release(s)

@@ -25,6 +25,16 @@ each named seam the process SIGKILLs itself with probability ``$SOJOURN_FAULT_RA
   the caller's answer is read back from that event (decision 0042).
 - ``forked``: the intake stored a fork (``worker/forks.py``) but has neither answered nor
   acknowledged its trigger, and the fork has not begun executing.
+- ``singleton_recorded``: a singleton start wrote its key's record naming its run, but the
+  run is not created yet (decision 0047).
+- ``debounce_closed``: a debounce burst's fire (or a trigger finding it full) closed the
+  burst's record, but the burst's run is not created yet (decision 0047).
+- ``concurrency_slot_taken``: a start took a slot of its concurrency key for its run, but the
+  run is not created yet (decision 0048).
+- ``concurrency_queued``: a start put its run in its key's queue, but the run is not created
+  yet (decision 0048).
+- ``concurrency_admitted``: a key's pump took a slot for the oldest queued run, but has not
+  recorded its ``RunAdmitted`` (decision 0048).
 
 In a test's own process, ``observe`` installs a function called at every seam with the seam's
 name and what it knows of where it is (``SojournEnv.explore_crashes`` counts the seams a run
@@ -59,6 +69,11 @@ SEAMS = (
     "child_spawned",
     "forked",
     "update_applied",
+    "singleton_recorded",
+    "debounce_closed",
+    "concurrency_slot_taken",
+    "concurrency_queued",
+    "concurrency_admitted",
 )
 
 SeamObserver = Callable[[str, str], None]

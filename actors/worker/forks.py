@@ -144,6 +144,7 @@ def _fork_started(
         generation=1,
         traceparent=tp,
         tracestate=ts,
+        concurrency=None,  # a fork counts against no concurrency key (decision 0048)
         at=now,
     )
 

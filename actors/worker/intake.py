@@ -38,6 +38,7 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import ConcurrencyConflict, HistoryError
 from sojourn.schemas.events import CancelRequested, RunEvent, RunStarted
 from sojourn.schemas.lifecycle import TERMINAL_EVENTS
+from sojourn.schemas.limits import Limit
 from sojourn.schemas.wire import IntakeOk
 
 from ..agents.agent import Agent
@@ -49,6 +50,7 @@ from .control import cancel_body, cancel_requested, events_for, signal_id
 from .faults import fault
 from .holds import AgentHolds
 from .interrupt import publish_interrupt
+from .limits import SharedLimits
 from .opening import Opening
 from .refusals import Refusals, Rejected, Screened, dlq_kind, reply
 from .starts import Created, Starts, dismiss, handback_delay
@@ -88,10 +90,15 @@ class Intake:
         on_created: OnCreated | None = None,
         opens: Callable[[str], bool] | None = None,
         clock: Clock | None = None,
+        limits: Mapping[str, Limit] | None = None,
     ) -> None:
         """``opens``: whether the worker would execute a run created now at once (then it is
         opened in memory and stored with its first decision: ``worker/opening.py``).
-        ``clock``: the runs' clock, which stamps what is recorded (``worker/clock.py``)."""
+        ``clock``: the runs' clock, which stamps what is recorded (``worker/clock.py``).
+        ``limits``: the shared rate limits the worker declares, besides its agents'.
+
+        Raises:
+            ValueError: two declarations of one limit differ."""
         self.clock = clock or Clock()
         self.broker = broker
         self.store = store
@@ -107,6 +114,22 @@ class Intake:
         """Creates the runs starts, spawns and schedule fires ask for."""
         self.holds = AgentHolds(broker, names, store, writer, self.clock)
         """The agents' holds, and the requests that change them (``worker/holds.py``)."""
+        declared = dict(limits or {})
+        for a in agents.values():
+            for name, limit in a.limits.items():
+                if declared.setdefault(name, limit) != limit:
+                    raise ValueError(f"limit {name!r} is declared twice, with different rates")
+        self.limits = SharedLimits(broker, names, writer, self.clock, declared)
+        """The shared rate limits (``worker/limits.py``), and the requests that change them."""
+
+    async def start(self) -> None:
+        """Follow the agents' holds and the shared limits (declaring this worker's)."""
+        await self.holds.start()
+        await self.limits.start()
+
+    async def stop(self) -> None:
+        await self.holds.stop()
+        await self.limits.stop()
 
     async def _agent_of(self, run_id: str) -> str | None:
         """The agent of an existing run, from its first stored message (for routing a wake)."""
@@ -160,6 +183,9 @@ class Intake:
                 return
             if inbox.kind == "hold":
                 await self.holds.handle_request(msg, inbox)
+                return
+            if inbox.kind == "limit":
+                await self.limits.handle_request(msg, inbox)
                 return
             if inbox.kind == "cancel":
                 handled = await self._cancel(msg, inbox)

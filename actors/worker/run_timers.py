@@ -122,9 +122,15 @@ class RunTimers:
 
     def drop_backstops(self, ops: tuple[OpRecord, ...]) -> None:
         """Remove the broker's copies of the in-process timers that woke this activation, of
-        the waits that have ended since."""
+        the waits that have ended since (and of steps that had waited for a slot of a shared
+        limit and have started since)."""
         for p in self.backstops:
-            if p < len(ops) and ops[p].kind == "wait" and ops[p].status == "completed":
+            op = ops[p] if p < len(ops) else None
+            if op is None:
+                continue
+            if (op.kind == "wait" and op.status == "completed") or (
+                op.kind == "step" and op.status != "throttled"
+            ):
                 self.cancel(p)
 
     def rebind(self, backstops: frozenset[int]) -> None:

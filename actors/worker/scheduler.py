@@ -58,6 +58,7 @@ from ..core.schedules import calendar_of, check_spec, fire_time_of, jitter_of, p
 from ..history.chain import current_run
 from ..ops import metrics
 from .dead_letters import dead_letter, send_dead_letter
+from .debounce import DebounceFires, Debounces
 from .faults import fault
 from .refusals import Rejected, reply
 from .schedule_records import after, check_input, expected, fits, input_error, record_fault
@@ -118,6 +119,8 @@ class Scheduler:
         """Scheduled runs known to have ended (here, or read so): the overlap check and the
         look for unclaimed runs need no read for them."""
         self._calendars: dict[tuple[str | None, int | None, str], Calendar] = {}
+        self.debounce = DebounceFires(Debounces(starts), agents, run_new, settings.max_deliveries)
+        """The fires of debounced starts' bursts (decision 0047), taken beside the schedules'."""
 
     def run_ended(self, run_id: str) -> None:
         """A run a schedule started has ended (called by the worker when it ended here)."""
@@ -367,6 +370,7 @@ class Scheduler:
         """Take the fires of ``agent``'s schedules from its consumer and handle them."""
         inflight = asyncio.Semaphore(FIRES_IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()
+        tasks.add(asyncio.create_task(self.debounce.loop(agent, stopping)))  # its own consumer
         while not stopping.is_set():
             try:
                 msgs: list[Delivery] = await sub.fetch(batch=FIRES_IN_FLIGHT, timeout=1.0)

@@ -26,7 +26,13 @@ from sojourn.broker.registry import AgentRegistry
 from sojourn.schemas.attributes import InvalidAttributes, validate_attributes
 from sojourn.schemas.codec import decode_start, encode, to_raw
 from sojourn.schemas.errors import ConcurrencyConflict, InvalidName
-from sojourn.schemas.events import Budget, CancelRequested, RunStarted, TriggerInfo
+from sojourn.schemas.events import (
+    Budget,
+    CancelRequested,
+    ConcurrencyInfo,
+    RunStarted,
+    TriggerInfo,
+)
 from sojourn.schemas.names import reserved_run_id, valid_reply_subject, validate_token
 from sojourn.schemas.tracing import trace_context
 from sojourn.schemas.wire import ChildOutcome, ErrorBody, IntakeOk, StartTrigger
@@ -147,6 +153,18 @@ class Starts:
             raise Rejected(
                 "invalid_run_id", f"run id {trigger.run_id!r} {reserved_run_id(trigger.run_id)}"
             )
+        if trigger.concurrency is not None and (
+            trigger.singleton_key is not None
+            or trigger.debounce is not None
+            or trigger.fork is not None
+        ):
+            raise Rejected(
+                "invalid_concurrency", "a singleton, debounced or forked start takes no concurrency"
+            )
+        if trigger.singleton_key is not None or trigger.debounce is not None:
+            from .singletons import keyed_start  # keyed starts build on this module (0047)
+
+            return await keyed_start(self, msg, inbox, trigger)
         if trigger.fork is not None:  # a fork of another run (decision 0041)
             if inbox.kind != "start":
                 raise Rejected("invalid_trigger", "a child run is not a fork")
@@ -154,6 +172,10 @@ class Starts:
 
             return await create_fork(self, msg, inbox.target, trigger, inbox.sender)
         try:
+            from .concurrency import limited, limited_start  # it builds on this module (0048)
+
+            if limited(self.agents.get(inbox.target), trigger):
+                return await limited_start(self, msg, inbox, trigger)
             return await self._create(msg, inbox.target, trigger, sender=inbox.sender)
         except Rejected as r:
             if parent is not None and trigger.run_id is not None:
@@ -174,6 +196,26 @@ class Starts:
     def _sender(self) -> str:
         """This worker's sender token for the control messages it sends itself."""
         return self.broker.sender("worker")
+
+    async def create(
+        self,
+        msg: Delivery,
+        agent_name: str,
+        trigger: StartTrigger,
+        *,
+        sender: str | None,
+        stored: bool = False,
+        concurrency: ConcurrencyInfo | None = None,
+    ) -> Created | Opening | None:
+        """Create the run ``trigger`` names, as a start does, for a module that decided first
+        whether to (``worker/singletons.py``, ``worker/debounce.py``: decision 0047);
+        ``stored``: never opened in memory (the caller executes or wakes it)."""
+        created = await self._create(
+            msg, agent_name, trigger, sender=sender, concurrency=concurrency
+        )
+        if stored and isinstance(created, Opening):
+            return await self.store_opening(created)
+        return created
 
     async def create_scheduled(
         self, msg: Delivery, agent_name: str, trigger: StartTrigger, fire: ScheduledFire
@@ -196,6 +238,7 @@ class Starts:
         fire: ScheduledFire | None = None,
         *,
         sender: str | None = None,
+        concurrency: ConcurrencyInfo | None = None,
     ) -> Created | Opening | None:
         if trigger.parent_run_id:
             await self._check_parent(trigger.parent_run_id)
@@ -252,6 +295,7 @@ class Starts:
             traceparent=tp,
             tracestate=ts,
             attributes=attributes,
+            concurrency=concurrency,
             at=now,
         )
         # A cancel sent while the run was pending waits in the inbox behind its start: looked

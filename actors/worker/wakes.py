@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, PullConsumer
@@ -27,6 +27,7 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError, InvalidName
 from sojourn.schemas.vocabulary import WaitingOn, wake_reason
 
+from ..agents.agent import Agent
 from ..core.state import RunState
 from ..ops import metrics
 from .dead_letters import drop_bad_wake, drop_wake
@@ -35,7 +36,7 @@ from .starts import HANDBACK_MAX_DELAY, started_by
 from .tenancy import count_redelivery, times_delivered
 from .timers import InProcessTimers
 
-__all__ = ["Spawn", "WakeLoops", "resume_cause"]
+__all__ = ["Spawn", "WakeLoops", "agent_of", "resume_cause"]
 
 log = logging.getLogger("sojourn.worker")
 
@@ -260,3 +261,12 @@ def resume_cause(st: RunState, wake: Delivery, cause: str, now: float) -> tuple[
     except NotADelivery:
         return cause, 0.0
     return cause, max(0.0, now - published)
+
+
+def agent_of(
+    agents: Mapping[str, Agent[Any, Any]], history: list[Decision]
+) -> Agent[Any, Any] | None:
+    """The agent of ``agents`` a run's history names in its first event (its ``RunStarted``)."""
+    first = history[0].events[0] if history and history[0].events else None
+    name = getattr(first, "agent", None)
+    return agents.get(name) if isinstance(name, str) else None

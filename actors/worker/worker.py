@@ -25,7 +25,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sojourn.broker import headers as h
@@ -46,6 +46,7 @@ from sojourn.broker.wake import publish_wake
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError
 from sojourn.schemas.health import BEAT_RUNS_MAX
+from sojourn.schemas.limits import Limit
 from sojourn.schemas.vocabulary import is_terminal
 
 from ..agents.agent import Agent
@@ -68,7 +69,7 @@ from .sticky import STICKY_RUNS, StickyRuns
 from .tasks import close_resources, settle_cancelled
 from .tenancy import Tenancy
 from .timers import InProcessTimers
-from .wakes import WakeLoops, resume_cause
+from .wakes import WakeLoops, agent_of, resume_cause
 
 __all__ = ["Worker"]
 
@@ -138,6 +139,7 @@ class Worker:
         sticky_runs: int = STICKY_RUNS,
         callback_keys: CallbackKeys | None = None,
         clock: Clock | None = None,
+        limits: Mapping[str, Limit] | None = None,
     ) -> None:
         self.clock = clock or Clock()
         self.agents: dict[str, Agent[Any, Any]] = {}
@@ -160,6 +162,7 @@ class Worker:
         self.history_cache = history_cache
         self.history_cache_bytes = history_cache_bytes
         self.sticky: StickyRuns[Activation] = StickyRuns(sticky_runs)
+        self._limits = limits
         """Activations of parked runs kept resting in their waits (``worker/sticky.py``)."""
         self.folds = 0
         """Activations built from a (loaded, folded) history, as opposed to kept ones
@@ -261,6 +264,7 @@ class Worker:
             on_created=self._run_new,
             opens=self._runs_new_now,
             clock=self.clock,
+            limits=self._limits,
         )
         self.scheduler = Scheduler(
             broker=b,
@@ -291,7 +295,7 @@ class Worker:
             check(self.names, [await retry_unsettled(ensure)])
             fire_subs[name] = await b.pull(self.names.schedules_stream, config["durable_name"])
         await self.interrupts.subscribe(b)
-        await self.intake.holds.start()
+        await self.intake.start()
         await retry_unsettled(functools.partial(self.heartbeats.start, self.store))
         await retry_unsettled(self.heartbeats.beat)
         await retry_unsettled(self.heartbeats.look)
@@ -341,7 +345,7 @@ class Worker:
         await self.sticky.close(grace)  # any that parked while the worker was stopping
         self.heartbeats.beating = False
         await self.interrupts.close()
-        await self.intake.holds.stop()
+        await self.intake.stop()
         await close_resources(grace)  # the runs' MCP sessions (tasks.on_stop)
         for t in beating:
             t.cancel()
@@ -404,15 +408,15 @@ class Worker:
         The inbox message stays unacknowledged (kept alive like a wake) until the run rests;
         if this worker dies first, its redelivery makes the intake wake the run. When this
         worker already holds ``HELD_TRIGGERS_MAX`` of them, it declines: the intake acks the
-        message and wakes the run (an opened run is stored first).
-        """
+        message and wakes the run (an opened run is stored first)."""
         if not self._runs_new_now(run_id):
             return False
         self._holding.add(run_id)
         await self._slots.acquire()
         if opening is not None:
             self._openings[run_id] = opening
-        self._spawn(run_id, msg, history, self.names.intake_consumer, self._agent_of(history))
+        consumer, agent = self.names.intake_consumer, agent_of(self.agents, history)
+        self._spawn(run_id, msg, history, consumer, agent)
         return True
 
     def _spawn(
@@ -622,7 +626,7 @@ class Worker:
                 return None
         else:
             loaded = None
-        agent = self._agent_of(history)
+        agent = agent_of(self.agents, history)
         if agent is None:
             if await self.wakes.not_served(wake, run_id, history, consumer, self.agents):
                 self.misrouted += 1
@@ -646,6 +650,7 @@ class Worker:
             opening=opening,
             clock=self.clock,
             holds=self.intake.holds,
+            limits=self.intake.limits,
         )
         self.folds += 1
         if opening is None:  # an opened run's history is not stored yet
@@ -693,8 +698,3 @@ class Worker:
     def _broker_or_fail(self) -> Broker:
         assert self._broker is not None
         return self._broker
-
-    def _agent_of(self, history: list[Decision]) -> Agent[Any, Any] | None:
-        first = history[0].events[0] if history and history[0].events else None
-        name = getattr(first, "agent", None)
-        return self.agents.get(name) if isinstance(name, str) else None

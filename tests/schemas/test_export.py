@@ -73,6 +73,9 @@ def test_the_start_trigger_schema_is_closed_and_requires_input(tmp_path: Path) -
         "budget",
         "attributes",
         "fork",
+        "singleton_key",
+        "debounce",
+        "concurrency",
     }
     assert trigger["required"] == ["input"]
     assert trigger["additionalProperties"] is False

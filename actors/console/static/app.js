@@ -226,7 +226,7 @@ function itemBody(i, longest) {
         <div class="bar" style=${{ width: `${Math.max(2, Math.min(100, (100 * total) / longest))}%` }}></div>`;
     }
     case "wait": {
-      const ended = i.end ? (i.outcome === "signal" ? `ended by ${i.signal}${i.sent_by ? ` from ${i.sent_by}${i.sender_verified ? " (authenticated)" : ""}` : ""}` : i.outcome === "timeout" ? "timed out" : `ended (${i.outcome})`) : "waiting";
+      const ended = i.end ? ((i.name || "").startsWith("limit:") ? "its slot began" : i.outcome === "signal" ? `ended by ${i.signal}${i.sent_by ? ` from ${i.sent_by}${i.sender_verified ? " (authenticated)" : ""}` : ""}` : i.outcome === "timeout" ? "timed out" : `ended (${i.outcome})`) : "waiting";
       return html`<div>for <span class="mono">${(i.waits_for || []).join(", ") || i.name}</span> · ${ended}${i.end ? ` after ${dur(i.end - i.at)}` : ""}
         ${i.deadline ? html` · deadline <span title=${clock(i.deadline)}>${i.end ? clock(i.deadline) : until(i.deadline)}</span>` : ""}</div>`;
     }

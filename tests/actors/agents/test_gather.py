@@ -36,6 +36,7 @@ from sojourn.actors import (
 from sojourn.actors.core.actions import Park, Parked
 from sojourn.actors.core.journal import Journal
 from sojourn.actors.core.machine import Machine
+from sojourn.actors.core.ratelimit import Grant
 from sojourn.actors.core.replay import replay_run
 from sojourn.actors.core.state import fold
 from sojourn.broker import EmbeddedServer
@@ -105,6 +106,18 @@ class MemoryDriver:
 
     async def park(self, action: Park) -> None:
         await self.commit([action.event] if action.event is not None else [])
+
+    async def reserve(self, limit: str) -> Grant:
+        raise AssertionError("no step here takes a shared limit")
+
+    async def await_slot(self, position: int, slot: float, park: bool) -> None:
+        raise AssertionError("no step here takes a shared limit")
+
+    async def block_limit(self, limit: str, seconds: float | None) -> None:
+        raise AssertionError("no step here takes a shared limit")
+
+    def charge_limit(self, limit: str, tokens: int) -> None:
+        raise AssertionError("no step here takes a shared limit")
 
     async def suspend(self, event: RunSuspended) -> None:
         await self.commit([event])

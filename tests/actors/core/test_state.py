@@ -30,6 +30,7 @@ from sojourn.schemas.events import (
     ErrorInfo,
     PauseLifted,
     PauseRequested,
+    RunAdmitted,
     RunCancelled,
     RunCompleted,
     RunEvent,
@@ -41,6 +42,7 @@ from sojourn.schemas.events import (
     StepCompleted,
     StepFailed,
     StepStarted,
+    StepThrottled,
     UpdateCompleted,
     UpdateRejected,
     UpdateRequested,
@@ -167,6 +169,14 @@ def test_a_valid_history_folds_to_what_was_written(
                 assert (op.kind, op.name, op.status) == ("child", e.agent, "completed")
                 assert op.result is not None
                 assert msgspec.json.decode(op.result) == e.child_run_id
+            case StepThrottled():  # attempts: those made before it, none yet for this one
+                assert (op.kind, op.name, op.attempts) == ("step", e.name, e.attempt - 1)
+                assert (op.status, op.limit, op.deadline, op.epoch) == (
+                    "throttled",
+                    e.limit,
+                    e.slot,
+                    e.epoch,
+                )
             case _:
                 assert (op.kind, op.name, op.attempts) == ("step", e.name, e.attempt)
                 assert op.status == {StepStarted: "started", StepCompleted: "completed"}.get(
@@ -177,8 +187,8 @@ def test_a_valid_history_folds_to_what_was_written(
     consumed = {e.signal_id for e in events if isinstance(e, WaitCompleted)}
     received = [signal_record(e) for e in events if isinstance(e, SignalReceived)]
     assert state.signals == tuple(r for r in received if r.signal_id not in consumed)
-    # A run is parked iff its last operation is an open wait.
-    open_wait = bool(state.ops) and state.ops[-1].status == "waiting"
+    # A run is parked iff its last operation is an open wait (or a step waiting for a slot).
+    open_wait = bool(state.ops) and state.ops[-1].status in ("waiting", "throttled")
     assert (state.waiting_on != ()) == open_wait
     if state.status == "waiting":
         assert open_wait
@@ -200,6 +210,10 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
                 assert state.status == "pending"
             case StepStarted() | StepCompleted() | StepFailed():
                 assert state.status == "running"
+            case StepThrottled():
+                parked = "suspended" if before.status == "suspended" else "waiting"
+                assert state.status == parked
+                assert (state.waiting_on, state.deadline) == ((f"limit:{event.limit}",), event.slot)
             case ValueRecorded() | CancelRequested():
                 assert state.status == before.status
             case WaitStarted():
@@ -274,7 +288,12 @@ def test_status_along_a_valid_history(history: tuple[list[RunEvent], Expected]) 
             assert evolve(state, event).anomalies == (
                 f"wait {event.position} completed over wait {event.key} (completed)",
             )
-        if not isinstance(event, (WaitStarted, WaitCompleted)):
+        # a step that waited for a slot of a limit stops waiting as it starts
+        slot = (f"limit:{event.limit}",) if isinstance(event, StepStarted) else None
+        took_slot = slot is not None and before.waiting_on == slot
+        if took_slot:
+            assert (state.waiting_on, state.deadline) == ((), None)
+        elif not isinstance(event, (WaitStarted, WaitCompleted, StepThrottled)):
             assert (state.waiting_on, state.deadline) == (before.waiting_on, before.deadline)
         if not isinstance(event, ChildStarted):
             assert state.children == before.children
@@ -287,7 +306,9 @@ SPENDING = {"spent_usd", "spent_tokens", "spent_input_tokens", "spent_output_tok
 """What a step attempt's charged ``usage`` adds to."""
 MAY_CHANGE: dict[type, set[str]] = {
     RunStarted: {"run_id", "agent", "code_version", "input", "status", "started_at"}
-    | {"parent_run_id", "budget_usd", "budget_tokens", "budget", "carried"},
+    | {"parent_run_id", "budget_usd", "budget_tokens", "budget", "carried"}
+    | {"concurrency", "waiting_on"},  # a run queued on its concurrency key (decision 0048)
+    RunAdmitted: {"waiting_on", "deadline"},  # out of its key's queue
     BudgetChanged: {"budget"},
     PauseRequested: {"pause"},
     PauseLifted: {"pause"},
@@ -303,6 +324,7 @@ MAY_CHANGE: dict[type, set[str]] = {
     | {"model_calls"},
     StepCompleted: {"ops", "status", "steps_completed"} | SPENDING,
     StepFailed: {"ops", "status", "waiting_on", "deadline"} | SPENDING,  # ``retry_at``: backing off
+    StepThrottled: {"ops", "status", "waiting_on", "deadline"},  # waiting for a slot of a limit
     ValueRecorded: {"ops", "spent_usd", "spent_tokens"},  # a ``spend`` value adds to the spend
     WaitStarted: {"ops", "status", "waiting_on", "deadline"},
     WaitCompleted: {"ops", "status", "waiting_on", "deadline", "signals"},
@@ -377,14 +399,16 @@ def check_waiting(before: RunState, state: RunState, event: RunEvent) -> None:
     # Only a human (``RunResumed``) lifts a suspension; the end of the run replaces it.
     if before.status == "suspended" and state.status != "suspended":
         assert isinstance(event, (RunResumed, *ARBITRARY_TERMINAL_TYPES))
-    # A deadline is what a timer or a retry backoff waits for, and only a deadline is.
-    timed = [w for w in state.waiting_on if w == "timer" or w.startswith("retry:")]
+    # A deadline is what a timer, a retry backoff or a limit's slot waits for, and only a
+    # deadline is.
+    timed = [w for w in state.waiting_on if w == "timer" or w.startswith(("retry:", "limit:"))]
     assert bool(timed) == (state.deadline is not None)
-    # Only a WaitStarted or a failed attempt with a retry due makes a run wait, and either
-    # leaves its operation behind.
+    # Only a WaitStarted, a failed attempt with a retry due or a step waiting for a slot of
+    # a limit makes a run wait, and each leaves its operation behind.
     if state.status == "waiting":
         assert any(
-            op.status == "waiting" or (op.status == "failed" and op.deadline is not None)
+            op.status in ("waiting", "throttled")
+            or (op.status == "failed" and op.deadline is not None)
             for op in state.ops
         )
     # The children are the run ids recorded by the child operations, in order.
