@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from sojourn.schemas.auth import ROLES, Role
 from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.priority import PRIORITIES
 
 from .names import REPLY_PREFIX, Names, user_inboxes, validate_token
 
@@ -240,8 +241,8 @@ def _client_inbox(names: Names, sender: str) -> list[str]:
     """What a client sends as ``sender``: starts, signals, updates, cancels and schedule
     requests (add, pause, resume, trigger, delete); never a control message."""
     return [
-        names.start("*", sender),
-        names.start("*", sender, "*"),
+        *(names.start("*", sender, priority=p) for p in PRIORITIES),
+        *(names.start("*", sender, "*", priority=p) for p in PRIORITIES),
         names.signal("*", ">", sender),
         names.update("*", ">", sender),
         names.cancel("*", sender),
@@ -326,7 +327,7 @@ def permissions_for(
             # child runs, the cancel cascade and child runs' end notices, in its own name
             names.start("*", user),
             names.start("*", user, "*"),
-            names.spawn("*", user),
+            *(names.spawn("*", user, p) for p in PRIORITIES),  # on the parent's lane
             names.cancel("*", user),
             names.child_end("*", "*", user),
             # the intake's notice that a cancel is recorded (read by every worker)
@@ -353,10 +354,11 @@ def permissions_for(
             *(d for s in streams for d in _direct_get(s)),
             *_snapshot_writing(names),
         ]
-        # The intake's consumer; on the wake stream the unrouted wakes' (``workers``) and one
-        # per agent (``wake-<agent>``, for whatever agents a worker serves): any name there.
+        # The intake's consumers (a lane each); on the wake stream the unrouted wakes'
+        # (``workers``) and one per agent and lane (``wake-<agent>``, ``wakep1-<agent>``, for
+        # whatever agents a worker serves): any name there.
         for stream, consumer in (
-            (names.inbox_stream, names.intake_consumer),
+            *((names.inbox_stream, names.intake_lane_consumer(p)) for p in PRIORITIES),
             (names.wake_stream, "*"),
             (names.schedules_stream, "*"),  # fire-<agent>
         ):

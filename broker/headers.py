@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import Final
 
+from sojourn.schemas import fairness as _fairness
+
 __all__ = [
     "DESCRIPTION",
     "DLQ_NOTE",
     "EXPECTED_LAST_SUBJECT_SEQUENCE",
+    "FAIRNESS_KEY",
+    "FAIRNESS_WEIGHT",
     "MSG_ID",
     "NUM_PENDING",
     "REPLY_TO",
@@ -101,6 +105,12 @@ WRITER: Final = "Sojourn-Writer"
 
 WAKE_REASON: Final = "Sojourn-Wake-Reason"
 """On a wake or a timer: why the run was woken (``start``, ``signal``, ``timer``...)."""
+
+FAIRNESS_KEY: Final = _fairness.FAIRNESS_KEY
+"""On a start and on its run's wakes: the run's fairness key (``sojourn.schemas.fairness``)."""
+
+FAIRNESS_WEIGHT: Final = _fairness.FAIRNESS_WEIGHT
+"""Next to ``FAIRNESS_KEY``: the key's weight, 1 to 1000 (absent: 1)."""
 
 DLQ_NOTE: Final = "Sojourn-Dlq-Note"
 """In a dead-letter record's headers: that the original headers were cut to fit."""

@@ -22,6 +22,13 @@ from sojourn.schemas.names import (
     validate_signal_name,
     validate_token,
 )
+from sojourn.schemas.priority import (
+    LANED,
+    PRIORITY_DEFAULT,
+    Priority,
+    lane_token,
+    parse_lane_token,
+)
 from sojourn.schemas.wire import InboxKind
 
 __all__ = [
@@ -48,12 +55,14 @@ class InboxSubject:
     start that names one in its subject, else "".
     ``sender`` is the ``as.<sender>`` token: under authentication the broker lets a user
     publish only on its own, so it is who sent the message; ``None`` on the anonymous forms.
+    ``priority`` is the lane of a start or spawn (its ``p<n>`` token; 3 without one).
     """
 
     kind: InboxKind
     target: str
     name: str = ""
     sender: str | None = None
+    priority: Priority = PRIORITY_DEFAULT
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +115,14 @@ class Names:
     # durable consumers
     @property
     def intake_consumer(self) -> str:
+        """The consumer of the inbox's default lane: priority 3's starts and every message
+        that is not a start (signals, cancels, control subjects)."""
         return "intake"
+
+    def intake_lane_consumer(self, priority: Priority) -> str:
+        """The consumer of the starts and spawns of ``priority`` (``intake`` for 3)."""
+        lane = lane_token(priority)
+        return f"intake-{lane}" if lane else self.intake_consumer
 
     @property
     def wake_consumer(self) -> str:
@@ -114,10 +130,13 @@ class Names:
         published before routing existed, or by a process that does not know the run's agent."""
         return "workers"
 
-    def agent_wake_consumer(self, agent: str) -> str:
-        """The consumer of ``agent``'s wakes, shared by the workers that serve it: a worker
-        receives only wakes of runs it can execute."""
-        return f"wake-{agent}"
+    def agent_wake_consumer(self, agent: str, priority: Priority = PRIORITY_DEFAULT) -> str:
+        """The consumer of ``agent``'s wakes of ``priority``, shared by the workers that serve
+        it: a worker receives only wakes of runs it can execute. ``wake-<agent>`` for 3,
+        ``wakep<n>-<agent>`` for the others (a fixed head per lane: no agent name can make one
+        lane's name another's)."""
+        lane = lane_token(priority)
+        return f"wake{lane}-{agent}"
 
     # subjects
     def events(self, run_id: str) -> str:
@@ -130,15 +149,34 @@ class Names:
     def _inbox(self, sender: str | None) -> str:
         return self.prefix if sender is None else f"{self.prefix}.as.{sender}"
 
-    def start(self, agent: str, sender: str | None = None, run_id: str | None = None) -> str:
-        """A start trigger's subject. With ``run_id`` (the form clients use) a run whose start
-        is stored and not yet taken can be found by its id: it shows ``pending``."""
-        subject = f"{self._inbox(sender)}.start.{agent}"
+    def _lane(self, sender: str | None, priority: Priority) -> str:
+        lane = lane_token(priority)
+        head = self._inbox(sender)
+        return f"{head}.{lane}" if lane else head
+
+    def start(
+        self,
+        agent: str,
+        sender: str | None = None,
+        run_id: str | None = None,
+        priority: Priority = PRIORITY_DEFAULT,
+    ) -> str:
+        """A start trigger's subject, on the lane of ``priority``
+        (``<prefix>[.as.<sender>][.p<n>].start.<agent>[.<run_id>]``). With ``run_id`` (the form
+        clients use) a run whose start is stored and not yet taken can be found by its id: it
+        shows ``pending``."""
+        subject = f"{self._lane(sender, priority)}.start.{agent}"
         return subject if run_id is None else f"{subject}.{run_id}"
 
     def pending_starts(self, run_id: str) -> list[str]:
-        """Filters matching the stored start of ``run_id`` in the inbox, in either form."""
-        return [f"{self.prefix}.start.*.{run_id}", f"{self.prefix}.as.*.start.*.{run_id}"]
+        """Filters matching the stored start of ``run_id`` in the inbox, in any form and lane."""
+        p = self.prefix
+        return [
+            f"{p}.start.*.{run_id}",
+            f"{p}.as.*.start.*.{run_id}",
+            f"{p}.*.start.*.{run_id}",
+            f"{p}.as.*.*.start.*.{run_id}",
+        ]
 
     def signal(self, run_id: str, name: str, sender: str | None = None) -> str:
         return f"{self._inbox(sender)}.signal.{run_id}.{name}"
@@ -175,10 +213,11 @@ class Names:
         only)."""
         return f"{self.prefix}.as.{sender}.limit.{name}"
 
-    def spawn(self, agent: str, sender: str) -> str:
-        """Control subject: a run starts a child run (worker role only). Only here may a
-        trigger name a parent, and only here may a run id have the child form."""
-        return f"{self.prefix}.as.{sender}.spawn.{agent}"
+    def spawn(self, agent: str, sender: str, priority: Priority = PRIORITY_DEFAULT) -> str:
+        """Control subject: a run starts a child run (worker role only), on the lane of the
+        child's ``priority``. Only here may a trigger name a parent, and only here may a run id
+        have the child form."""
+        return f"{self._lane(sender, priority)}.spawn.{agent}"
 
     def child_end(self, parent_run_id: str, child_run_id: str, sender: str) -> str:
         """Control subject: a child run tells its parent it ended (worker role only)."""
@@ -209,6 +248,26 @@ class Names:
             f"{p}.as.*.schedule.*",
             f"{p}.as.*.hold.*",
             f"{p}.as.*.limit.*",
+            *(s for priority in LANED for s in self.lane_subjects(priority)),
+        ]
+
+    @property
+    def default_lane_subjects(self) -> list[str]:
+        """The filter of the default lane's consumer (``intake``): every inbox subject but the
+        other lanes' starts and spawns."""
+        laned = {s for priority in LANED for s in self.lane_subjects(priority)}
+        return [s for s in self.inbox_subjects if s not in laned]
+
+    def lane_subjects(self, priority: Priority) -> list[str]:
+        """The starts and spawns of a laned ``priority``: what its consumer takes."""
+        p, lane = self.prefix, lane_token(priority)
+        assert lane, "priority 3's starts are on the default lane"
+        return [
+            f"{p}.{lane}.start.*",
+            f"{p}.{lane}.start.*.*",
+            f"{p}.as.*.{lane}.start.*",
+            f"{p}.as.*.{lane}.start.*.*",
+            f"{p}.as.*.{lane}.spawn.*",
         ]
 
     def parse_inbox(self, subject: str) -> InboxSubject:
@@ -227,11 +286,17 @@ class Names:
         if parts[0] == "as" and len(parts) >= 2:
             sender = validate_token(parts[1], "sender")
             parts = parts[2:]
+        priority = parse_lane_token(parts[0]) if parts else None
+        if priority is not None:  # a lane: only starts and spawns have one
+            parts = parts[1:]
+            if not parts or parts[0] not in ("start", "spawn"):
+                raise InvalidName(f"subject {subject!r}: only starts and spawns have a lane")
         kind, rest = (parts[0], parts[1:]) if parts else ("", [])
+        priority = priority or PRIORITY_DEFAULT
         if kind == "start" and len(rest) in (1, 2):
             agent = validate_token(rest[0], "agent name")
             run_id = validate_token(rest[1], "run_id") if len(rest) == 2 else ""
-            return InboxSubject("start", agent, run_id, sender)
+            return InboxSubject("start", agent, run_id, sender, priority)
         if kind == "cancel" and len(rest) == 1:
             return InboxSubject("cancel", validate_token(rest[0], "run_id"), "", sender)
         if kind == "signal" and len(rest) >= 2:
@@ -244,7 +309,8 @@ class Names:
             return InboxSubject("update", run_id, name, sender)
         if sender is not None:
             if kind == "spawn" and len(rest) == 1:
-                return InboxSubject("spawn", validate_token(rest[0], "agent name"), "", sender)
+                agent = validate_token(rest[0], "agent name")
+                return InboxSubject("spawn", agent, "", sender, priority)
             if kind == "resume" and len(rest) == 1:
                 return InboxSubject("resume", validate_token(rest[0], "run_id"), "", sender)
             if kind == "pause" and len(rest) == 1:
@@ -426,15 +492,25 @@ class Names:
         leadership, by compare-and-set, in the health stream."""
         return f"{self.prefix}.leader.{role}"
 
-    def wake(self, run_id: str, agent: str | None = None) -> str:
+    def wake(
+        self, run_id: str, agent: str | None = None, priority: Priority = PRIORITY_DEFAULT
+    ) -> str:
         """Where a wake of ``run_id`` goes: ``<prefix>.wake.<agent>.<run_id>``, consumed only by
-        workers serving ``agent``; without the agent, ``<prefix>.wake.<run_id>`` (any worker)."""
+        workers serving ``agent``, or ``<prefix>.wake.p<n>.<agent>.<run_id>`` for a run of a
+        laned priority; without the agent, ``<prefix>.wake.<run_id>`` (any worker, the default
+        lane)."""
         if agent is None:
             return f"{self.prefix}.wake.{run_id}"
+        lane = lane_token(priority)
+        if lane:
+            return f"{self.prefix}.wake.{lane}.{agent}.{run_id}"
         return f"{self.prefix}.wake.{agent}.{run_id}"
 
-    def agent_wakes(self, agent: str) -> str:
-        """The filter of ``agent``'s wake consumer."""
+    def agent_wakes(self, agent: str, priority: Priority = PRIORITY_DEFAULT) -> str:
+        """The filter of ``agent``'s wake consumer of ``priority``."""
+        lane = lane_token(priority)
+        if lane:
+            return f"{self.prefix}.wake.{lane}.{agent}.*"
         return f"{self.prefix}.wake.{agent}.*"
 
     @property
@@ -454,6 +530,8 @@ class Names:
         tokens = subject[len(head) :].split(".")
         if len(tokens) == 1:
             return None, validate_token(tokens[0], "run id")
+        if len(tokens) == 3 and parse_lane_token(tokens[0]) is not None:
+            tokens = tokens[1:]  # a laned wake: its lane is its consumer's business
         if len(tokens) == 2:
             return validate_token(tokens[0], "agent"), validate_token(tokens[1], "run id")
         raise InvalidName(f"not a wake subject: {subject[:200]!r}")
@@ -466,6 +544,7 @@ class Names:
         return [
             f"{self.prefix}.wake.*",
             f"{self.prefix}.wake.*.*",
+            *(f"{self.prefix}.wake.{lane_token(p)}.*.*" for p in LANED),
             f"{self.prefix}.timer.*.*",
         ]
 

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from sojourn.schemas.fairness import Fairness, fairness_headers
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.vocabulary import wake_reason
 
 from . import headers as h
@@ -46,12 +48,17 @@ async def schedule_timer(
     deadline: float,
     *,
     agent: str | None,
+    priority: Priority = PRIORITY_DEFAULT,
+    fairness: Fairness | None = None,
 ) -> int:
     """Create or replace the timer ``timer_id`` of ``run_id``; returns its stream sequence.
-    It fires a wake routed to ``agent``'s workers (``None``: to any worker)."""
+    It fires a wake routed to ``agent``'s workers (``None``: to any worker), on the lane of the
+    run's ``priority``, carrying its ``fairness`` key (the broker copies a schedule's headers
+    onto what it fires)."""
     headers = {
+        **fairness_headers(fairness),
         h.SCHEDULE: f"@at {rfc3339(deadline)}",
-        h.SCHEDULE_TARGET: names.wake(run_id, agent),
+        h.SCHEDULE_TARGET: names.wake(run_id, agent, priority),
         h.WAKE_REASON: wake_reason("timer"),
     }
     ack = await broker.publish(names.timer(run_id, timer_id), b"", headers)

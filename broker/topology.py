@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import BrokerUnavailable, PermissionDenied, SojournError
+from sojourn.schemas.priority import PRIORITIES, PRIORITY_DEFAULT, Priority
 
 from .connection import Broker, JetStreamError
 from .drift import Finding, KeyDiff, consumer_finding, reconciled, stream_finding
@@ -233,31 +234,48 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
 
 
 def consumer_configs(names: Names, settings: Settings) -> list[tuple[str, dict[str, Any]]]:
+    """The inbox's consumers, one a lane (decision 0049: ``intake`` takes priority 3's starts
+    and every other message, ``intake-p<n>`` the starts and spawns of priority n), and the
+    unrouted wakes' consumer. The inbox is a work queue: the lanes' filters never overlap."""
     ack_wait = int(max(settings.lease_ttl, 1.0) * _NS)
+    lanes = [
+        (names.intake_lane_consumer(p), names.default_lane_subjects if p == 3 else None, p)
+        for p in PRIORITIES
+    ]
     return [
-        (
-            names.inbox_stream,
-            {
-                "durable_name": names.intake_consumer,
-                "ack_policy": "explicit",
-                "deliver_policy": "all",
-                # Like a wake, a trigger whose run is executing at once is kept alive by the
-                # worker's keepalive; if the worker dies it comes back after one lease period.
-                "ack_wait": ack_wait,
-                "max_deliver": -1,
-                "max_ack_pending": 10_000,
-            },
+        *(
+            (
+                names.inbox_stream,
+                {
+                    "durable_name": durable,
+                    "filter_subjects": subjects or names.lane_subjects(p),
+                    "ack_policy": "explicit",
+                    "deliver_policy": "all",
+                    # Like a wake, a trigger whose run is executing at once is kept alive by the
+                    # worker's keepalive; if the worker dies it comes back after one lease
+                    # period.
+                    "ack_wait": ack_wait,
+                    "max_deliver": -1,
+                    "max_ack_pending": 10_000,
+                },
+            )
+            for durable, subjects, p in lanes
         ),
         (names.wake_stream, _wake_consumer(names.wake_consumer, names.unrouted_wakes, ack_wait)),
     ]
 
 
-def agent_wake_consumer_config(names: Names, settings: Settings, agent: str) -> dict[str, Any]:
-    """The durable consumer of ``agent``'s wakes (``<prefix>.wake.<agent>.*``), created by the
-    first worker that serves the agent and shared by all that do: a worker pulls only wakes of
-    runs it can execute, so no wake is taken by a worker that must hand it back."""
+def agent_wake_consumer_config(
+    names: Names, settings: Settings, agent: str, priority: Priority = PRIORITY_DEFAULT
+) -> dict[str, Any]:
+    """The durable consumer of ``agent``'s wakes of ``priority`` (``<prefix>.wake.<agent>.*``,
+    or ``<prefix>.wake.p<n>.<agent>.*``), created by the first worker that serves the agent and
+    shared by all that do: a worker pulls only wakes of runs it can execute, so no wake is
+    taken by a worker that must hand it back."""
     ack_wait = int(max(settings.lease_ttl, 1.0) * _NS)
-    return _wake_consumer(names.agent_wake_consumer(agent), names.agent_wakes(agent), ack_wait)
+    return _wake_consumer(
+        names.agent_wake_consumer(agent, priority), names.agent_wakes(agent, priority), ack_wait
+    )
 
 
 def fire_consumer_config(names: Names, settings: Settings, agent: str) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import msgspec
 
+from .fairness import Fairness
+from .priority import PRIORITY_DEFAULT, Priority
 from .vocabulary import WaitOutcome
 
 __all__ = [
@@ -272,6 +274,12 @@ class RunStarted(Event, tag="run.started.v1", frozen=True, kw_only=True):
     concurrency: ConcurrencyInfo | None = None
     """Set on a run started under a concurrency key (decision 0048): queued at its start when
     its ``ticket`` is set."""
+    priority: Priority = PRIORITY_DEFAULT
+    """The lane its start came on, 1 (most urgent) to 5 (decision 0049): its wakes, timers and
+    children travel on the same lane for the rest of its life."""
+    fairness: Fairness | None = None
+    """The fairness key and weight its start carried (decision 0049), carried by its wakes:
+    a worker shares its slots between keys in weighted round-robin. ``None``: the default key."""
 
 
 class BudgetChanged(Event, tag="run.budget_changed.v1", frozen=True, kw_only=True):

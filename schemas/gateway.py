@@ -55,6 +55,7 @@ GatewayCode = Literal[
     "update_failed",
     "unknown_update",
     "update_timeout",
+    "invalid_priority",
 ]
 """What only HTTP can go wrong with: no or an unknown bearer token (``unauthorized``), a path
 or run that does not exist, a body that is not JSON, a malformed header, no broker behind
@@ -63,7 +64,9 @@ console session cookie without its CSRF token or from another site (``invalid_cs
 verified routed webhook whose body lacks the field that names its run (``missing_field``); an
 update the run refused (``update_rejected``: its validator; ``unknown_update``: no handler of
 that name), whose handler raised (``update_failed``) or not answered in time
-(``update_timeout``: send it again with the same ``Idempotency-Key``)."""
+(``update_timeout``: send it again with the same ``Idempotency-Key``); a
+``Sojourn-Priority`` that is not 1 to 5 (``invalid_priority``: the broker has no lane for it,
+so only the gateway can refuse it)."""
 
 GATEWAY_CODES: tuple[GatewayCode, ...] = typing.get_args(GatewayCode)
 
@@ -104,6 +107,7 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "invalid_key": 400,
     "invalid_debounce": 400,
     "invalid_concurrency": 400,
+    "invalid_fairness": 400,
     # HTTP's own
     "unauthorized": 401,
     "not_found": 404,
@@ -123,6 +127,7 @@ HTTP_STATUS: Final[dict[str, int]] = {
     "update_failed": 409,
     "unknown_update": 404,
     "update_timeout": 504,
+    "invalid_priority": 400,
 }
 """The HTTP status of every problem code (a test checks each code has one)."""
 

@@ -172,6 +172,7 @@ RejectCode = Literal[
     "invalid_key",
     "invalid_debounce",
     "invalid_concurrency",
+    "invalid_fairness",
 ]
 REJECT_CODES: tuple[RejectCode, ...] = typing.get_args(RejectCode)
 """Every code the intake answers with (and keeps in a dead-letter record), and

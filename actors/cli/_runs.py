@@ -42,6 +42,7 @@ from ._common import (
     to_run,
 )
 from ._concurrency import add_concurrency_arguments, concurrency_options
+from ._flow import add_flow_arguments, flow_options
 from ._holds import agent_hold, pause_arguments, unpause_arguments
 from ._keyed import add_keyed_arguments, keyed_options, keyed_outcome
 from ._render import (
@@ -90,7 +91,8 @@ async def cmd_start(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     keyed = keyed_options(args)  # a singleton key or a debounce: the intake names the run
-    limited = concurrency_options(args)  # a concurrency key (decision 0048)
+    w = f"worker serving {args.agent} starts"
+    limited = {**concurrency_options(args), **flow_options(args)}  # decisions 0048, 0049
     run_id = args.run_id or (None if "debounce" in keyed else uuid.uuid4().hex)
     try:
         attributes = parse_attribute_args(args.attr)
@@ -124,10 +126,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
         except UnknownAgent as e:
             raise TriggerRejected("unknown_agent", e.message, run_id=run_id or "") from None
         if receipt.queued:
-            out(
-                f"queued: no worker answered yet; the trigger is stored and will run when a "
-                f"worker serving {args.agent} starts"
-            )
+            out(f"queued: no worker answered yet; the trigger is stored and will run when a {w}")
         elif keyed or receipt.created:
             out(keyed_outcome(receipt) if keyed else "accepted: new run")
         else:
@@ -512,6 +511,7 @@ def _start_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_keyed_arguments(p)
     add_concurrency_arguments(p)
+    add_flow_arguments(p)
     add_seconds(
         p,
         "--timeout",

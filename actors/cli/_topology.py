@@ -25,6 +25,7 @@ from sojourn.broker.topology import (
     inspect_topology,
 )
 from sojourn.schemas.names import validate_token
+from sojourn.schemas.priority import PRIORITIES
 
 from ._args import Command, add_json, add_seconds
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, bounded, options_from, settings_from
@@ -72,7 +73,9 @@ async def cmd_topology(args: argparse.Namespace) -> int:
         if not agents:  # every agent a worker registered: their wake and fire consumers too
             agents = await AgentRegistry(broker, names).known()
         extra = [
-            (names.wake_stream, agent_wake_consumer_config(names, settings, a)) for a in agents
+            (names.wake_stream, agent_wake_consumer_config(names, settings, a, p))
+            for a in agents
+            for p in PRIORITIES
         ] + [(names.schedules_stream, fire_consumer_config(names, settings, a)) for a in agents]
         if args.apply:
             before = await apply_topology(

@@ -83,13 +83,18 @@ def status_json(state: RunState, run_id: str) -> dict[str, Any]:
         else {k: v for k, v in msgspec.structs.asdict(state.budget).items() if v is not None},
         "queued_at": None,
         "anomalies": list(state.anomalies),
+        "priority": state.priority,
+        "fairness": None
+        if state.fairness is None
+        else {"key": state.fairness.key, "weight": state.fairness.weight},
     }
 
 
 def pending_json(pending: PendingRun) -> dict[str, Any]:
     """``sojourn status --json`` of a pending run (its start stored, not yet taken): the keys
     of any run's, empty where nothing is known yet, and ``queued_at``."""
-    body = status_json(RunState(run_id=pending.run_id, agent=pending.agent), pending.run_id)
+    state = RunState(run_id=pending.run_id, agent=pending.agent, priority=pending.priority)
+    body = status_json(state, pending.run_id)
     body["status"] = "pending"
     body["queued_at"] = iso(pending.queued_at)
     return body

@@ -22,6 +22,7 @@ from sojourn.schemas.codec import encode, to_raw
 from sojourn.schemas.concurrency import ConcurrencyBody
 from sojourn.schemas.errors import InvalidName, PayloadTooLarge
 from sojourn.schemas.events import Budget
+from sojourn.schemas.fairness import Fairness, fairness_headers, validate_fairness
 from sojourn.schemas.flow import DebounceBody, DebounceInputs, debounce_fault, key_fault
 from sojourn.schemas.names import (
     RESERVED_SIGNAL_PREFIX,
@@ -29,6 +30,7 @@ from sojourn.schemas.names import (
     validate_signal_name,
     validate_token,
 )
+from sojourn.schemas.priority import PRIORITY_DEFAULT, validate_priority
 from sojourn.schemas.wire import CancelBody, IntakeError, StartTrigger
 
 from ..history.snapshots import current as current_snapshot
@@ -66,6 +68,13 @@ class StartOptions(TypedDict, total=False):
             until a slot frees, in arrival order (decision 0048). Not for an agent that
             declares its own (``Agent(concurrency=...)``), nor with a singleton key or a
             debounce.
+        priority: 1 (most urgent) to 5 (bulk), default 3 (decision 0049): the start goes on
+            that priority's lane, and the run's wakes and children follow it there; workers
+            take from the more urgent lanes first.
+        fairness_key: the key workers share their slots fairly between (a tenant, a user:
+            ``[A-Za-z0-9_.:@/-]``, at most 128 characters; decision 0049): a burst of one
+            key's starts does not starve another key's. Default: one shared key.
+        fairness_weight: the key's share against a weight-1 key's (1 to 1000, default 1).
     """
 
     run_id: str | None
@@ -80,6 +89,9 @@ class StartOptions(TypedDict, total=False):
     debounce_key: str | None
     debounce_inputs: DebounceInputs
     concurrency: ConcurrencyBody | dict[str, Any] | None
+    priority: int
+    fairness_key: str | None
+    fairness_weight: int
 
 
 class StartReceipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,7 +130,8 @@ class RunControl(ClientBase):
         worker answered in time).
 
         Raises:
-            InvalidName: ``agent``, ``run_id``, ``sender`` or a key is not a valid name.
+            InvalidName: ``agent``, ``run_id``, ``sender`` or a key is not a valid name, or
+                ``priority`` is not 1-5.
             ValueError: ``sender`` is not this connection's user or one it speaks for; a
                 debounce out of range or without its key.
             PayloadTooLarge: the encoded trigger exceeds ``settings.max_payload``.
@@ -137,6 +150,8 @@ class RunControl(ClientBase):
         refuse_unknown(options, StartOptions, "trigger")
         run_id, timeout = options.get("run_id"), options.get("timeout", 5.0)
         validate_token(agent, "agent name")
+        priority = validate_priority(options.get("priority", PRIORITY_DEFAULT))
+        fairness = _fairness(options)
         who = self._sender(options.get("sender"))
         singleton_key, debounce = _keyed(options)
         concurrency = concurrency_body(options.get("concurrency"))
@@ -175,10 +190,11 @@ class RunControl(ClientBase):
         await self._ensure()
         headers = {h.MSG_ID: f"start:{agent}:{run_id}"}
         headers.update(outgoing(options.get("traceparent"), options.get("tracestate")))
+        headers.update(fairness_headers(fairness))
         # The run id in the subject makes the stored trigger findable: the run is pending.
         # Not for a keyed start, whose run may be another (attached, or its burst's).
         keyed = singleton_key is not None or debounce is not None
-        subject = self.names.start(agent, who, None if keyed else run_id)
+        subject = self.names.start(agent, who, None if keyed else run_id, priority)
         if debounce is not None:
             run_id = ""  # the burst's run, named by the intake's answer
         if not wait:
@@ -355,3 +371,17 @@ def _keyed(options: StartOptions) -> tuple[str | None, DebounceBody | None]:
 
 def _new_run_id() -> str:
     return uuid.uuid4().hex
+
+
+def _fairness(options: StartOptions) -> Fairness:
+    """The start's fairness key and weight, checked here as the intake would.
+
+    Raises:
+        InvalidName: a key that is not a fairness key, a weight out of range or without a key.
+    """
+    key, weight = options.get("fairness_key"), options.get("fairness_weight")
+    if key is None:
+        if weight is not None:
+            raise InvalidName("fairness_weight needs a fairness_key")
+        return Fairness()
+    return validate_fairness(key, 1 if weight is None else weight)

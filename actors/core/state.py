@@ -17,6 +17,7 @@ import msgspec
 from sojourn.schemas import events as ev
 from sojourn.schemas.attributes import decode_upsert, merge_attributes
 from sojourn.schemas.codec import decode_spend
+from sojourn.schemas.fairness import Fairness
 from sojourn.schemas.lifecycle import (
     next_status,
     next_waiting,
@@ -24,6 +25,7 @@ from sojourn.schemas.lifecycle import (
     queued_at_start,
     queued_on,
 )
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.vocabulary import (
     ATTRIBUTES_KIND,
     LLM_STEP,
@@ -198,6 +200,10 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     concurrency: ev.ConcurrencyInfo | None = None
     """The run's concurrency key (``RunStarted.concurrency``, decision 0048); while
     ``waiting_on`` is ``queue:<key>`` it is queued (``queued``)."""
+    priority: Priority = PRIORITY_DEFAULT
+    """The run's priority (``RunStarted.priority``, decision 0049): the lane of its wakes."""
+    fairness: Fairness | None = None
+    """The run's fairness key (``RunStarted.fairness``), which its wakes carry."""
 
     @property
     def queued(self) -> bool:
@@ -275,6 +281,8 @@ def evolve(state: RunState, event: ev.RunEvent) -> RunState:
                 traceparent=event.traceparent,
                 tracestate=event.tracestate,
                 concurrency=event.concurrency,
+                priority=event.priority,
+                fairness=event.fairness,
                 waiting_on=() if (q := queued_at_start(event)) is None else q.on,
             )
         case ev.RunAdmitted():

@@ -86,6 +86,7 @@ from ._auth import BearerTokens, Caller, Policy
 from ._concurrency import concurrency_options
 from ._controls import Controls
 from ._deadletters import DeadLetters
+from ._flow import flow_options
 from ._forks import Forking
 from ._http import (
     HttpProblem,
@@ -372,6 +373,7 @@ class _Gateway(Controls, RoutedWebhooks, Forking, EventStreams):
                 raise HttpProblem("invalid_run_id", f"run id {run_id!r} {why}")
         options = start_options(request.headers)  # attributes, keyed starts (0047)
         limited = concurrency_options(request.headers)  # a concurrency key (0048)
+        limited.update(flow_options(request.headers))  # priority and fairness (0049)
         body = await read_body(request, self.config.max_body)
         value = require_json(request, body)
         try:

@@ -6,6 +6,7 @@ its run's start); it only reads the inbox stream, so the client needs no worker 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -16,6 +17,7 @@ from sojourn.broker.names import Names
 from sojourn.schemas.codec import decode_start
 from sojourn.schemas.errors import InvalidName
 from sojourn.schemas.names import reserved_run_id
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 
 __all__ = ["INBOX_SCAN", "PendingRun", "find_pending", "scan_inbox"]
 
@@ -32,6 +34,7 @@ class PendingRun(msgspec.Struct, frozen=True, kw_only=True):
         queued_at: when the inbox stored the start (unix seconds).
         inbox_seq: the start's inbox sequence.
         sender: the ``as.<sender>`` token of the start's subject (``None``: anonymous).
+        priority: the lane it waits on (decision 0049).
     """
 
     run_id: str
@@ -39,6 +42,7 @@ class PendingRun(msgspec.Struct, frozen=True, kw_only=True):
     queued_at: float
     inbox_seq: int
     sender: str | None = None
+    priority: Priority = PRIORITY_DEFAULT
 
 
 async def find_pending(
@@ -55,13 +59,17 @@ async def find_pending(
     """
     if reserved_run_id(run_id) is not None:
         return None  # only a spawn (continue_as_new) makes such a run: its start names none
-    found: list[PendingRun] = []
-    for subject in names.pending_starts(run_id):
+
+    async def first(subject: str) -> PendingRun | None:
         async for m in scan_inbox(broker, names.inbox_stream, subject):
             pending = _pending_start(names, m, run_id, max_payload)
             if pending is not None:
-                found.append(pending)
-                break
+                return pending
+        return None
+
+    # Each form and lane at once: a look costs one round trip, not one per filter.
+    looks = await asyncio.gather(*(first(s) for s in names.pending_starts(run_id)))
+    found = [p for p in looks if p is not None]
     return min(found, key=lambda p: p.inbox_seq) if found else None
 
 
@@ -83,7 +91,12 @@ def _pending_start(
     if trigger.parent_run_id is not None or trigger.run_id not in (None, run_id):
         return None
     return PendingRun(
-        run_id=run_id, agent=inbox.target, queued_at=m.time, inbox_seq=m.seq, sender=inbox.sender
+        run_id=run_id,
+        agent=inbox.target,
+        queued_at=m.time,
+        inbox_seq=m.seq,
+        sender=inbox.sender,
+        priority=inbox.priority,
     )
 
 

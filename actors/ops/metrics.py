@@ -330,6 +330,20 @@ CONCURRENCY_QUEUE_WAIT = Histogram(
     ["agent"],
     buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
 )
+LANE_WAIT = Histogram(
+    "sojourn_lane_wait_seconds",
+    "How long a start or a wake waited on its priority lane (decision 0049), from when the "
+    "broker stored it to when a worker took it: by lane (the priority, 1 to 5) and kind "
+    "(start: a start or spawn; wake: a wake or fired timer).",
+    ["lane", "kind"],
+    buckets=_LATENESS,
+)
+
+
+def lane_waited(priority: int, kind: str, stored: float) -> None:
+    """``LANE_WAIT`` for a message stored at ``stored`` (Unix seconds) and taken now."""
+    LANE_WAIT.labels(str(priority), kind).observe(max(0.0, time.time() - stored))
+
 
 SPEND_WINDOW = 3600.0
 """Seconds of the rolling window of ``sojourn_spend_window``."""

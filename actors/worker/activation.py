@@ -144,6 +144,7 @@ class Activation(SlotWaits):
             agent=agent.name,
             keep_timer=keep_timer,
             backstops=backstops,
+            priority=lambda: (self.state.priority, self.state.fairness),
         )
         """The run's broker timers this activation sets and removes."""
         settings = store.settings
@@ -317,7 +318,7 @@ class Activation(SlotWaits):
             await self.commit([])
         await broker_io(
             self.store.broker.publish(
-                self.store.names.spawn(agent, self.sender),
+                self.store.names.spawn(agent, self.sender, self.state.priority),
                 body,
                 {MSG_ID: f"start:{agent}:{child_id}", **child_headers(self.trace, child_id)},
             )

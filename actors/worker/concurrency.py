@@ -383,7 +383,15 @@ class KeySlots:
                 )
             except ConcurrencyConflict:
                 continue  # a signal or a cancel came in: look again (the slot is its)
-            await publish_wake(self.broker, self.names, entry.run_id, "start", agent=agent)
+            await publish_wake(
+                self.broker,
+                self.names,
+                entry.run_id,
+                "start",
+                agent=agent,
+                priority=st.priority,
+                fairness=st.fairness,
+            )
             await self.store.dequeue(agent, token, entry.run_id)
             if took == "taken":  # counted by the pump whose write gave it the slot: once
                 label = metrics.agent_label(agent)

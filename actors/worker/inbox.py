@@ -18,23 +18,36 @@ import logging
 
 import msgspec
 
-from sojourn.broker.connection import PullConsumer
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.names import InboxSubject
 from sojourn.schemas.codec import peek_run_id
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
+from sojourn.schemas.priority import PRIORITY_DEFAULT
 
+from ..ops import metrics
+from .fairness import FairWindow
 from .intake import Intake
+from .lanes import Lane
 from .refusals import Screened
 from .tenancy import count_redelivery, times_delivered
 
-__all__ = ["IN_FLIGHT", "InboxLoop"]
+__all__ = ["BULK_IN_FLIGHT", "IN_FLIGHT", "InboxLoop"]
 
 IN_FLIGHT = 256
 """Inbox messages one worker fetches at a time and handles at once. A burst of starts is taken
 in one pull and opened together (each is light until its run's first append); 64 made a burst
 of 100 starts wait for the first 64 runs' first appends before the rest were even read."""
+
+BULK_IN_FLIGHT = 32
+"""The same for the lanes of priorities 4 and 5 (decision 0049): a burst of bulk starts keeps
+fewer tasks ready on the event loop at once, so an urgent run's round trips wait behind fewer
+of them; the bulk runs themselves wait in their lane, not on the loop."""
+
+INBOX_WINDOW = 4096
+"""Inbox messages a lane's loop reads ahead of what it handles, to share its turns fairly
+between fairness keys (``FairWindow``); and at most ``INBOX_WINDOW_BYTES`` of them."""
+INBOX_WINDOW_BYTES = 16 * 2**20
 
 log = logging.getLogger("sojourn.worker")
 
@@ -45,15 +58,28 @@ class InboxLoop:
     def __init__(self, intake: Intake, settings: Settings) -> None:
         self.intake = intake
         self.settings = settings
+        self.busy = 0
+        """Messages of this lane being handled now."""
 
-    async def run(self, sub: PullConsumer, stopping: asyncio.Event) -> None:
-        """Fetch inbox messages and handle them concurrently; messages about the same run
-        (same subject) are handled in arrival order."""
-        inflight = asyncio.Semaphore(IN_FLIGHT)
+    async def run(self, lane: Lane, stopping: asyncio.Event) -> None:
+        """Fetch the inbox messages of one lane and handle them concurrently; messages about
+        the same run (same subject) are handled in arrival order."""
+        room = IN_FLIGHT if lane.priority <= PRIORITY_DEFAULT else BULK_IN_FLIGHT
+        inflight = asyncio.Semaphore(room)
         tails: dict[str, asyncio.Task[None]] = {}
+        # Read ahead and handed out fairly between the starts' fairness keys (decision 0049).
+        window = FairWindow(
+            lane.sub,
+            window=INBOX_WINDOW,
+            window_bytes=INBOX_WINDOW_BYTES,
+            keep_alive=max(0.5, self.settings.lease_ttl / 3),
+            max_message=self.settings.max_payload,
+        )
         while not stopping.is_set():
             try:
-                msgs = await sub.fetch(batch=IN_FLIGHT, timeout=1.0)
+                await inflight.acquire()  # room for one at least: take no more than fits
+                inflight.release()
+                msgs = await window.fetch(batch=max(1, room - self.busy), timeout=lane.poll)
                 for msg in msgs:
                     count_redelivery(msg, "intake")
                     await inflight.acquire()
@@ -65,12 +91,16 @@ class InboxLoop:
                     else:
                         key = self._order_key(msg, screened.inbox)
                         prev = tails.get(key)
+                        if screened.inbox is not None and screened.inbox.kind in STARTS:
+                            _waited(lane, msg)
+                    self.busy += 1
                     task = asyncio.create_task(self._one(msg, prev, inflight, screened))
                     tails[key] = task
                     task.add_done_callback(functools.partial(_forget, tails, key))
             except asyncio.CancelledError:
                 for t in list(tails.values()):
                     t.cancel()
+                await window.close()  # what it held comes back to any worker after ack_wait
                 raise
             except Exception:
                 log.exception("intake loop error; continuing")
@@ -136,6 +166,7 @@ class InboxLoop:
             with contextlib.suppress(Exception):
                 await m.nak(delay=1.0)
         finally:
+            self.busy -= 1
             inflight.release()
 
     async def _wait_turn(self, m: Delivery, after: asyncio.Task[None]) -> None:
@@ -154,3 +185,12 @@ class InboxLoop:
 def _forget(tails: dict[str, asyncio.Task[None]], key: str, task: asyncio.Task[None]) -> None:
     if tails.get(key) is task:
         del tails[key]
+
+
+STARTS = frozenset({"start", "spawn"})
+
+
+def _waited(lane: Lane, msg: Delivery) -> None:
+    """How long the start waited on its lane (``sojourn_lane_wait_seconds``)."""
+    with contextlib.suppress(Exception):  # metadata a hostile message cannot have: not counted
+        metrics.lane_waited(lane.priority, "start", msg.timestamp.timestamp())

@@ -37,8 +37,10 @@ from sojourn.schemas.codec import decode_events, encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import ConcurrencyConflict, HistoryError
 from sojourn.schemas.events import CancelRequested, RunEvent, RunStarted
+from sojourn.schemas.fairness import Fairness, classify
 from sojourn.schemas.lifecycle import TERMINAL_EVENTS
 from sojourn.schemas.limits import Limit
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.wire import IntakeOk
 
 from ..agents.agent import Agent
@@ -131,18 +133,21 @@ class Intake:
         await self.holds.stop()
         await self.limits.stop()
 
-    async def _agent_of(self, run_id: str) -> str | None:
-        """The agent of an existing run, from its first stored message (for routing a wake)."""
+    async def _route_of(self, run_id: str) -> tuple[str | None, Priority, Fairness | None]:
+        """The agent and priority of an existing run, from its first stored message (for
+        routing a wake: its agent's consumer, its priority's lane)."""
         first = await self.broker.direct_get_next(
             self.names.events_stream, self.names.events(run_id), 1
         )
         if first is None:
-            return None
+            return None, PRIORITY_DEFAULT, None
         try:
             events = decode_events(first.data)
         except msgspec.DecodeError:  # a poison history: the worker that wakes it reports it
-            return None
-        return events[0].agent if events and isinstance(events[0], RunStarted) else None
+            return None, PRIORITY_DEFAULT, None
+        if not events or not isinstance(events[0], RunStarted):
+            return None, PRIORITY_DEFAULT, None
+        return events[0].agent, events[0].priority, events[0].fairness
 
     async def handle(self, msg: Delivery, screened: Screened | None = None) -> None:
         """Process one inbox message and settle it (ack, or nak to retry later).
@@ -172,7 +177,13 @@ class Intake:
                     return  # the worker runs it now and settles msg when the run rests
                 if wake:
                     await publish_wake(
-                        self.broker, self.names, answer.run_id, "start", agent=inbox.target
+                        self.broker,
+                        self.names,
+                        answer.run_id,
+                        "start",
+                        agent=inbox.target,
+                        priority=inbox.priority,
+                        fairness=classify(msg.headers),
                     )
                 await msg.ack()
                 return
@@ -292,7 +303,15 @@ class Intake:
             return None
         fault("intake_recorded")
         agent = snap.state.agent or None
-        await publish_wake(self.broker, self.names, run_id, "signal", agent=agent)
+        await publish_wake(
+            self.broker,
+            self.names,
+            run_id,
+            "signal",
+            agent=agent,
+            priority=snap.state.priority,
+            fairness=snap.state.fairness,
+        )
         return IntakeOk(run_id=run_id, created=False)
 
     # --- cancel ------------------------------------------------------------------------------
@@ -330,8 +349,15 @@ class Intake:
         # The worker executing the run (if any) interrupts its running step at once; the wake
         # brings a run that rests.
         await publish_interrupt(self.broker, self.names, run_id)
+        agent, priority, fairness = await self._route_of(run_id)
         await publish_wake(
-            self.broker, self.names, run_id, "cancel", agent=await self._agent_of(run_id)
+            self.broker,
+            self.names,
+            run_id,
+            "cancel",
+            agent=agent,
+            priority=priority,
+            fairness=fairness,
         )
         return IntakeOk(run_id=run_id, created=False)
 

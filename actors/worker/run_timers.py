@@ -18,6 +18,8 @@ from typing import Any
 
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.timers import cancel_timers, schedule_timer
+from sojourn.schemas.fairness import Fairness
+from sojourn.schemas.priority import Priority
 
 from ..core.state import OpRecord
 from .appends import broker_io
@@ -52,10 +54,14 @@ class RunTimers:
         agent: str,
         keep_timer: KeepTimer | None,
         backstops: frozenset[int],
+        priority: Callable[[], tuple[Priority, Fairness | None]],
     ) -> None:
         self.store = store
         self.run_id = run_id
         self.agent = agent
+        self.priority = priority
+        """The run's priority and fairness key (read when a timer is set: the lane its wake
+        fires on, and the key it carries)."""
         self.keep_timer = keep_timer
         self.backstops = backstops
         self.used = bool(backstops)
@@ -77,6 +83,8 @@ class RunTimers:
                 timer_id,
                 at,
                 agent=self.agent,
+                priority=self.priority()[0],
+                fairness=self.priority()[1],
             )
         )
         self.used = True

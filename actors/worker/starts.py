@@ -33,7 +33,9 @@ from sojourn.schemas.events import (
     RunStarted,
     TriggerInfo,
 )
+from sojourn.schemas.fairness import Fairness, read_fairness
 from sojourn.schemas.names import reserved_run_id, valid_reply_subject, validate_token
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.tracing import trace_context
 from sojourn.schemas.wire import ChildOutcome, ErrorBody, IntakeOk, StartTrigger
 
@@ -193,6 +195,14 @@ class Starts:
                 )
             raise
 
+    def _lane_of(self, msg: Delivery) -> Priority:
+        """The priority of the lane ``msg`` came on (decision 0049): a start's or spawn's
+        ``p<n>`` token; a schedule's fire and a debounced start come on the default lane."""
+        try:
+            return self.names.parse_inbox(msg.subject).priority
+        except InvalidName:
+            return PRIORITY_DEFAULT
+
     def _sender(self) -> str:
         """This worker's sender token for the control messages it sends itself."""
         return self.broker.sender("worker")
@@ -273,6 +283,10 @@ class Starts:
         budget = agent.budget.over(trigger.budget) if agent.budget else trigger.budget
         if budget is not None and budget.empty:
             budget = None
+        try:
+            fairness = read_fairness(msg.headers)
+        except InvalidName as e:
+            raise Rejected("invalid_fairness", e.message) from e
         now = self.clock.now()
         tp, ts = trace_context(msg.header(h.TRACEPARENT), msg.header(h.TRACESTATE))
         started = RunStarted(
@@ -296,6 +310,8 @@ class Starts:
             tracestate=ts,
             attributes=attributes,
             concurrency=concurrency,
+            priority=self._lane_of(msg),
+            fairness=None if fairness == Fairness() else fairness,
             at=now,
         )
         # A cancel sent while the run was pending waits in the inbox behind its start: looked

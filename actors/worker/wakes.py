@@ -12,26 +12,31 @@ An in-process timer that came due wakes its run the same way, without a wake mes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from sojourn.broker import headers as h
-from sojourn.broker.connection import Broker, PullConsumer
+from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.names import Names
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError, InvalidName
+from sojourn.schemas.priority import PRIORITIES, Priority
 from sojourn.schemas.vocabulary import WaitingOn, wake_reason
 
 from ..agents.agent import Agent
 from ..core.state import RunState
 from ..ops import metrics
 from .dead_letters import drop_bad_wake, drop_wake
+from .fairness import FairWindow
+from .gate import SlotGate
 from .heartbeats import Heartbeats
+from .lanes import Lane
 from .starts import HANDBACK_MAX_DELAY, started_by
 from .tenancy import count_redelivery, times_delivered
 from .timers import InProcessTimers
@@ -39,6 +44,16 @@ from .timers import InProcessTimers
 __all__ = ["Spawn", "WakeLoops", "agent_of", "resume_cause"]
 
 log = logging.getLogger("sojourn.worker")
+
+WAKE_WINDOW = 1024
+"""Wakes a lane's loop reads ahead of the slots it has free, to share them fairly between the
+runs' fairness keys (``FairWindow``, decision 0049). Held wakes are this worker's until it
+hands them out (other workers cannot take them), so the window is kept to a few slots' worth:
+a busy worker hoards at most this many of a lane's wakes."""
+WAKE_WINDOW_BYTES = 2**20
+WAKE_SIZE = 4096
+"""What a wake is taken to weigh when the window sizes a look-ahead (a wake's body is empty;
+one that is not still counts at its size)."""
 
 ENDED_KEPT = 10_000
 """Runs that ended in this worker, remembered (the latest, at most this many) so that a wake
@@ -81,7 +96,7 @@ class WakeLoops:
         heartbeats: Heartbeats,
         timers: InProcessTimers,
         stopping: asyncio.Event,
-        slots: asyncio.Semaphore,
+        slots: SlotGate,
         active: Mapping[str, object],
         rewake: set[str],
         free_slots: Callable[[], int],
@@ -115,16 +130,36 @@ class WakeLoops:
         if len(self._ended) > ENDED_KEPT:
             self._ended.popitem(last=False)
 
-    async def wake_loop(self, sub: PullConsumer, consumer: str) -> None:
-        """Take wakes from one consumer (an agent's, or the unrouted one) while slots are free."""
+    async def wake_loop(self, lane: Lane) -> None:
+        """Take wakes from one consumer (a lane of an agent's, or the unrouted one) while slots
+        are free; a slot that frees goes to the most urgent lane waiting (``SlotGate``)."""
+        consumer, priority = lane.consumer, lane.priority
+        # Read ahead and handed out fairly between the runs' fairness keys (decision 0049).
+        sub = FairWindow(
+            lane.sub,
+            window=WAKE_WINDOW,
+            window_bytes=WAKE_WINDOW_BYTES,
+            keep_alive=max(0.5, self.settings.lease_ttl / 3),
+            max_message=WAKE_SIZE,
+        )
+        try:
+            await self._take_wakes(sub, consumer, priority, lane.poll)
+        finally:
+            await sub.close()  # what it held comes back to any worker after ack_wait
+
+    async def _take_wakes(
+        self, sub: FairWindow, consumer: str, priority: Priority, poll: float
+    ) -> None:
         while not self._stopping.is_set():
             try:
-                await self._slots.acquire()
+                await self._slots.acquire(priority)
                 self._slots.release()
                 free = max(1, min(256, self._free_slots()))
-                msgs = await sub.fetch(batch=free, timeout=1.0)
+                msgs = await sub.fetch(batch=free, timeout=poll)
                 for msg in msgs:
                     count_redelivery(msg, consumer)
+                    with contextlib.suppress(Exception):  # sojourn_lane_wait_seconds
+                        metrics.lane_waited(priority, "wake", msg.timestamp.timestamp())
                     try:
                         routed, run_id = self.names.parse_wake(msg.subject)
                     except InvalidName as e:
@@ -148,7 +183,7 @@ class WakeLoops:
                     if holder is not None:
                         await self.hand_back(msg, run_id, holder, "listed")
                         continue
-                    await self._slots.acquire()
+                    await self._slots.acquire(priority)
                     self._spawn(run_id, msg, None, consumer, routed)
             except asyncio.CancelledError:
                 raise
@@ -195,7 +230,7 @@ class WakeLoops:
                 run_id=run_id,
                 seq=history[0].seq,
             )
-        if consumer in {self.names.agent_wake_consumer(a) for a in agents}:
+        if consumer in {self.names.agent_wake_consumer(a, p) for a in agents for p in PRIORITIES}:
             # Routed to an agent that is not the run's (only a stranger publishes such a wake):
             # no worker pulling this consumer serves the run. Woken where it is served, rather
             # than handed back here for hours.

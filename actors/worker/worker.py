@@ -29,24 +29,23 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sojourn.broker import headers as h
-from sojourn.broker.connection import Broker, ConnectOptions, PullConsumer
+from sojourn.broker.connection import Broker, ConnectOptions
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
 from sojourn.broker.names import Names
 from sojourn.broker.progress import ProgressStore
 from sojourn.broker.registry import AgentRecord, AgentRegistry
 from sojourn.broker.topology import (
-    agent_wake_consumer_config,
-    check,
     ensure_topology,
-    fire_consumer_config,
     retry_unsettled,
 )
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError
+from sojourn.schemas.fairness import Fairness
 from sojourn.schemas.health import BEAT_RUNS_MAX
 from sojourn.schemas.limits import Limit
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.vocabulary import is_terminal
 
 from ..agents.agent import Agent
@@ -58,11 +57,13 @@ from ..ops import metrics
 from .activation import Activation
 from .clock import Clock
 from .dead_letters import FailureCounts, give_up
-from .faults import fault, pause
+from .faults import fault
+from .gate import SlotGate
 from .heartbeats import Heartbeats
 from .inbox import InboxLoop
 from .intake import Intake
 from .interrupt import Interrupts
+from .lanes import open_lanes
 from .opening import Opening
 from .scheduler import Scheduler
 from .sticky import STICKY_RUNS, StickyRuns
@@ -173,7 +174,7 @@ class Worker:
         self._owns_broker = broker is None
         self._tasks: list[asyncio.Task[None]] = []
         self._active: dict[str, asyncio.Task[None]] = {}
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = SlotGate(concurrency)
         self._stopping = asyncio.Event()
         self._closed = asyncio.Event()
         self._activation_ids = itertools.count(1)
@@ -187,6 +188,9 @@ class Worker:
         """Runs executing here whose creating inbox message is held (``HELD_TRIGGERS_MAX``)."""
         self._run_agents: dict[str, str] = {}
         """The agent of each run executing here, once known (routes a wake published again)."""
+        self._run_lanes: dict[str, tuple[Priority, Fairness | None]] = {}
+        """The priority and fairness key of each run executing here, once known (its wakes'
+        lane and key)."""
         self.membership = Membership(self.settings.worker_dead_after)
         """Which workers are alive, and which runs they hold, from their heartbeats."""
         self._since: dict[str, float] = {}
@@ -277,41 +281,30 @@ class Worker:
             held=self._held,
         )
         self.intake.schedules = self.scheduler
-        intake_sub = await b.pull(self.names.inbox_stream, self.names.intake_consumer)
-        wake_subs = {
-            self.names.wake_consumer: await b.pull(self.names.wake_stream, self.names.wake_consumer)
-        }
-        pause("agent_consumers")
-        for name in sorted(self.agents):
-            config = agent_wake_consumer_config(self.names, self.settings, name)
-            ensure = functools.partial(b.ensure_consumer, self.names.wake_stream, config)
-            check(self.names, [await retry_unsettled(ensure)])
-            consumer = config["durable_name"]
-            wake_subs[consumer] = await b.pull(self.names.wake_stream, consumer)
-        fire_subs: dict[str, PullConsumer] = {}
-        for name in sorted(self.agents):
-            config = fire_consumer_config(self.names, self.settings, name)
-            ensure = functools.partial(b.ensure_consumer, self.names.schedules_stream, config)
-            check(self.names, [await retry_unsettled(ensure)])
-            fire_subs[name] = await b.pull(self.names.schedules_stream, config["durable_name"])
+        lanes = await open_lanes(b, self.names, self.settings, self.agents)
         await self.interrupts.subscribe(b)
         await self.intake.start()
         await retry_unsettled(functools.partial(self.heartbeats.start, self.store))
         await retry_unsettled(self.heartbeats.beat)
         await retry_unsettled(self.heartbeats.look)
-        inbox = InboxLoop(self.intake, self.settings)
         self._tasks = [
-            asyncio.create_task(inbox.run(intake_sub, self._stopping), name="sojourn-intake"),
             *(
-                asyncio.create_task(self.wakes.wake_loop(sub, consumer), name=f"sojourn-{consumer}")
-                for consumer, sub in wake_subs.items()
+                asyncio.create_task(
+                    InboxLoop(self.intake, self.settings).run(lane, self._stopping),
+                    name=f"sojourn-{lane.consumer}",
+                )
+                for lane in lanes.intake
+            ),
+            *(
+                asyncio.create_task(self.wakes.wake_loop(lane), name=f"sojourn-{lane.consumer}")
+                for lane in lanes.wakes
             ),
             *(
                 asyncio.create_task(
                     self.scheduler.fire_loop(sub, agent, self._stopping),
                     name=f"sojourn-fires-{agent}",
                 )
-                for agent, sub in fire_subs.items()
+                for agent, sub in lanes.fires.items()
             ),
             asyncio.create_task(self.heartbeats.beat_loop(), name="sojourn-heartbeat"),
             asyncio.create_task(self.wakes.timer_loop(), name="sojourn-timers"),
@@ -412,7 +405,7 @@ class Worker:
         if not self._runs_new_now(run_id):
             return False
         self._holding.add(run_id)
-        await self._slots.acquire()
+        await self._slots.acquire(opening.started.priority if opening else PRIORITY_DEFAULT)
         if opening is not None:
             self._openings[run_id] = opening
         consumer, agent = self.names.intake_consumer, agent_of(self.agents, history)
@@ -463,18 +456,24 @@ class Worker:
         self._since.pop(run_id, None)
         self._holding.discard(run_id)
         agent = self._run_agents.pop(run_id, None)
+        lane = self._run_lanes.pop(run_id, (PRIORITY_DEFAULT, None))
         self._slots.release()
         if run_id in self._rewake and not self._stopping.is_set():
             self._rewake.discard(run_id)
-            task = asyncio.create_task(self._wake_again(run_id, agent))
+            task = asyncio.create_task(self._wake_again(run_id, agent, *lane))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _wake_again(self, run_id: str, agent: str | None) -> None:
+    async def _wake_again(
+        self, run_id: str, agent: str | None, priority: Priority, fairness: Fairness | None
+    ) -> None:
         """A wake arrived while the run was executing here: publish a fresh one now that it
-        rests (a wake is a hint; a spare one changes nothing)."""
+        rests (a wake is a hint; a spare one changes nothing), on its lane."""
         try:
-            await publish_wake(self._broker_or_fail(), self.names, run_id, "rewake", agent=agent)
+            b = self._broker_or_fail()
+            await publish_wake(
+                b, self.names, run_id, "rewake", agent=agent, priority=priority, fairness=fairness
+            )
         except Exception as e:  # the watchdog re-wakes a run whose wake was lost
             log.warning("run %s: could not wake it again: %s", run_id, e)
 
@@ -530,6 +529,7 @@ class Worker:
                     return
             agent_name = act.metric_agent
             self._run_agents[run_id] = act.agent.name
+            self._run_lanes[run_id] = (act.state.priority, act.state.fairness)
             cause, late = resume_cause(act.state, wake, cause, self.clock.now())
             metrics.RESUME_LATENCY.labels(agent_name, cause).observe(late)
             with self.interrupts.track(run_id, act):

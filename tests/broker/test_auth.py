@@ -31,6 +31,7 @@ from sojourn.broker.topology import ensure_topology, stream_configs
 from sojourn.schemas.auth import ROLES
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import PermissionDenied
+from sojourn.schemas.priority import PRIORITIES
 from tests.conftest import PYTHON, ROOT, subprocess_env
 
 PREFIX = "authz"
@@ -287,7 +288,7 @@ async def test_client_may_not_consume_the_inbox(client: Broker, admin: Broker) -
         await refused(client.api(api, timeout=FAST), api)
     assert await states(admin) == before
     names = await admin.api(f"$JS.API.CONSUMER.NAMES.{inbox}")
-    assert names["consumers"] == [NAMES.intake_consumer]
+    assert sorted(names["consumers"]) == sorted(NAMES.intake_lane_consumer(p) for p in PRIORITIES)
 
 
 async def test_client_may_not_delete_purge_or_change_streams(client: Broker, admin: Broker) -> None:

@@ -31,7 +31,14 @@ def senders(publish: tuple[str, ...]) -> dict[str, set[str]]:
     return out
 
 
-CLIENT_FORMS = {"start.*", "start.*.*", "signal.*.>", "update.*.>", "cancel.*", "schedule.*"}
+CLIENT_FORMS = {
+    *(f"{lane}start.*" for lane in ("", "p1.", "p2.", "p4.", "p5.")),  # a lane each (0049)
+    *(f"{lane}start.*.*" for lane in ("", "p1.", "p2.", "p4.", "p5.")),
+    "signal.*.>",
+    "update.*.>",
+    "cancel.*",
+    "schedule.*",
+}
 
 
 def test_a_gateway_may_send_as_its_callers_what_a_client_sends_and_no_control() -> None:

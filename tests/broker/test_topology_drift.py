@@ -32,6 +32,7 @@ from sojourn.broker.topology import (
     stream_configs,
 )
 from sojourn.schemas.config import Settings
+from sojourn.schemas.priority import PRIORITIES
 from tests.actors.cli.test_cli import sojourn
 
 _NS = 1_000_000_000
@@ -285,8 +286,9 @@ async def test_the_report_covers_every_registered_agents_wake_consumer(
     await ensure_topology(broker, names, settings)
     for agent in ("alpha", "beta"):
         await AgentRegistry(broker, names).register(AgentRecord(name=agent))
-    alpha = agent_wake_consumer_config(names, settings, "alpha")
-    await broker.ensure_consumer(names.wake_stream, alpha)  # beta's worker never started
+    for p in PRIORITIES:  # a lane each; beta's worker never started
+        alpha = agent_wake_consumer_config(names, settings, "alpha", p)
+        await broker.ensure_consumer(names.wake_stream, alpha)
     await broker.ensure_consumer(
         names.schedules_stream, fire_consumer_config(names, settings, "alpha")
     )
@@ -296,6 +298,7 @@ async def test_the_report_covers_every_registered_agents_wake_consumer(
     states = {f["consumer"]: f["state"] for f in report["findings"] if f["consumer"]}
     # (drift: the test's settings have another lease_ttl, so another ack_wait, than the CLI's)
     assert states["wake-alpha"] in ("ok", "drift") and states["wake-beta"] == "missing", states
+    assert states["wakep1-alpha"] in ("ok", "drift") and states["wakep5-beta"] == "missing"
     assert states["fire-alpha"] in ("ok", "drift") and states["fire-beta"] == "missing", states
     assert res.rc == 1
     res = await sojourn(*base, "--agent", "alpha")  # only the named ones
