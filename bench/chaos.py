@@ -102,6 +102,10 @@ def _child_env(**extra: str) -> dict[str, str]:
 # --- processes ----------------------------------------------------------------------------------
 
 
+TARGET_TRIES = 20
+"""Workers a fault tries in turn when the one chosen has just exited (a seam's own kill)."""
+
+
 class Child:
     """A child process the harness started (Popen from the main thread, so PDEATHSIG holds).
 
@@ -379,28 +383,32 @@ class Chaos:
             await self.nats.inject(kind, self.rng, self.broker)
             self.tally.faults[kind] += 1
             return
-        target = await self._target()
-        if target is None:
-            self.tally.faults_skipped[kind] += 1
-            return
-        if kind == "sigkill_worker":
-            target.killed_by_harness = True
-            if target.signal(signal.SIGKILL):
-                self.tally.faults[kind] += 1
-            else:
+        # A worker chosen may die by a seam of its own before the signal reaches it: another
+        # is chosen then (the fault is skipped only when no worker is up for 15 s).
+        for _ in range(TARGET_TRIES):
+            target = await self._target()
+            if target is None:
+                break
+            if kind == "sigkill_worker":
+                target.killed_by_harness = True
+                if target.signal(signal.SIGKILL):
+                    self.tally.faults[kind] += 1
+                    return
                 target.killed_by_harness = False
-                self.tally.faults_skipped[kind] += 1
-        else:
+                await asyncio.sleep(0.1)  # the pool notices the exit; then another
+                continue
             hold = self.lease * self.rng.uniform(1.5, 2.5)
             target.stopped = True
             if not target.signal(signal.SIGSTOP):
                 target.stopped = False
-                self.tally.faults_skipped[kind] += 1
-                return
+                await asyncio.sleep(0.1)
+                continue
             self.tally.faults[kind] += 1
             task = asyncio.create_task(self._resume_later(target, hold))
             self.holds.add(task)
             task.add_done_callback(self.holds.discard)
+            return
+        self.tally.faults_skipped[kind] += 1
 
     async def _resume_later(self, target: Child, hold: float) -> None:
         try:

@@ -86,7 +86,7 @@ from ._auth import BearerTokens, Caller, Policy
 from ._concurrency import concurrency_options
 from ._controls import Controls
 from ._deadletters import DeadLetters
-from ._flow import flow_options
+from ._flow import REQUEST_HEADERS, START_HEADERS, flow_options
 from ._forks import Forking
 from ._http import (
     HttpProblem,
@@ -218,7 +218,7 @@ def create_app(
                 CORSMiddleware,
                 allow_origins=list(config.cors_origins),
                 allow_methods=["GET", "POST"],
-                allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+                allow_headers=[*REQUEST_HEADERS, *START_HEADERS],
                 expose_headers=["Location", "Retry-After"],
                 allow_credentials=False,
                 max_age=600,

@@ -10,11 +10,39 @@ from sojourn.schemas.errors import InvalidName
 from sojourn.schemas.fairness import FAIRNESS_KEY, FAIRNESS_WEIGHT, read_fairness
 from sojourn.schemas.priority import PRIORITIES
 
+from ._concurrency import CONCURRENCY_KEY_HEADER, CONCURRENCY_LIMIT_HEADER
 from ._http import HttpProblem
+from ._keyed import DEBOUNCE_HEADER, DEBOUNCE_INPUTS_HEADER, DEBOUNCE_KEY_HEADER, SINGLETON_HEADER
+from ._routed import ATTRIBUTES_HEADER
 
-__all__ = ["PRIORITY_HEADER", "flow_options"]
+__all__ = ["PRIORITY_HEADER", "REQUEST_HEADERS", "START_HEADERS", "flow_options"]
 
 PRIORITY_HEADER: Final = "Sojourn-Priority"
+
+START_HEADERS: Final = (
+    ATTRIBUTES_HEADER,
+    SINGLETON_HEADER,
+    DEBOUNCE_HEADER,
+    DEBOUNCE_KEY_HEADER,
+    DEBOUNCE_INPUTS_HEADER,
+    CONCURRENCY_KEY_HEADER,
+    CONCURRENCY_LIMIT_HEADER,
+    PRIORITY_HEADER,
+    FAIRNESS_KEY,
+    FAIRNESS_WEIGHT,
+)
+"""Every header a start may carry besides the request's own: what a page on an origin
+``--cors-origin`` names may send (the CORS preflight's allowed headers)."""
+
+REQUEST_HEADERS: Final = (
+    "Authorization",
+    "Content-Type",
+    "Idempotency-Key",
+    "Last-Event-ID",
+    "traceparent",
+    "tracestate",
+)
+"""The request headers any route reads (the rest of the CORS preflight's allowed headers)."""
 
 
 def flow_options(headers: Mapping[str, str]) -> dict[str, Any]:

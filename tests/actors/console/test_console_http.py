@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from sojourn.actors import Client, Worker
+from sojourn.actors.gateway._flow import START_HEADERS
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.events import BudgetChanged, CancelRequested, SignalReceived
@@ -206,6 +207,23 @@ async def test_cors_is_closed_by_default_and_open_to_named_origins(
             )
             assert pre.status_code == 200
             assert pre.headers["access-control-allow-origin"] == "https://app.example.com"
+            # every header a start may carry may be sent from there too
+            asked = "authorization,content-type,idempotency-key,traceparent," + ",".join(
+                h.lower() for h in START_HEADERS
+            )
+            pre = await h.options(
+                "/v1/agents/a/runs",
+                headers={
+                    "Origin": "https://app.example.com",
+                    "Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": asked,
+                },
+            )
+            assert pre.status_code == 200, pre.text
+            allowed = {
+                x.strip().lower() for x in pre.headers["access-control-allow-headers"].split(",")
+            }
+            assert set(asked.split(",")) <= allowed, allowed
     finally:
         opened.stop()
 
