@@ -45,9 +45,10 @@ async def test_an_urgent_run_behind_a_bulk_queue_runs_next_not_last(
 ) -> None:
     app.BEGUN.clear()
     async with Worker([app.laned], nats=nats_server.url, settings=settings, concurrency=1):
+        # each step 0.2 s: the urgent start's few round trips fit in one, even on a busy machine
         bulk = [f"bulk{i}" for i in range(30)]
         for rid in bulk:  # each stored (the intake answered); one runs, the rest wait on lane 5
-            await client.start("laned", 0.05, run_id=rid, priority=5, wait=True)
+            await client.start("laned", 0.2, run_id=rid, priority=5, wait=True)
 
         async def moving() -> bool:
             return len(app.BEGUN) >= 2
@@ -75,7 +76,7 @@ async def test_one_keys_burst_does_not_starve_another_keys_start(
     async with Worker([app.laned], nats=nats_server.url, settings=settings, concurrency=1):
         burst = [f"a{i}" for i in range(40)]
         for rid in burst:  # tenant A's burst: one runs, the rest wait for the slot
-            await client.start("laned", 0.05, run_id=rid, fairness_key="tenant:a", wait=True)
+            await client.start("laned", 0.2, run_id=rid, fairness_key="tenant:a", wait=True)
 
         async def moving() -> bool:
             return len(app.BEGUN) >= 2
