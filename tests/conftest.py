@@ -26,10 +26,18 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from sojourn.actors import Client
 from sojourn.broker import EmbeddedServer
 from sojourn.schemas.config import Settings
+
+# The whole suite runs in parallel with real servers and processes beside the pure tests: how
+# fast an example is generated measures the machine's load then, not the test. Every property
+# still runs its examples; only the "generation is slow" health check is off.
+hypothesis_settings.register_profile("sojourn", suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("sojourn")
 
 ROOT = Path(__file__).resolve().parent.parent
 
