@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from pathlib import Path
@@ -88,6 +89,44 @@ def processes() -> Iterator[None]:
 _UNDECLARED = "this test starts a process: request the `processes` fixture (or nats_server)"
 
 
+HANG_REPORT_LEAD = 20.0
+"""Seconds before a test's hang guard (pytest-timeout) when every running event loop's tasks
+are printed with their stacks: the guard's own dump shows only threads, a loop idle in
+``select``, never what its tasks await."""
+
+
+_FRAMES = ("cr_frame", "gi_frame", "ag_frame")
+_AWAITS = ("cr_await", "gi_yieldfrom", "ag_await")
+
+
+def _dump_loop_tasks(nodeid: str) -> None:
+    """Print each running loop's tasks, each with the chain of what it awaits, innermost last."""
+    import gc
+
+    loops = [
+        o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()
+    ]
+    out = [f"\n=== {nodeid}: near its hang guard; the tasks of {len(loops)} running loop(s) ==="]
+    for loop in loops:
+        for task in list(asyncio.all_tasks(loop)):
+            out.append(f"--- {task.get_name()}")
+            awaited: object = task.get_coro()
+            while awaited is not None:
+                if type(awaited).__name__ == "async_generator_asend":  # into the generator
+                    gens = [g for g in gc.get_referents(awaited) if hasattr(g, "ag_frame")]
+                    awaited = gens[0] if gens else None
+                    continue
+                frame = next((getattr(awaited, a) for a in _FRAMES if hasattr(awaited, a)), None)
+                if frame is None:
+                    out.append(f"    awaits {awaited!r:.300}")
+                    break
+                code = frame.f_code
+                out.append(f"    {code.co_filename}:{frame.f_lineno} {code.co_qualname}")
+                awaited = next((getattr(awaited, a) for a in _AWAITS if hasattr(awaited, a)), None)
+    sys.stderr.write("\n".join(out) + "\n")
+    sys.stderr.flush()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
@@ -97,9 +136,25 @@ def pytest_runtest_protocol(
     broker and no process. ``subprocess.Popen`` is under ``subprocess.run`` and asyncio's
     subprocesses too. A hook rather than an autouse fixture: a module-scoped fixture is set up
     before any function-scoped one, so an autouse fixture would not see it start a server."""
-    if item.get_closest_marker("server") is not None:
-        return (yield)
+    guard = item.get_closest_marker("timeout")
+    limit = (
+        float(guard.args[0]) if guard and guard.args else float(item.config.getini("timeout") or 0)
+    )
+    reporter = None
+    if limit > HANG_REPORT_LEAD:
+        reporter = threading.Timer(limit - HANG_REPORT_LEAD, _dump_loop_tasks, (item.nodeid,))
+        reporter.daemon = True
+        reporter.start()
+    try:
+        if item.get_closest_marker("server") is not None:
+            return (yield)
+        return (yield from _refusing_processes(item))
+    finally:
+        if reporter is not None:
+            reporter.cancel()
 
+
+def _refusing_processes(item: pytest.Item) -> Generator[None, object, object]:
     def refuse(*args: object, **kwargs: object) -> Any:
         raise RuntimeError(f"{item.nodeid}: {_UNDECLARED}")
 

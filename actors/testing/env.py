@@ -24,7 +24,6 @@ sharing a server never see each other's runs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import tempfile
 import time
@@ -44,6 +43,7 @@ from ..agents.agent import Agent
 from ..client.client import Client
 from ..core.limits import chain_spending, spent
 from ..core.state import RunState, fold
+from ..worker.tasks import cancel_and_wait
 from ..worker.worker import Worker
 from .clock import VirtualClock
 from .explorer import Exploration, Seam, explore
@@ -330,10 +330,7 @@ class SojournEnv:
         pump, self._pump, self._skipper = self._pump, None, None
         self._client = self._worker = self._own = None
         self._tmp = self._url = None
-        if pump is not None:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
+        await cancel_and_wait(pump, STOP_GRACE)
         try:
             try:
                 if client is not None:

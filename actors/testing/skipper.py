@@ -27,12 +27,16 @@ from sojourn.broker.connection import JetStreamError
 from sojourn.broker.names import Names
 from sojourn.broker.timers import fire_timer, stored_timers
 
+from ..worker.tasks import cancel_and_wait
 from ..worker.worker import Worker
 from .clock import VirtualClock
 
 __all__ = ["QUIET_LOOKS", "TimeSkipper"]
 
 T = TypeVar("T")
+
+CANCEL_GRACE: Final = 5.0
+"""Seconds ``until`` gives the work it cancels to end (on an error or its own cancel)."""
 
 QUIET_LOOKS: Final = 3
 """Looks in a row, ``LOOK_EVERY`` apart, that must find the deployment quiet and unchanged."""
@@ -92,10 +96,7 @@ class TimeSkipper:
                 await asyncio.wait({task}, timeout=PUMP_EVERY)
             return task.result()
         finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+            await cancel_and_wait(task, CANCEL_GRACE)
 
     async def jump_next(self, hold: Callable[[], Awaitable[bool]] | None = None) -> bool:
         """Once the deployment is quiet, jump to the next deadline and fire what is due;

@@ -23,7 +23,6 @@ the server delivers them again once their ack wait passes since their last ``in_
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ from sojourn.schemas.fairness import FAIRNESS_WEIGHT_MAX, Fairness
 from sojourn.schemas.fairness import classify as classify_fairness
 
 from ..core.fairness import FairQueue
+from .tasks import cancel_and_wait
 
 __all__ = ["NO_WAIT", "QUIET", "FairWindow", "Fetches"]
 
@@ -49,6 +49,9 @@ QUIET = 0.01
 """Seconds the window does not look ahead after a look-ahead that took all the server had: at
 most this much later than otherwise does it see a newcomer while it holds messages, and at most
 ~15% of a loop's time goes on empty look-aheads."""
+
+CLOSE_GRACE = 2.0
+"""Seconds a closing window waits for its keep-alive task to end."""
 
 _HEADER_OVERHEAD = 4  # ": " and CRLF of a header line
 
@@ -134,10 +137,7 @@ class FairWindow:
         delivers them again after the consumer's ack wait. The consumer is not closed."""
         self._closed = True
         keeper, self._keeper = self._keeper, None
-        if keeper is not None:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+        await cancel_and_wait(keeper, CLOSE_GRACE)
         self._queue = FairQueue()
         self._held.clear()
         self.held_bytes = 0
@@ -201,7 +201,7 @@ class FairWindow:
         """Every ``keep_alive / 2``: ``in_progress`` for each message not kept alive for as long
         (so none goes ``keep_alive`` without one). Errors are logged, never raised."""
         every = self._keep_alive / 2
-        while True:
+        while not self._closed:  # also ends on the flag: a cancel can be swallowed
             await asyncio.sleep(every)
             try:
                 await self._sweep(time.monotonic() - every)

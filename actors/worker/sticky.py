@@ -34,6 +34,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..core.actions import Parked
+from .tasks import cancel_and_wait
 
 __all__ = ["STICKY_RUNS", "Body", "Keepable", "StickyRuns"]
 
@@ -41,6 +42,10 @@ STICKY_RUNS = 2_000
 """Parked activations a worker keeps by default (``Worker(sticky_runs=...)``; 0: none)."""
 
 T = TypeVar("T")
+
+CANCEL_GRACE = 5.0
+"""Seconds a cancelled body's task is given to end (cancelled again meanwhile, should its
+code swallow a cancel) before the one waiting on it goes on."""
 
 
 class Body(Generic[T]):
@@ -105,9 +110,7 @@ class Body(Generic[T]):
         try:
             await asyncio.wait((task, rested), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            await cancel_and_wait(task, CANCEL_GRACE)
             raise
         finally:
             self._rested = None

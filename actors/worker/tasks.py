@@ -7,26 +7,47 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["close_resources", "on_stop", "settle_cancelled"]
+__all__ = ["cancel_and_wait", "close_resources", "on_stop", "settle_cancelled"]
 
 log = logging.getLogger("sojourn.worker")
 
 
+RECANCEL_EVERY: Final = 0.1
+"""Seconds between the cancels of a task that has not ended yet: in Python 3.11 a cancel can
+be swallowed inside a library (``asyncio.wait_for`` returns a result that raced it), and a
+loop that swallowed one goes on until it is cancelled again."""
+
+
 async def settle_cancelled(tasks: Iterable[asyncio.Task[Any]], grace: float) -> None:
-    """Wait for cancelled tasks to end, at most ``grace`` seconds: a cancel can be swallowed
-    inside a library (``asyncio.wait_for`` in Python 3.11 may return a result that raced it),
-    and a stop must not wait forever for such a task. One still running is logged and left."""
-    pending = [t for t in tasks if not t.done()]
-    if not pending:
-        return
-    _, still = await asyncio.wait(pending, timeout=grace)
-    for t in still:
-        log.warning("task %s did not end within %.0fs of being cancelled", t.get_name(), grace)
+    """Cancel tasks and wait for them to end, at most ``grace`` seconds, cancelling again
+    every ``RECANCEL_EVERY`` one that goes on (a swallowed cancel): a stop never waits forever
+    for a task. One still running after ``grace`` is logged and left."""
+    pending = {t for t in tasks if not t.done()}
+    everyone = set(pending)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while pending:
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=min(left, RECANCEL_EVERY))
     for t in pending:
-        if t.done() and not t.cancelled():
+        log.warning("task %s did not end within %.0fs of being cancelled", t.get_name(), grace)
+    for t in everyone - pending:
+        if not t.cancelled():
             t.exception()  # retrieved: not reported as never retrieved
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None, grace: float) -> bool:
+    """``settle_cancelled`` for one task (``None``: nothing to do); whether it ended."""
+    if task is None:
+        return True
+    await settle_cancelled((task,), grace)
+    return task.done()
 
 
 Closer = Callable[[], Awaitable[None]]

@@ -25,10 +25,14 @@ from sojourn.schemas.events import StepStarted
 
 from ..ops import metrics
 from .appends import EXTERNAL_EVENTS
+from .tasks import cancel_and_wait
 
 __all__ = ["Tenancy", "count_redelivery", "held_step", "times_delivered"]
 
 log = logging.getLogger("sojourn.worker")
+
+CLOSE_GRACE = 2.0
+"""Seconds a closing tenancy waits for its keepalive task to end."""
 
 PROGRESS_EVERY = 1.0
 """Seconds between two progress records of one activation, at least."""
@@ -115,9 +119,7 @@ class Tenancy:
         """Stop the keepalive for good."""
         self._open = False
         self._poke.set()
-        self._keepalive.cancel()
-        with contextlib.suppress(BaseException):
-            await self._keepalive
+        await cancel_and_wait(self._keepalive, CLOSE_GRACE)
 
     async def _keep(self) -> None:
         """While the activation runs: restart the delivery's ack deadline every ``period``,
