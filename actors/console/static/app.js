@@ -362,7 +362,7 @@ function Run({ runId }) {
   if (error && !t) return html`<p class="error">${error}</p>`;
   if (!t) return html`<p class="muted">Loading ${runId}…</p>`;
   const link = (id) => html`<a class="mono" href=${`#/run/${enc(id)}`}>${id}</a>`;
-  return html`<h1><span class="mono" data-test="run-id">${t.run_id}</span> <span data-test="run-status"><${Badge} s=${t.status} /></span> <${Badge} s=${t.liveness} />
+  return html`<h1><span class="mono" data-test="run-id">${t.run_id}</span> <span data-test="run-status"><${Badge} s=${t.status} /></span>${t.liveness && t.liveness !== t.status ? html` <span data-test="run-liveness" title="liveness"><${Badge} s=${t.liveness} /></span>` : ""}
       <span class=${`live ${live ? "" : "off"}`}>${live ? "● live" : "○ polling"}</span></h1>
     <div class="cols"><div>
       <div class="card"><dl class="facts">

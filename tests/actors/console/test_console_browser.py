@@ -107,6 +107,8 @@ async def test_approve_a_run_from_the_inbox_and_watch_it_complete(
     assert await b.text("li[data-kind=step] [data-test=cost]") == cost
     await b.wait("the admin's actions", lambda d: d.find_elements(*css("[data-test=terminate]")))
     await b.run(b.driver.execute_script, "window.__sameDocument = 'yes'")
+    # The heading names the status once: the liveness badge only when it says more.
+    assert (await b.texts("h1 .badge")) == ["waiting"], await b.texts("h1 .badge")
     IMG.mkdir(parents=True, exist_ok=True)
     await b.run(b.driver.save_screenshot, str(IMG / "console-run.png"))
 
