@@ -16,7 +16,8 @@ write a compare-and-set on the subject's sequence, and arming a timer again repl
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -45,6 +46,14 @@ DEADLINE = "Sojourn-Debounce-At"
 _FENCE_BROKEN = 10071
 
 log = logging.getLogger("sojourn.flow")
+
+RecordKind = Literal["single", "burst"]
+"""The subject kind of a keyed start's record: a singleton key's, or a debounce key's burst."""
+
+_RECORD_NAMES: dict[RecordKind, str] = {"single": "singleton", "burst": "debounce"}
+"""What the log calls each kind of record."""
+
+_Record = TypeVar("_Record", SingletonRecord, DebounceRecord)
 
 
 def debounce_consumer_config(names: Names, settings: Any, agent: str) -> dict[str, Any]:
@@ -80,21 +89,7 @@ class FlowStore:
         """The record of ``agent``'s singleton key ``token`` and its sequence (0: none). A
         record that cannot be read (nothing a worker wrote: anyone may publish on a deployment
         without authentication) is ``None`` with its sequence, so it is written over."""
-        m = await self.broker.direct_get_last(
-            self.stream, self.subject(self.names, "single", agent, token)
-        )
-        if m is None:
-            return None, 0
-        try:
-            rec = decode_singleton_record(m.data)
-        except msgspec.MsgspecError as e:
-            log.warning("singleton record %r cannot be read (%s): written over", m.subject, e)
-            return None, m.seq
-        why = singleton_fault(rec)
-        if why is not None:
-            log.warning("singleton record %r cannot be used (%s): written over", m.subject, why)
-            return None, m.seq
-        return rec, m.seq
+        return await self._record("single", agent, token, decode_singleton_record, singleton_fault)
 
     async def put_singleton(self, token: str, record: SingletonRecord, expected_seq: int) -> int:
         """Write ``record`` if the key's record is still at ``expected_seq`` (0: none).
@@ -102,29 +97,14 @@ class FlowStore:
         Raises:
             ConcurrencyConflict: written meanwhile (read it again).
         """
-        subject = self.subject(self.names, "single", record.agent, token)
-        return await self._put(subject, encode(record), expected_seq, record.run_id)
+        return await self._put("single", token, record, expected_seq)
 
     # --- debounce keys -------------------------------------------------------------------------
 
     async def burst(self, agent: str, token: str) -> tuple[DebounceRecord | None, int]:
         """The burst record of ``agent``'s debounce key ``token`` and its sequence (0: none);
         one that cannot be read is ``None`` with its sequence, as ``singleton`` says."""
-        m = await self.broker.direct_get_last(
-            self.stream, self.subject(self.names, "burst", agent, token)
-        )
-        if m is None:
-            return None, 0
-        try:
-            rec = decode_debounce_record(m.data)
-        except msgspec.MsgspecError as e:
-            log.warning("debounce record %r cannot be read (%s): written over", m.subject, e)
-            return None, m.seq
-        why = burst_fault(rec)
-        if why is not None:
-            log.warning("debounce record %r cannot be used (%s): written over", m.subject, why)
-            return None, m.seq
-        return rec, m.seq
+        return await self._record("burst", agent, token, decode_debounce_record, burst_fault)
 
     async def put_burst(self, token: str, record: DebounceRecord, expected_seq: int) -> int:
         """Write ``record`` if the key's record is still at ``expected_seq`` (0: none).
@@ -132,8 +112,7 @@ class FlowStore:
         Raises:
             ConcurrencyConflict: written meanwhile (read it again).
         """
-        subject = self.subject(self.names, "burst", record.agent, token)
-        return await self._put(subject, encode(record), expected_seq, record.run_id)
+        return await self._put("burst", token, record, expected_seq)
 
     async def arm(self, token: str, record: DebounceRecord) -> None:
         """Arm (or move) the burst's fire at its deadline; replaces the pending one."""
@@ -147,13 +126,47 @@ class FlowStore:
             self.subject(self.names, "timer", record.agent, token), b"", headers
         )
 
-    async def _put(self, subject: str, data: bytes, expected_seq: int, what: str) -> int:
+    async def _record(
+        self,
+        kind: RecordKind,
+        agent: str,
+        token: str,
+        decode: Callable[[bytes], _Record],
+        fault: Callable[[_Record], str | None],
+    ) -> tuple[_Record | None, int]:
+        """The ``kind`` record of ``agent``'s key ``token``, read by ``decode`` and checked by
+        ``fault``, and its sequence (0: none); ``None`` with its sequence when it cannot be read
+        or used."""
+        m = await self.broker.direct_get_last(
+            self.stream, self.subject(self.names, kind, agent, token)
+        )
+        if m is None:
+            return None, 0
+        name = _RECORD_NAMES[kind]
+        try:
+            rec = decode(m.data)
+        except msgspec.MsgspecError as e:
+            log.warning("%s record %r cannot be read (%s): written over", name, m.subject, e)
+            return None, m.seq
+        why = fault(rec)
+        if why is not None:
+            log.warning("%s record %r cannot be used (%s): written over", name, m.subject, why)
+            return None, m.seq
+        return rec, m.seq
+
+    async def _put(self, kind: RecordKind, token: str, record: _Record, expected_seq: int) -> int:
+        """Write ``record`` on its ``kind`` subject if that is still at ``expected_seq``.
+
+        Raises:
+            ConcurrencyConflict: written meanwhile.
+        """
+        subject = self.subject(self.names, kind, record.agent, token)
         headers = {h.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected_seq)}
-        result = await self.broker.try_publish(subject, data, headers)
+        result = await self.broker.try_publish(subject, encode(record), headers)
         if isinstance(result, JetStreamError):
             if result.err_code == _FENCE_BROKEN:
                 raise ConcurrencyConflict(
-                    f"{subject} changed meanwhile", run_id=what, expected=expected_seq
+                    f"{subject} changed meanwhile", run_id=record.run_id, expected=expected_seq
                 )
             raise result
         return result.seq

@@ -27,6 +27,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
@@ -154,6 +155,42 @@ async def limited_start(
     return await slots.start(starts, msg, inbox, trigger, key, limit)
 
 
+@dataclass(frozen=True, slots=True)
+class _KeyedStart:
+    """A start under a concurrency key, as its delivery brought it: ``trigger`` names its run
+    (``run_id`` set), ``key`` and ``limit`` its key and the key's slots."""
+
+    starts: Starts
+    msg: Delivery
+    inbox: InboxSubject
+    trigger: StartTrigger
+    key: str
+    limit: int
+
+    @property
+    def agent(self) -> str:
+        return self.inbox.target
+
+    @property
+    def run_id(self) -> str:
+        assert self.trigger.run_id is not None
+        return self.trigger.run_id
+
+    async def create(
+        self, concurrency: ConcurrencyInfo | None = None, *, stored: bool = False
+    ) -> Created | Opening | None:
+        """Create the run (``concurrency``: the slot or the queue place it holds; ``stored``:
+        never opened in memory), as ``Starts.create`` does."""
+        return await self.starts.create(
+            self.msg,
+            self.agent,
+            self.trigger,
+            sender=self.inbox.sender,
+            stored=stored,
+            concurrency=concurrency,
+        )
+
+
 class KeySlots:
     """Concurrency keys' slots and queues, as one worker's intake and activations use them."""
 
@@ -176,19 +213,20 @@ class KeySlots:
         key: str,
         limit: int,
     ) -> Created | Opening | None:
-        agent = inbox.target
-        run_id = trigger.run_id
-        assert run_id is not None
+        """Admit the start ``msg`` brought (``trigger``, its run id set) under ``key``'s
+        ``limit`` slots, or queue it; ``None``: handed back (the key's record kept changing)."""
+        start = _KeyedStart(starts, msg, inbox, trigger, key, limit)
+        agent, run_id = start.agent, start.run_id
         token = key_token(key)
         if msg.num_delivered > 1:  # a redelivery: go on from what an earlier delivery did
             ticket = await self.store.entry(agent, token, run_id)
             if ticket:
-                return await self._queued(starts, msg, inbox, trigger, key, limit, ticket)
+                return await self._queued(start, ticket)
             rec, _ = await self.store.slots(agent, token)
             if rec is not None and rec.holds(run_id):
-                return await self._admitted(starts, msg, inbox, trigger, key, limit, False)
+                return await self._admitted(start, False)
             if await self.events.first(run_id) is not None:  # answered as an existing run
-                return await starts.create(msg, agent, trigger, sender=inbox.sender)
+                return await start.create()
         _, head, _ = await self.store.head(agent, token)
         if head == 0:  # nobody queued: a start never passes a queued run
             took = await self._take(agent, token, key, run_id, limit, msg.stream_seq)
@@ -196,12 +234,11 @@ class KeySlots:
                 await msg.nak(delay=0.5)
                 return None
             if took != "full":
-                added = took == "taken"
-                return await self._admitted(starts, msg, inbox, trigger, key, limit, added)
+                return await self._admitted(start, took == "taken")
         if await self.events.first(run_id) is not None:
             # the run exists (the id started before): one run, answered as such, and nothing
             # queued for it (it holds its slot, or its place, or it ended)
-            return await starts.create(msg, agent, trigger, sender=inbox.sender)
+            return await start.create()
         entry = QueueEntry(
             agent=agent,
             key=key,
@@ -212,69 +249,45 @@ class KeySlots:
         )
         ticket = await self.store.enqueue(token, entry)
         metrics.CONCURRENCY_QUEUED.labels(metrics.agent_label(agent)).inc()
-        return await self._queued(starts, msg, inbox, trigger, key, limit, ticket)
+        return await self._queued(start, ticket)
 
-    async def _admitted(
-        self,
-        starts: Starts,
-        msg: Delivery,
-        inbox: InboxSubject,
-        trigger: StartTrigger,
-        key: str,
-        limit: int,
-        added: bool,
-    ) -> Created | Opening | None:
+    async def _admitted(self, start: _KeyedStart, added: bool) -> Created | Opening | None:
         """Create a run that holds its slot (``added``: taken by this delivery)."""
-        agent = inbox.target
-        fault("concurrency_slot_taken", trigger.run_id or "")
-        info = ConcurrencyInfo(key=key, limit=limit)
-        assert trigger.run_id is not None
-        token = key_token(key)
+        agent, run_id = start.agent, start.run_id
+        fault("concurrency_slot_taken", run_id)
+        token = key_token(start.key)
         try:
-            created = await starts.create(
-                msg, agent, trigger, sender=inbox.sender, concurrency=info
-            )
+            created = await start.create(ConcurrencyInfo(key=start.key, limit=start.limit))
         except Rejected:
             if added:  # refused after all (its attributes, its parent): the slot goes back
-                await self.give_back(agent, token, trigger.run_id, how="refused")
+                await self.give_back(agent, token, run_id, how="refused")
                 await self.pump(agent, token)
             raise
         if added:
             metrics.CONCURRENCY_ADMITTED.labels(metrics.agent_label(agent), "start").inc()
         if added and created is not None and not isinstance(created, Opening):
             if not created[0].created:  # the id was another run's: the slot was not its to take
-                await self.give_back(agent, token, trigger.run_id, how="refused")
+                await self.give_back(agent, token, run_id, how="refused")
                 await self.pump(agent, token)
         return created
 
-    async def _queued(
-        self,
-        starts: Starts,
-        msg: Delivery,
-        inbox: InboxSubject,
-        trigger: StartTrigger,
-        key: str,
-        limit: int,
-        ticket: int,
-    ) -> Created | None:
+    async def _queued(self, start: _KeyedStart, ticket: int) -> Created | None:
         """Create a queued run (its entry is in the queue at ``ticket``), then pump its key:
         a slot may have freed meanwhile. Answered at once; nothing is woken."""
-        agent = inbox.target
-        fault("concurrency_queued", trigger.run_id or "")
-        info = ConcurrencyInfo(key=key, limit=limit, ticket=ticket)
+        agent, run_id = start.agent, start.run_id
+        fault("concurrency_queued", run_id)
+        token = key_token(start.key)
+        info = ConcurrencyInfo(key=start.key, limit=start.limit, ticket=ticket)
         try:
-            created = await starts.create(
-                msg, agent, trigger, sender=inbox.sender, stored=True, concurrency=info
-            )
-        except Rejected:
-            assert trigger.run_id is not None  # refused after all: it leaves the queue
-            await self.store.dequeue(agent, key_token(key), trigger.run_id)
-            await self.pump(agent, key_token(key))
+            created = await start.create(info, stored=True)
+        except Rejected:  # refused after all: it leaves the queue
+            await self.store.dequeue(agent, token, run_id)
+            await self.pump(agent, token)
             raise
         if created is None:
             return None
         assert not isinstance(created, Opening)
-        await self.pump(agent, key_token(key))
+        await self.pump(agent, token)
         return created[0], None, False
 
     # --- slots --------------------------------------------------------------------------------

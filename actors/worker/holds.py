@@ -4,9 +4,9 @@
 records it as the agent's ``AgentHold`` on ``<prefix>.hold.<agent>`` (in the agents stream,
 one message per subject: the last is the agent's state). Every worker follows those records
 (read at start, then a core subscription, and read again every ``REFRESH_EVERY`` seconds in
-case a notice was missed) and tells its run machines: a run of a held agent suspends itself
-(``RunSuspended``, reason ``manual``) before its next step, live runs and new ones alike. A run
-so held is listed on ``<prefix>.held.<agent>.<run_id>``.
+case a notice was missed: ``worker/follower.py``) and tells its run machines: a run of a held
+agent suspends itself (``RunSuspended``, reason ``manual``) before its next step, live runs and
+new ones alike. A run so held is listed on ``<prefix>.held.<agent>.<run_id>``.
 
 An unpause records the agent's hold lifted, then resumes every run listed (a ``RunResumed`` by
 the operator who unpaused, appended under a message id of the request, so a redelivered request
@@ -18,10 +18,8 @@ table again (``mark``)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from typing import Any
 
 import msgspec
 
@@ -39,14 +37,12 @@ from sojourn.schemas.holds import HOLD_REASON_MAX, AgentHold, HeldRun, HoldAnswe
 
 from ..history.snapshots import current as current_snapshot
 from .clock import Clock
+from .follower import RecordFollower
 from .refusals import Rejected, reply
 
-__all__ = ["REFRESH_EVERY", "RELEASE_AFTER", "AgentHolds"]
+__all__ = ["RELEASE_AFTER", "AgentHolds"]
 
 log = logging.getLogger("sojourn.actors.worker.holds")
-
-REFRESH_EVERY = 5.0
-"""Seconds between full reads of the holds: a notice missed (a reconnect) is caught up."""
 
 RELEASED_TTL = "1h"
 """How long the record of a resumed held run is kept (it replaces the listing, then expires)."""
@@ -68,9 +64,14 @@ class AgentHolds:
         self.clock = clock
         self.table: dict[str, AgentHold] = {}
         """The held agents (an agent whose hold was lifted is not in it)."""
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._sub: Any = None
-        self._refresher: asyncio.Task[None] | None = None
+        self._records = RecordFollower(
+            broker,
+            names.agents_stream,
+            names.holds_all,
+            on_stored=lambda stored: self._apply(stored.data),
+            on_notice=self._on_notice,
+            what="agent holds",
+        )
 
     def of(self, agent: str) -> AgentHold | None:
         """The hold of ``agent`` now, if it is held."""
@@ -80,30 +81,10 @@ class AgentHolds:
 
     async def start(self) -> None:
         """Read every agent's hold, then follow them."""
-        self._sub = await self.broker.subscribe(self.names.holds_all, cb=self._on_notice)
-        await self.refresh()
-        self._refresher = asyncio.create_task(self._refresh_loop())
+        await self._records.start()
 
     async def stop(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-
-    async def refresh(self) -> None:
-        for stored in await read_all(self.broker, self.names.agents_stream, self.names.holds_all):
-            self._apply(stored.data)
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(REFRESH_EVERY)
-            try:
-                await self.refresh()
-            except Exception as e:  # the broker away for a while: the next round reads again
-                log.debug("reading agent holds: %s", e)
+        await self._records.stop()
 
     async def _on_notice(self, msg: Delivery) -> None:
         self._apply(msg.data)
@@ -119,7 +100,7 @@ class AgentHolds:
             self.table[hold.agent] = hold
         elif was is not None:
             del self.table[hold.agent]
-            self._later(self._release_later(hold))
+            self._records.later(self._release_later(hold))
 
     async def _release_later(self, hold: AgentHold) -> None:
         """A backstop for runs held by a worker that heard of the unpause late: the worker
@@ -129,11 +110,6 @@ class AgentHolds:
             await self.release(hold.agent, hold.by, f"notice:{hold.at}")
         except Exception as e:  # the next notice, or the operator's next unpause, goes on
             log.warning("resuming the runs of agent %s: %s", hold.agent, e)
-
-    def _later(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # --- held runs ---------------------------------------------------------------------------
 

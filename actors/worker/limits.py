@@ -1,30 +1,28 @@
 """Shared rate limits as one worker uses them (decision 0046).
 
 ``SharedLimits`` keeps every limit's record as this worker last saw it (read at start, then
-followed by a core subscription and read again every ``REFRESH_EVERY`` seconds), declares the
-limits the worker's agents and configuration name, and makes every change to a record a
-compare-and-set on its subject (``broker/limits.py``), computed by the pure rate algorithm
-(``actors/core/ratelimit.py``). Requests are coalesced per limit: whatever the activations of
-this worker asked for while one write was in flight (slots, token charges, a block) goes out
-in the next single write, so one round trip grants a batch and the limit's throughput does not
-fall with the number of runs that share it. No grant is kept in memory: a slot is the record's,
-and a worker that dies loses nothing but the slots it had handed out and not used.
+followed by a core subscription and read again every ``REFRESH_EVERY`` seconds:
+``worker/follower.py``), declares the limits the worker's agents and configuration name, and
+makes every change to a record a compare-and-set on its subject (``broker/limits.py``), computed
+by the pure rate algorithm (``actors/core/ratelimit.py``). Requests are coalesced per limit:
+whatever the activations of this worker asked for while one write was in flight (slots, token
+charges, a block) goes out in the next single write, so one round trip grants a batch and the
+limit's throughput does not fall with the number of runs that share it. No grant is kept in
+memory: a slot is the record's, and a worker that dies loses nothing but the slots it had handed
+out and not used.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
 from sojourn.broker.connection import Broker
-from sojourn.broker.delivery import Delivery
-from sojourn.broker.follow import read_all
+from sojourn.broker.delivery import Delivery, StoredMessage
 from sojourn.broker.limits import LimitStore, read_limit
 from sojourn.broker.names import InboxSubject, Names
 from sojourn.schemas.codec import decode_limit_record, decode_limit_request, encode
@@ -40,14 +38,12 @@ from sojourn.schemas.limits import (
 from ..core.ratelimit import Grant, block, charge, declare, reserve, unblock
 from ..ops import metrics as _metrics
 from .clock import Clock
+from .follower import RecordFollower
 from .refusals import Rejected, reply
 
-__all__ = ["REFRESH_EVERY", "SharedLimits"]
+__all__ = ["SharedLimits"]
 
 log = logging.getLogger("sojourn.actors.worker.limits")
-
-REFRESH_EVERY = 5.0
-"""Seconds between full reads of the limits' records (a notice missed is caught up)."""
 
 WRITE_TRIES = 100
 """Compare-and-set attempts of one write before its callers get the conflict."""
@@ -92,9 +88,14 @@ class SharedLimits:
         (a compare-and-set starts from it; a notice does not know it)."""
         self._pending: dict[str, _Pending] = {}
         self._writing: set[str] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._sub: Any = None
-        self._refresher: asyncio.Task[None] | None = None
+        self._records = RecordFollower(
+            broker,
+            names.agents_stream,
+            names.limits_all,
+            on_stored=self._on_stored,
+            on_notice=self._on_notice,
+            what="the limits",
+        )
 
     def record(self, name: str) -> LimitRecord | None:
         """Limit ``name`` as this worker knows it now (what the run machine checks a grant
@@ -104,36 +105,19 @@ class SharedLimits:
     # --- following the records ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read every limit, declare this worker's, then follow them."""
-        self._sub = await self.broker.subscribe(self.names.limits_all, cb=self._on_notice)
-        await self.refresh()
+        """Read every limit, follow them, then declare this worker's."""
+        await self._records.start()
         for name, limit in self.declared.items():
             await self.set(name, limit, by=self.writer, declared=True)
-        self._refresher = asyncio.create_task(self._refresh_loop())
 
     async def stop(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+        await self._records.stop()
 
-    async def refresh(self) -> None:
-        for m in await read_all(self.broker, self.names.agents_stream, self.names.limits_all):
-            rec = read_limit(m)
-            if rec is not None and self._newer(rec):
-                self.table[rec.name] = rec
-                self._seqs[rec.name] = m.seq
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(REFRESH_EVERY)
-            try:
-                await self.refresh()
-            except Exception as e:  # the broker away for a while: the next round reads again
-                log.debug("reading the limits: %s", e)
+    def _on_stored(self, m: StoredMessage) -> None:
+        rec = read_limit(m)
+        if rec is not None and self._newer(rec):
+            self.table[rec.name] = rec
+            self._seqs[rec.name] = m.seq
 
     async def _on_notice(self, msg: Delivery) -> None:
         try:
@@ -192,9 +176,7 @@ class SharedLimits:
         if name in self._writing:
             return  # the write in flight takes it next
         self._writing.add(name)
-        task = asyncio.create_task(self._write_loop(name))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._records.later(self._write_loop(name))
 
     async def _write_loop(self, name: str) -> None:
         """Write what is pending for ``name``, one compare-and-set per round, until nothing

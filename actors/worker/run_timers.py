@@ -75,6 +75,7 @@ class RunTimers:
         Raises:
             BrokerLost: the broker is away.
         """
+        priority, fairness = self.priority()
         await broker_io(
             schedule_timer(
                 self.store.broker,
@@ -83,8 +84,8 @@ class RunTimers:
                 timer_id,
                 at,
                 agent=self.agent,
-                priority=self.priority()[0],
-                fairness=self.priority()[1],
+                priority=priority,
+                fairness=fairness,
             )
         )
         self.used = True
