@@ -170,10 +170,14 @@ def profile_summary(prof: cProfile.Profile, top: int = 18) -> str:
     for (filename, _line, _fn), (_cc, _nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
         total += tt
         f = filename.replace("\\", "/")
-        if "/bench/" not in f and ("/sojourn/" in f or "/work/main/" in f):
-            g = "sojourn"
-        elif "/nats/" in f:
+        if "/nats/" in f and "site-packages" in f:  # before ours: a venv may sit in the tree
             g = "nats-py"
+        elif (
+            "/bench/" not in f
+            and "site-packages" not in f
+            and ("/sojourn/" in f or "/work/main/" in f)
+        ):
+            g = "sojourn"
         elif "/asyncio/" in f or "uvloop" in f:
             g = "asyncio/uvloop"
         elif "msgspec" in f:

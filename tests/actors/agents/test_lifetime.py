@@ -22,7 +22,9 @@ ran: list[str] = []
 
 async def tick(i: int) -> int:
     ran.append(f"tick {i}")
-    await asyncio.sleep(0.1)
+    # A few quick ticks, then one that would run for an hour: the lifetime's deadline lands
+    # while a tick runs however loaded the machine is (not between two ticks, in an append).
+    await asyncio.sleep(0.1 if i < 3 else 3600)
     return i
 
 

@@ -274,9 +274,12 @@ async def test_a_never_ending_stream_is_cut_at_its_size_bound_and_its_duration()
 
     async with LlmServer() as server:
         server.push(Forever(), Forever(event=b": keep-alive\n\n", delay=0.01))
-        async with chat(server, max_stream_bytes=256 * 1024, max_duration=1.0) as model:
+        # The size bound with time to spare (a loaded machine must not reach the duration
+        # first), then the duration bound on the stream that never grows.
+        async with chat(server, max_stream_bytes=256 * 1024, max_duration=120.0) as model:
             with pytest.raises(ModelProtocolError, match="event stream passed 262144 bytes"):
                 await model.request(HELLO, on_token=on_token)
+        async with chat(server, max_stream_bytes=256 * 1024, max_duration=1.0) as model:
             with pytest.raises(ModelUnavailable, match="no complete answer within 1 s"):
                 await model.request(HELLO, on_token=on_token)
 
