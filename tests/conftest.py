@@ -25,14 +25,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Itera
 from pathlib import Path
 from typing import Any
 
-import pytest
-import pytest_asyncio
-from hypothesis import HealthCheck
-from hypothesis import settings as hypothesis_settings
+# Compiled modules are cached (``__pycache__``, pytest's assertion-rewritten test modules
+# among them) even where ``PYTHONDONTWRITEBYTECODE`` is set: without the cache each xdist
+# worker compiles and rewrites every test module again, some 15 s of the fast lane's minute.
+# Set before anything of sojourn's or the tests' is imported.
+sys.dont_write_bytecode = False
 
-from sojourn.actors import Client
-from sojourn.broker import EmbeddedServer
-from sojourn.schemas.config import Settings
+import pytest  # noqa: E402
+import pytest_asyncio  # noqa: E402
+from hypothesis import HealthCheck  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+from sojourn.actors import Client  # noqa: E402
+from sojourn.broker import EmbeddedServer  # noqa: E402
+from sojourn.schemas.config import Settings  # noqa: E402
 
 # The whole suite runs in parallel with real servers and processes beside the pure tests: how
 # fast an example is generated measures the machine's load then, not the test. Every property
@@ -49,8 +55,37 @@ one of them is marked ``server`` (the closure includes every fixture built on th
 ``sojourn_env``."""
 
 
+FAST_LANE_EXAMPLES = 4
+"""In the fast lane (``-m "not server"``, the inner loop) each property runs a quarter of its
+examples (at least ``FAST_LANE_MIN_EXAMPLES``): the same properties, a shallower search, so the
+lane answers within a minute. The whole suite (``pytest``, what CI runs) runs every example;
+``SOJOURN_FULL_PROPERTIES=1`` does so in the fast lane too."""
+FAST_LANE_MIN_EXAMPLES = 10
+
+
+def _is_fast_lane(config: pytest.Config) -> bool:
+    return "not server" in (config.option.markexpr or "") and not os.environ.get(
+        "SOJOURN_FULL_PROPERTIES"
+    )
+
+
+def _fewer_examples(items: list[pytest.Item]) -> None:
+    for item in items:
+        test = getattr(item, "obj", None)
+        used = getattr(test, "_hypothesis_internal_use_settings", None)
+        if used is None or getattr(test, "_sojourn_fast_lane", False):
+            continue  # not a property, or one already scaled (a parametrized one)
+        fewer = max(FAST_LANE_MIN_EXAMPLES, used.max_examples // FAST_LANE_EXAMPLES)
+        test._hypothesis_internal_use_settings = hypothesis_settings(  # type: ignore[union-attr]
+            used, max_examples=min(used.max_examples, fewer)
+        )
+        test._sojourn_fast_lane = True  # type: ignore[union-attr]
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _is_fast_lane(config):
+        _fewer_examples(items)
     for item in items:
         needs = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if needs:

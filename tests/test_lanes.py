@@ -1,0 +1,36 @@
+"""The fast lane's properties run a quarter of their examples; the whole suite runs them all
+(``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import FAST_LANE_EXAMPLES, FAST_LANE_MIN_EXAMPLES
+
+ran: list[int] = []
+
+
+@settings(max_examples=200, database=None)
+@given(st.integers())
+def test_a_property_of_200_examples(x: int) -> None:
+    ran.append(x)
+
+
+@settings(max_examples=12, database=None)
+@given(st.integers())
+def test_a_small_property_keeps_its_floor(x: int) -> None:
+    pass
+
+
+def test_the_examples_a_property_runs_follow_the_lane(request: pytest.FixtureRequest) -> None:
+    fast = "not server" in (request.config.option.markexpr or "") and not os.environ.get(
+        "SOJOURN_FULL_PROPERTIES"
+    )
+    big = test_a_property_of_200_examples._hypothesis_internal_use_settings.max_examples  # type: ignore[attr-defined]
+    small = test_a_small_property_keeps_its_floor._hypothesis_internal_use_settings.max_examples  # type: ignore[attr-defined]
+    assert big == (200 // FAST_LANE_EXAMPLES if fast else 200)
+    assert small == (max(FAST_LANE_MIN_EXAMPLES, 12 // FAST_LANE_EXAMPLES) if fast else 12)
