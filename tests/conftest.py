@@ -27,9 +27,11 @@ from typing import Any
 
 # Compiled modules are cached (``__pycache__``, pytest's assertion-rewritten test modules
 # among them) even where ``PYTHONDONTWRITEBYTECODE`` is set: without the cache each xdist
-# worker compiles and rewrites every test module again, some 15 s of the fast lane's minute.
-# Set before anything of sojourn's or the tests' is imported.
+# worker compiles and rewrites every test module again, some 15 s of the fast lane's minute,
+# and every process a test starts (a worker, the CLI) compiles sojourn again, about 1 s of CPU
+# each. Set before anything of sojourn's or the tests' is imported; the processes inherit it.
 sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import pytest  # noqa: E402
 import pytest_asyncio  # noqa: E402
