@@ -14,10 +14,11 @@ __all__ = ["cancel_and_wait", "close_resources", "on_stop", "settle_cancelled"]
 log = logging.getLogger("sojourn.worker")
 
 
-RECANCEL_EVERY: Final = 0.1
+RECANCEL_EVERY: Final = 0.5
 """Seconds between the cancels of a task that has not ended yet: in Python 3.11 a cancel can
 be swallowed inside a library (``asyncio.wait_for`` returns a result that raced it), and a
-loop that swallowed one goes on until it is cancelled again."""
+loop that swallowed one goes on until it is cancelled again. Long enough for the clean-up a
+cancel starts (a hand-back, a last write) to finish before the next cancel lands in it."""
 
 
 async def settle_cancelled(tasks: Iterable[asyncio.Task[Any]], grace: float) -> None:
