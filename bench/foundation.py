@@ -52,7 +52,6 @@ import itertools
 import logging
 import random
 import secrets
-import sys
 import tempfile
 import time
 import uuid
@@ -63,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.actors import Client, Context, Worker, agent
-from sojourn.broker import BROKER_ERRORS, Broker, Delivery, EmbeddedServer, find_nats_server
+from sojourn.broker import BROKER_ERRORS, Broker, Delivery, EmbeddedServer
 from sojourn.broker.auth import AuthUser
 from sojourn.broker.cluster import LocalCluster
 from sojourn.broker.eventstore import Decision
@@ -86,16 +85,16 @@ from .util import (
     fmt_ms,
     fmt_rate,
     fmt_us,
-    git_state,
-    machine_facts,
+    loadavg,
+    log,
     median,
     pct,
     run_bench,
+    run_facts,
     summarize,
 )
 from .waits import rss
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET_STEP_RATIO = 1.3
 TARGET_ONE_STEP_P50 = 0.002
 TARGET_ONE_STEP_FLOOR_RATIO = 1.3  # issue 12: a 1-step run within 1.3x the raw inbox floor
@@ -715,13 +714,6 @@ PHASES = (
 # --- one server / durability setting ----------------------------------------------------------
 
 
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
 def _med(reps: list[dict[str, Any]], *path: str) -> float:
     vals = []
     for r in reps:
@@ -891,7 +883,7 @@ async def bench_setting(
                 "replicas": cfg.replicas,
                 "body_bytes": len(body),
                 "reps": [],
-                "load_before": _loadavg(),
+                "load_before": loadavg(),
             }
             try:
                 log(f"[{label}] warm-up")
@@ -970,7 +962,7 @@ async def bench_setting(
                 for extra in (service, observer):
                     if extra is not None:
                         await extra.close()
-    out["load_after"] = _loadavg()
+    out["load_after"] = loadavg()
     out["summary"] = summarize_setting(out["reps"])
     return out
 
@@ -1500,14 +1492,7 @@ def render(cfg: Config, facts: dict[str, str], results: list[dict[str, Any]]) ->
 
 async def amain(cfg: Config) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
-
-    def log(msg: str) -> None:
-        print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-    binary = find_nats_server()
-    facts = machine_facts(binary, Path(cfg.store_dir or tempfile.gettempdir()))
-    facts["event loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
-    facts["sojourn"] = git_state(ROOT)
+    facts = run_facts(cfg.store_dir)
     t0 = time.perf_counter()
     results = []
     for si in cfg.sync_intervals:

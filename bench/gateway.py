@@ -76,7 +76,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -85,7 +84,7 @@ from typing import Any
 import msgspec
 
 from sojourn.actors import Client
-from sojourn.broker import Broker, Delivery, EmbeddedServer, find_nats_server
+from sojourn.broker import Broker, Delivery, EmbeddedServer
 from sojourn.broker.headers import MSG_ID
 from sojourn.broker.names import Names
 from sojourn.broker.topology import stream_configs
@@ -94,7 +93,7 @@ from sojourn.schemas.config import Settings
 from .gateway_agents import FANOUT, ONE_STEP, FanoutPlan
 from .http11 import HttpConnection, HttpError, SseEvent
 from .trace import gather_limited
-from .util import cpu_process, cpu_server, git_state, machine_facts, pct, run_bench
+from .util import cpu_process, cpu_server, loadavg, log, pct, run_bench, run_facts, tag
 from .waits import rss
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,17 +180,6 @@ def parse_args(argv: list[str] | None = None) -> Config:
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def tag() -> str:
-    return "t" + uuid.uuid4().hex[:8]
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
 
 
 def stats(xs: list[float]) -> dict[str, float]:
@@ -985,14 +973,7 @@ async def run_all(cfg: Config, log: Log) -> dict[str, Any]:
 
 async def amain(cfg: Config) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
-
-    def log(msg: str) -> None:
-        print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-    binary = find_nats_server()
-    facts = machine_facts(binary, Path(cfg.store_dir or tempfile.gettempdir()))
-    facts["event loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
-    facts["sojourn"] = git_state(ROOT)
+    facts = run_facts(cfg.store_dir)
     t0 = time.perf_counter()
     res = await run_all(cfg, log)
     elapsed = time.perf_counter() - t0

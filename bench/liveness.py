@@ -81,7 +81,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -92,7 +91,7 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.actors import Client, Context, Watchdog, Worker, agent, heartbeat
-from sojourn.broker import Broker, Delivery, EmbeddedServer, find_nats_server
+from sojourn.broker import Broker, Delivery, EmbeddedServer
 from sojourn.broker import headers as h
 from sojourn.broker.follow import StreamFollower
 from sojourn.broker.names import Names
@@ -116,14 +115,15 @@ from .util import (
     cpu_server,
     fmt_ms,
     fmt_rate,
-    git_state,
-    machine_facts,
+    log,
     median,
     pct,
     run_bench,
+    run_facts,
+    start_worker,
+    worker_ready,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("catchup", "detect", "heartbeat")
 APP = "tests.apps.liveness"
 FLAGGED = ("stalled", "orphaned", "overdue", "wedged")
@@ -550,16 +550,8 @@ class WorkerProc:
     def __init__(self, url: str, prefix: str, ttl: float, logdir: Path) -> None:
         self.log_path = logdir / f"worker-{uuid.uuid4().hex[:6]}.log"
         self._out = open(self.log_path, "wb")  # closed by kill() / stop()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         self.spawned = time.time()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.apps.run_worker", url, prefix, APP, str(ttl)],
-            cwd=ROOT,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        self.proc = start_worker(url, prefix, APP, ttl, self._out)
         self.ready_at = 0.0
 
     @property
@@ -567,13 +559,7 @@ class WorkerProc:
         return self.proc.pid
 
     async def ready(self, timeout: float = 60.0) -> WorkerProc:
-        deadline = time.monotonic() + timeout
-        while b"ready" not in self.log_path.read_bytes():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited: {self.log_path.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError("worker did not get ready")
-            await asyncio.sleep(0.01)
+        await worker_ready(self.proc, self.log_path, timeout, 0.01)
         self.ready_at = time.time()
         return self
 
@@ -1084,14 +1070,7 @@ def _states(d: dict[str, int]) -> str:
 
 async def amain(cfg: Config) -> dict[str, Any]:
     logging.basicConfig(level=logging.ERROR)
-
-    def log(msg: str) -> None:
-        print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-    binary = find_nats_server()
-    facts = machine_facts(binary, Path(cfg.store_dir or tempfile.gettempdir()))
-    facts["event loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
-    facts["sojourn"] = git_state(ROOT)
+    facts = run_facts(cfg.store_dir)
     res: dict[str, Any] = {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=cfg.store_dir, prefix="bench-liveness-") as tmp:

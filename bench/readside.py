@@ -79,7 +79,7 @@ import nats
 from sojourn.actors import Client, Context, agent
 from sojourn.actors.client.listing import list_runs
 from sojourn.actors.client.output import read_output
-from sojourn.broker import Broker, EmbeddedServer, find_nats_server
+from sojourn.broker import Broker, EmbeddedServer
 from sojourn.broker import headers as h
 from sojourn.broker.eventstore import EventStore
 from sojourn.broker.follow import StreamFollower
@@ -103,7 +103,7 @@ from sojourn.schemas.events import (
 )
 from sojourn.schemas.views import Chunk, RunView
 
-from .util import fmt_ms, fmt_rate, git_state, machine_facts, median, run_bench
+from .util import fmt_ms, fmt_rate, loadavg, log, median, run_bench, run_facts, tag
 from .util import summarize as pcts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,12 +233,6 @@ def parse_args(argv: list[str] | None = None) -> Config:
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def tag() -> str:
-    """A short random name part; ``t`` first, so that ``<name>-<tag>`` never has the form of a
-    child run's id (``-c`` then digits), which a client may not start."""
-    return "t" + uuid.uuid4().hex[:8]
-
-
 async def until(predicate: Callable[[], Awaitable[bool] | bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -250,13 +244,6 @@ async def until(predicate: Callable[[], Awaitable[bool] | bool], timeout: float,
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         await asyncio.sleep(0.005)
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
 
 
 def child_env() -> dict[str, str]:
@@ -1285,14 +1272,7 @@ async def other_phases(
 
 async def amain(cfg: Config) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
-
-    def log(msg: str) -> None:
-        print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-    binary = find_nats_server()
-    facts = machine_facts(binary, Path(cfg.store_dir or tempfile.gettempdir()))
-    facts["event loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
-    facts["sojourn"] = git_state(ROOT)
+    facts = run_facts(cfg.store_dir)
     t0 = time.perf_counter()
     res: dict[str, Any] = {"catchup": []}
     for i, si in enumerate(cfg.sync_intervals):

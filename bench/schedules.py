@@ -64,7 +64,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -75,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from sojourn.actors import Client, Context, agent
-from sojourn.broker import Broker, Delivery, EmbeddedServer, find_nats_server
+from sojourn.broker import Broker, Delivery, EmbeddedServer
 from sojourn.broker import headers as h
 from sojourn.broker.follow import read_all
 from sojourn.broker.names import Names
@@ -86,10 +85,19 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.events import RunStarted
 
 from .trace import gather_limited
-from .util import cpu_process, cpu_server, git_state, machine_facts, pct, run_bench
+from .util import (
+    cpu_process,
+    cpu_server,
+    loadavg,
+    log,
+    pct,
+    run_bench,
+    run_facts,
+    start_worker,
+    worker_ready,
+)
 from .waits import rss, stream_state
 
-ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("raw", "native", "sojourn")
 AGENT = "sched_bench"
 APP = "bench.schedules"  # the worker process serves the agents of this module
@@ -196,13 +204,6 @@ def parse_args(argv: list[str] | None = None) -> Config:
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -479,28 +480,14 @@ class WorkerProc:
     def __init__(self, url: str, prefix: str, logdir: Path, ttl: float = 30.0) -> None:
         self.log_path = logdir / f"worker-{prefix}.log"
         self._out = open(self.log_path, "wb")  # closed by stop()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.apps.run_worker", url, prefix, APP, str(ttl)],
-            cwd=ROOT,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        self.proc = start_worker(url, prefix, APP, ttl, self._out)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     async def ready(self, timeout: float = 60.0) -> WorkerProc:
-        deadline = time.monotonic() + timeout
-        while b"ready" not in self.log_path.read_bytes():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited: {self.log_path.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError("worker did not get ready")
-            await asyncio.sleep(0.02)
+        await worker_ready(self.proc, self.log_path, timeout, 0.02)
         return self
 
     def stop(self) -> None:
@@ -734,13 +721,13 @@ async def memory_fresh(cfg: Config, parent: str | None, log: Log) -> dict[str, A
 
 
 async def run_all(cfg: Config, log: Log) -> dict[str, Any]:
-    out: dict[str, Any] = {"load_before": _loadavg(), "rounds": []}
+    out: dict[str, Any] = {"load_before": loadavg(), "rounds": []}
     with tempfile.TemporaryDirectory(prefix="sojourn-sched-", dir=cfg.store_dir) as tmp:
         async with EmbeddedServer(
             store_dir=Path(tmp) / "store", port=0, sync_interval=cfg.sync_interval
         ) as srv:
             for r in range(cfg.repeats):
-                rnd: dict[str, Any] = {"load": _loadavg()}
+                rnd: dict[str, Any] = {"load": loadavg()}
                 if "raw" in cfg.sections:
                     rnd["raw"] = await raw_round(srv.url, cfg, srv.pid, log)
                 if "native" in cfg.sections:
@@ -751,7 +738,7 @@ async def run_all(cfg: Config, log: Log) -> dict[str, Any]:
                 log(f"round {r + 1}/{cfg.repeats} done")
     if cfg.memory_schedules:
         out["memory_fresh"] = await memory_fresh(cfg, cfg.store_dir, log)
-    out["load_after"] = _loadavg()
+    out["load_after"] = loadavg()
     return out
 
 
@@ -917,14 +904,7 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
 
 async def amain(cfg: Config) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
-
-    def log(msg: str) -> None:
-        print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-    binary = find_nats_server()
-    facts = machine_facts(binary, Path(cfg.store_dir or tempfile.gettempdir()))
-    facts["event loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
-    facts["sojourn"] = git_state(ROOT)
+    facts = run_facts(cfg.store_dir)
     t0 = time.perf_counter()
     res = await run_all(cfg, log)
     elapsed = time.perf_counter() - t0

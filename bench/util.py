@@ -7,23 +7,35 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ROOT",
     "cpu_process",
     "cpu_server",
     "fmt_ms",
     "fmt_rate",
     "fmt_us",
     "git_state",
+    "loadavg",
+    "log",
     "machine_facts",
     "median",
     "pct",
+    "run_bench",
+    "run_facts",
+    "start_worker",
     "summarize",
+    "tag",
+    "worker_ready",
 ]
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -123,10 +135,75 @@ def machine_facts(nats_binary: str, store_dir: Path) -> dict[str, str]:
     }
 
 
+def run_facts(store_dir: str | None) -> dict[str, str]:
+    """``machine_facts`` for the nats-server binary the benches start and the store directory
+    (the system temp directory when ``store_dir`` is None), plus the running event loop's
+    package and the checkout's git state. Call it from inside the running event loop."""
+    import asyncio
+
+    from sojourn.broker import find_nats_server
+
+    facts = machine_facts(find_nats_server(), Path(store_dir or tempfile.gettempdir()))
+    facts["event loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    facts["sojourn"] = git_state(ROOT)
+    return facts
+
+
+def log(msg: str) -> None:
+    """Print a progress line, stamped with the wall-clock time, to stderr."""
+    print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+
+def start_worker(url: str, prefix: str, app: str, ttl: float, out: Any) -> subprocess.Popen[bytes]:
+    """Start ``python -m tests.apps.run_worker URL PREFIX APP TTL`` in the repository root, with
+    the root on ``PYTHONPATH``; its stdout and stderr go to the open binary file ``out``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.apps.run_worker", url, prefix, app, str(ttl)],
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+
+
+async def worker_ready(
+    proc: subprocess.Popen[bytes], log_path: Path, timeout: float, poll: float
+) -> None:
+    """Return once the worker's log at ``log_path`` contains ``ready``, checking every ``poll``
+    seconds. RuntimeError (with the log's tail) if the process exits first; TimeoutError after
+    ``timeout`` seconds."""
+    import asyncio
+
+    # Blocking reads of a small local file between sleeps, on purpose (a poll, not a stream).
+    deadline = time.monotonic() + timeout
+    while b"ready" not in log_path.read_bytes():  # noqa: ASYNC240
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited: {log_path.read_text()[-2000:]}")  # noqa: ASYNC240
+        if time.monotonic() > deadline:
+            raise TimeoutError("worker did not get ready")
+        await asyncio.sleep(poll)
+
+
 def _nats_py_version() -> str:
     from importlib.metadata import version
 
     return version("nats-py")
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages from /proc/loadavg, space-separated; "?" elsewhere."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def tag() -> str:
+    """A short random name part; ``t`` first, so that ``<name>-<tag>`` never has the form of a
+    child run's id (``-c`` then digits), which a client may not start."""
+    return "t" + uuid.uuid4().hex[:8]
 
 
 def fmt_us(seconds: float) -> str:

@@ -67,7 +67,7 @@ import msgspec
 
 from sojourn.actors import Client, Context, Worker, agent, fold
 from sojourn.actors.worker.activation import Activation
-from sojourn.broker import Broker, Delivery, EmbeddedServer, Subscription, find_nats_server
+from sojourn.broker import Broker, Delivery, EmbeddedServer, Subscription
 from sojourn.broker.headers import EXPECTED_LAST_SUBJECT_SEQUENCE, MSG_ID, SCHEDULER
 from sojourn.broker.names import Names
 from sojourn.broker.timers import schedule_timer
@@ -87,14 +87,14 @@ from .util import (
     cpu_process,
     cpu_server,
     fmt_ms,
-    git_state,
-    machine_facts,
+    loadavg,
+    log,
     pct,
     run_bench,
+    run_facts,
     summarize,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("park", "timer", "signal")
 
 TARGET_RETAINED_PER_RUN = 100  # bytes: "~0" (below this, noise of the measurement itself)
@@ -349,13 +349,6 @@ async def stream_state(b: Broker, stream: str) -> dict[str, int]:
         "bytes": int(st.get("bytes", 0)),
         "subjects": int(st.get("num_subjects", 0)),
     }
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
 
 
 async def lanes(fn: Callable[[Any], Awaitable[Any]], items: list[Any], width: int = 256) -> None:
@@ -1061,7 +1054,7 @@ def _short(where: str) -> str:
 
 
 async def run_all(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
-    out: dict[str, Any] = {"load_before": _loadavg()}
+    out: dict[str, Any] = {"load_before": loadavg()}
     parent = cfg.store_dir or None
     with tempfile.TemporaryDirectory(prefix="sojourn-waits-", dir=parent) as tmp:
         srv = EmbeddedServer(store_dir=tmp, port=0)  # sync_interval: always (the default)
@@ -1113,7 +1106,7 @@ async def run_all(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
                 await client.close()
                 await worker.stop()
                 await ob.close()
-    out["load_after"] = _loadavg()
+    out["load_after"] = loadavg()
     return out
 
 
@@ -1392,14 +1385,7 @@ def render(cfg: Config, facts: dict[str, str], res: dict[str, Any]) -> str:
 
 async def amain(cfg: Config) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
-
-    def log(msg: str) -> None:
-        print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-    binary = find_nats_server()
-    facts = machine_facts(binary, Path(cfg.store_dir or tempfile.gettempdir()))
-    facts["event loop"] = type(asyncio.get_running_loop()).__module__.split(".")[0]
-    facts["sojourn"] = git_state(ROOT)
+    facts = run_facts(cfg.store_dir)
     t0 = time.perf_counter()
     res = await run_all(cfg, log)
     elapsed = time.perf_counter() - t0
