@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import FAST_LANE_EXAMPLES, FAST_LANE_MIN_EXAMPLES
+from tests.conftest import FAST_LANE_EXAMPLES, FAST_LANE_MIN_EXAMPLES, _is_fast_lane
 
 ran: list[int] = []
 
@@ -27,9 +25,7 @@ def test_a_small_property_keeps_its_floor(x: int) -> None:
 
 
 def test_the_examples_a_property_runs_follow_the_lane(request: pytest.FixtureRequest) -> None:
-    fast = "not server" in (request.config.option.markexpr or "") and not os.environ.get(
-        "SOJOURN_FULL_PROPERTIES"
-    )
+    fast = _is_fast_lane(request.config)
     big = test_a_property_of_200_examples._hypothesis_internal_use_settings.max_examples  # type: ignore[attr-defined]
     small = test_a_small_property_keeps_its_floor._hypothesis_internal_use_settings.max_examples  # type: ignore[attr-defined]
     assert big == (200 // FAST_LANE_EXAMPLES if fast else 200)

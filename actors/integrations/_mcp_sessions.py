@@ -11,7 +11,6 @@ its server goes away.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import weakref
 from collections.abc import AsyncIterator
@@ -22,7 +21,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from ..worker.tasks import on_stop
+from ..worker.tasks import cancel_and_wait, on_stop
 
 if TYPE_CHECKING:
     from .mcp import McpServer
@@ -74,11 +73,8 @@ class Session:
         self._closing.set()
         if not self._opened.done():
             self._task.cancel()
-        _, pending = await asyncio.wait([self._task], timeout=CLOSE_GRACE)
-        for t in pending:
-            t.cancel()
-        with contextlib.suppress(BaseException):
-            await self._task
+        await asyncio.wait([self._task], timeout=CLOSE_GRACE)  # a clean close first
+        await cancel_and_wait(self._task, CLOSE_GRACE)
 
 
 def _transport(server: McpServer) -> AbstractAsyncContextManager[Any]:

@@ -50,9 +50,6 @@ QUIET = 0.01
 most this much later than otherwise does it see a newcomer while it holds messages, and at most
 ~15% of a loop's time goes on empty look-aheads."""
 
-CLOSE_GRACE = 2.0
-"""Seconds a closing window waits for its keep-alive task to end."""
-
 _HEADER_OVERHEAD = 4  # ": " and CRLF of a header line
 
 
@@ -137,7 +134,7 @@ class FairWindow:
         delivers them again after the consumer's ack wait. The consumer is not closed."""
         self._closed = True
         keeper, self._keeper = self._keeper, None
-        await cancel_and_wait(keeper, CLOSE_GRACE)
+        await cancel_and_wait(keeper)
         self._queue = FairQueue()
         self._held.clear()
         self.held_bytes = 0

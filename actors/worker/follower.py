@@ -20,7 +20,7 @@ from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import OnDelivery, StoredMessage, Subscription
 from sojourn.broker.follow import read_all
 
-from .tasks import settle_cancelled
+from .tasks import STOP_GRACE, settle_cancelled
 
 __all__ = ["REFRESH_EVERY", "STOP_GRACE", "RecordFollower"]
 
@@ -28,9 +28,6 @@ log = logging.getLogger("sojourn.actors.worker.follower")
 
 REFRESH_EVERY = 5.0
 """Seconds between full reads of the records (a notice missed is caught up)."""
-
-STOP_GRACE = 2.0
-"""Seconds a stop waits for the refresher and the background tasks it cancelled to end."""
 
 
 class RecordFollower:

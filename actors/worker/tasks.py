@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
-__all__ = ["cancel_and_wait", "close_resources", "on_stop", "settle_cancelled"]
+__all__ = ["STOP_GRACE", "cancel_and_wait", "close_resources", "on_stop", "settle_cancelled"]
 
 log = logging.getLogger("sojourn.worker")
 
@@ -20,13 +20,16 @@ be swallowed inside a library (``asyncio.wait_for`` returns a result that raced 
 loop that swallowed one goes on until it is cancelled again. Long enough for the clean-up a
 cancel starts (a hand-back, a last write) to finish before the next cancel lands in it."""
 
+STOP_GRACE: Final = 2.0
+"""Seconds a stop waits, unless told otherwise, for a task it cancelled to end."""
+
 
 async def settle_cancelled(tasks: Iterable[asyncio.Task[Any]], grace: float) -> None:
     """Cancel tasks and wait for them to end, at most ``grace`` seconds, cancelling again
     every ``RECANCEL_EVERY`` one that goes on (a swallowed cancel): a stop never waits forever
     for a task. One still running after ``grace`` is logged and left."""
-    pending = {t for t in tasks if not t.done()}
-    everyone = set(pending)
+    everyone = set(tasks)
+    pending = {t for t in everyone if not t.done()}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace
     while pending:
@@ -43,7 +46,7 @@ async def settle_cancelled(tasks: Iterable[asyncio.Task[Any]], grace: float) -> 
             t.exception()  # retrieved: not reported as never retrieved
 
 
-async def cancel_and_wait(task: asyncio.Task[Any] | None, grace: float) -> bool:
+async def cancel_and_wait(task: asyncio.Task[Any] | None, grace: float = STOP_GRACE) -> bool:
     """``settle_cancelled`` for one task (``None``: nothing to do); whether it ended."""
     if task is None:
         return True

@@ -31,9 +31,6 @@ __all__ = ["Tenancy", "count_redelivery", "held_step", "times_delivered"]
 
 log = logging.getLogger("sojourn.worker")
 
-CLOSE_GRACE = 2.0
-"""Seconds a closing tenancy waits for its keepalive task to end."""
-
 PROGRESS_EVERY = 1.0
 """Seconds between two progress records of one activation, at least."""
 
@@ -119,7 +116,7 @@ class Tenancy:
         """Stop the keepalive for good."""
         self._open = False
         self._poke.set()
-        await cancel_and_wait(self._keepalive, CLOSE_GRACE)
+        await cancel_and_wait(self._keepalive)
 
     async def _keep(self) -> None:
         """While the activation runs: restart the delivery's ack deadline every ``period``,
