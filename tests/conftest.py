@@ -137,31 +137,51 @@ _AWAITS = ("cr_await", "gi_yieldfrom", "ag_await")
 
 
 def _dump_loop_tasks(nodeid: str) -> None:
-    """Print each running loop's tasks, each with the chain of what it awaits, innermost last."""
+    """Print each running loop's tasks, each with the chain of what it awaits, innermost last:
+    tasks alike (the same chain) once with their count, those in the project's own code first
+    (a library's idle readers, dozens alike, would hide the one that hangs)."""
     import gc
 
     loops = [
         o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()
     ]
     out = [f"\n=== {nodeid}: near its hang guard; the tasks of {len(loops)} running loop(s) ==="]
+    root = str(Path(__file__).resolve().parent.parent)
     for loop in loops:
+        alike: dict[tuple[str, ...], list[str]] = {}
         for task in list(asyncio.all_tasks(loop)):
-            out.append(f"--- {task.get_name()}")
-            awaited: object = task.get_coro()
-            while awaited is not None:
-                if type(awaited).__name__ == "async_generator_asend":  # into the generator
-                    gens = [g for g in gc.get_referents(awaited) if hasattr(g, "ag_frame")]
-                    awaited = gens[0] if gens else None
-                    continue
-                frame = next((getattr(awaited, a) for a in _FRAMES if hasattr(awaited, a)), None)
-                if frame is None:
-                    out.append(f"    awaits {awaited!r:.300}")
-                    break
-                code = frame.f_code
-                out.append(f"    {code.co_filename}:{frame.f_lineno} {code.co_qualname}")
-                awaited = next((getattr(awaited, a) for a in _AWAITS if hasattr(awaited, a)), None)
+            alike.setdefault(_await_chain(task), []).append(task.get_name())
+        ours = sorted(alike.items(), key=lambda kv: (not _in_project(kv[0], root), -len(kv[1])))
+        for chain, names in ours:
+            more = f" and {len(names) - 1} more alike" if len(names) > 1 else ""
+            out.append(f"--- {names[0]}{more}")
+            out += [f"    {line}" for line in chain]
     sys.stderr.write("\n".join(out) + "\n")
     sys.stderr.flush()
+
+
+def _in_project(chain: tuple[str, ...], root: str) -> bool:
+    return any(line.startswith(root) and "/.venv/" not in line for line in chain)
+
+
+def _await_chain(task: asyncio.Task[Any]) -> tuple[str, ...]:
+    import gc
+
+    lines: list[str] = []
+    awaited: object = task.get_coro()
+    while awaited is not None:
+        if type(awaited).__name__ == "async_generator_asend":  # into the generator
+            gens = [g for g in gc.get_referents(awaited) if hasattr(g, "ag_frame")]
+            awaited = gens[0] if gens else None
+            continue
+        frame = next((getattr(awaited, a) for a in _FRAMES if hasattr(awaited, a)), None)
+        if frame is None:
+            lines.append(f"awaits {type(awaited).__name__}")
+            break
+        code = frame.f_code
+        lines.append(f"{code.co_filename}:{frame.f_lineno} {code.co_qualname}")
+        awaited = next((getattr(awaited, a) for a in _AWAITS if hasattr(awaited, a)), None)
+    return tuple(lines)
 
 
 @pytest.hookimpl(wrapper=True)

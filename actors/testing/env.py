@@ -47,7 +47,7 @@ from ..worker.tasks import cancel_and_wait
 from ..worker.worker import Worker
 from .clock import VirtualClock
 from .explorer import Exploration, Seam, explore
-from .skipper import TimeSkipper
+from .skipper import QUIET_WITHIN, TimeSkipper
 
 __all__ = ["STOP_GRACE", "SojournEnv"]
 
@@ -192,7 +192,12 @@ class SojournEnv:
     async def advance(self, by: timedelta | float) -> None:
         """Move virtual time ``by`` ahead (a ``timedelta`` or seconds), one deadline at a
         time: each timer on the way fires, and what it starts runs until the deployment is
-        quiet, before the next one; returns when all is quiet at the new time."""
+        quiet, before the next one; returns when all is quiet at the new time.
+
+        Raises:
+            TimeoutError: at a time on the way, not quiet within ``QUIET_WITHIN`` (60) real
+                seconds (it names what is busy).
+        """
         await self._skip().advance(by.total_seconds() if isinstance(by, timedelta) else by)
 
     async def skipping(self, work: Awaitable[T]) -> T:
@@ -203,12 +208,16 @@ class SojournEnv:
             return await work
         return await self._skip().until(work)
 
-    async def settle(self) -> None:
+    async def settle(self, timeout: float = QUIET_WITHIN) -> None:
         """Wait until the deployment is quiet: no run executing but on time, no message
         waiting, nothing new stored (time does not skip). With real time: nothing to wait
-        on, returns at once."""
+        on, returns at once.
+
+        Raises:
+            TimeoutError: not quiet within ``timeout`` real seconds (it names what is busy).
+        """
         if self.clock is not None:
-            await self._skip().quiet()
+            await self._skip().quiet(within=timeout)
 
     def _skip(self) -> TimeSkipper:
         if self._skipper is None:

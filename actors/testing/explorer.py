@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from sojourn.schemas.vocabulary import is_terminal
 from ..agents.agent import Agent
 from ..agents.steps import current_step
 from ..worker import faults
-from ..worker.worker import Worker
 
 if TYPE_CHECKING:
     from .env import SojournEnv
@@ -220,12 +218,18 @@ class _Driver:
         self.signals = signals
         self.effects = effects
         self.timeout = timeout
-        self._dead: Worker | None = None
+        self._revival: asyncio.Task[None] | None = None
 
     def crash(self) -> None:
+        """Kill the worker where it stands and start a fresh one in its place at once, as a
+        supervisor restarts a killed process: until it is up, nothing consumes what the
+        broker delivers (a timer firing, a redelivery), and waiting for quiet then would
+        wait forever."""
         worker = self.env.worker
         worker.kill()
-        self._dead = worker
+        self._revival = asyncio.get_running_loop().create_task(
+            self.env._replace_worker(worker), name="sojourn-explorer-revival"
+        )
 
     async def run(
         self, agent: str, input: Any, obs: _Observer, label: str
@@ -233,13 +237,20 @@ class _Driver:
         env = self.env
         before = Counter(self.effects()) if self.effects is not None else Counter[str]()
         previous = faults.observe(obs)
+        run_id = f"{label}-{env.settings.prefix}"
         try:
-            run_id = await env.client.start(
-                agent, input, wait=True, run_id=f"{label}-{env.settings.prefix}"
-            )
-            outcome = await self._drive(run_id)
+            # One bound on all of it: every wait inside (for quiet, for the intake) too.
+            async with asyncio.timeout(self.timeout):
+                await env.client.start(agent, input, wait=True, run_id=run_id)
+                outcome = await self._drive(run_id)
+        except TimeoutError:
+            where = f", crashed at {obs.crashed}" if obs.crashed is not None else ""
+            raise TimeoutError(
+                f"run {run_id} did not end within {self.timeout:.0f} s{where}"
+            ) from None
         finally:
             faults.observe(previous)
+            await self._revive()
         after = Counter(self.effects()) if self.effects is not None else Counter[str]()
         after.subtract(before)
         return run_id, outcome, +after
@@ -247,9 +258,8 @@ class _Driver:
     async def _drive(self, run_id: str) -> Outcome:
         env = self.env
         sent: set[str] = set()
-        deadline = time.monotonic() + self.timeout
         current = run_id
-        while time.monotonic() < deadline:
+        while True:
             await self._revive()
             await env.settle()
             await self._revive()
@@ -272,7 +282,6 @@ class _Driver:
             if due or await env._skip().jump_next(functools.partial(self._hold, current, sent)):
                 continue
             await asyncio.sleep(0.05)  # a takeover or a redelivery, on the real clock
-        raise TimeoutError(f"run {run_id} did not end within {self.timeout:.0f} s")
 
     def _due(self, waiting_on: tuple[str, ...], sent: set[str]) -> list[str]:
         """The signals to send now: those the run waits on, not sent yet."""
@@ -291,10 +300,11 @@ class _Driver:
         return is_terminal(st.status) or bool(self._due(st.waiting_on, sent))
 
     async def _revive(self) -> None:
-        """After a crash: a fresh worker in the dead one's place (it takes the run over)."""
-        dead, self._dead = self._dead, None
-        if dead is not None:
-            await self.env._replace_worker(dead)
+        """After a crash: wait until the fresh worker is up in the dead one's place (it takes
+        the run over); its start's error, if it failed, is raised here."""
+        revival, self._revival = self._revival, None
+        if revival is not None:
+            await revival
 
 
 async def _history_lines(env: SojournEnv, run_id: str, last: int = 12) -> list[str]:

@@ -31,7 +31,7 @@ from ..worker.tasks import cancel_and_wait
 from ..worker.worker import Worker
 from .clock import VirtualClock
 
-__all__ = ["QUIET_LOOKS", "TimeSkipper"]
+__all__ = ["QUIET_LOOKS", "QUIET_WITHIN", "TimeSkipper"]
 
 T = TypeVar("T")
 
@@ -40,6 +40,11 @@ CANCEL_GRACE: Final = 5.0
 
 QUIET_LOOKS: Final = 3
 """Looks in a row, ``LOOK_EVERY`` apart, that must find the deployment quiet and unchanged."""
+
+QUIET_WITHIN: Final = 60.0
+"""Real seconds a wait for quiet (``settle``, ``advance``) lasts at most before it raises
+``TimeoutError`` naming what is still busy: a deployment that never quiets (a run looping
+without a wait, a message nothing consumes) fails the test rather than hanging it."""
 
 LOOK_EVERY: Final = 0.01
 """Real seconds between two looks."""
@@ -88,7 +93,7 @@ class TimeSkipper:
         try:
             while not task.done():
                 async with self._lock:
-                    if await self.quiet(give_up=task) and not task.done():
+                    if await self.quiet(give_up=task, within=None) and not task.done():
                         nxt = await self._next_deadline()
                         if nxt is not None:
                             await self._jump(nxt)
@@ -122,15 +127,28 @@ class TimeSkipper:
             with contextlib.suppress(JetStreamError, TimeoutError, ConnectionError):
                 await self._fire_due()
 
-    async def quiet(self, give_up: asyncio.Future[Any] | None = None) -> bool:
+    async def quiet(
+        self, give_up: asyncio.Future[Any] | None = None, within: float | None = QUIET_WITHIN
+    ) -> bool:
         """Wait until the deployment is quiet (``QUIET_LOOKS`` looks in a row find nothing
         executing, nothing pending and nothing new stored). ``give_up``: stop waiting when it
-        is done (returns ``False``)."""
+        is done (returns ``False``). ``within``: real seconds before ``TimeoutError`` (``None``:
+        no bound, for a wait ``give_up`` ends)."""
         last: tuple[int, ...] | None = None
         same = 0
+        loop = asyncio.get_running_loop()
+        deadline = None if within is None else loop.time() + within
         while same < QUIET_LOOKS:
             if give_up is not None and give_up.done():
                 return False
+            if deadline is not None and last is not None and loop.time() > deadline:
+                executing, pending, firing = last[:3]
+                raise TimeoutError(
+                    f"the deployment did not quiet within {within:.0f} s: at the last look "
+                    f"{executing} run(s) executing, {pending} message(s) pending in "
+                    f"consumers, {firing} broker timer(s) due"
+                    + (", and its streams still growing" if last[:3] == (0, 0, 0) else "")
+                )
             look = await self._look()
             same = same + 1 if look == last and look[0] == look[1] == look[2] == 0 else 0
             last = look

@@ -9,7 +9,15 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
-__all__ = ["STOP_GRACE", "cancel_and_wait", "close_resources", "on_stop", "settle_cancelled"]
+__all__ = [
+    "KILL_REAP",
+    "STOP_GRACE",
+    "cancel_and_wait",
+    "close_resources",
+    "on_stop",
+    "reap",
+    "settle_cancelled",
+]
 
 log = logging.getLogger("sojourn.worker")
 
@@ -52,6 +60,27 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None, grace: float = STOP_GR
         return True
     await settle_cancelled((task,), grace)
     return task.done()
+
+
+KILL_REAP: Final = 30.0
+"""Seconds ``reap`` goes on cancelling the tasks of a killed worker that have not ended."""
+
+_REAPERS: set[asyncio.Task[None]] = set()
+
+
+def reap(tasks: Iterable[asyncio.Task[Any]], grace: float = KILL_REAP) -> None:
+    """Cancel tasks now and, in the background, again until they end (``settle_cancelled``,
+    at most ``grace`` seconds): for a kill, which cannot wait. A task that swallowed the first
+    cancel would otherwise go on in a worker that is meant to be dead (running a step body
+    again, counting as executing) where a SIGKILL leaves nothing."""
+    tasks = list(tasks)
+    for t in tasks:
+        t.cancel()
+    reaper = asyncio.get_running_loop().create_task(
+        settle_cancelled(tasks, grace), name="sojourn-reaper"
+    )
+    _REAPERS.add(reaper)
+    reaper.add_done_callback(_REAPERS.discard)
 
 
 Closer = Callable[[], Awaitable[None]]

@@ -67,7 +67,7 @@ from .lanes import open_lanes
 from .opening import Opening
 from .scheduler import Scheduler
 from .sticky import STICKY_RUNS, StickyRuns
-from .tasks import close_resources, settle_cancelled
+from .tasks import close_resources, reap, settle_cancelled
 from .tenancy import Tenancy
 from .timers import InProcessTimers
 from .wakes import WakeLoops, agent_of, resume_cause
@@ -363,8 +363,7 @@ class Worker:
         self._stopping.set()
         self.timers.close()
         self.sticky.kill()
-        for t in [*self._tasks, *self._active.values(), *self._background]:
-            t.cancel()
+        reap([*self._tasks, *self._active.values(), *self._background])
         self._closed.set()
 
     @property

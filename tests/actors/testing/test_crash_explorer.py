@@ -3,6 +3,7 @@ sends its welcome email outside a step fails, with the seam and the step named."
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -98,3 +99,38 @@ async def test_an_effect_outside_a_step_fails_the_exploration_naming_seam_and_st
     assert "crashed at after_step #1 (step 'provision' at position 0)" in text
     assert "effect 'welcome' happened 2 times, the clean run 1" in text
     assert "history:" in text and "StepStarted" in text
+
+
+async def test_a_crashed_worker_is_replaced_at_once_so_what_arrives_meanwhile_is_served(
+    sojourn_env: SojournEnv,
+) -> None:
+    # The explorer's kill at a seam: the worker dies where it stands. What the broker delivers
+    # after that (here a start; in an exploration a timer firing or a redelivery) waits for a
+    # worker; a wait for quiet that looked only at the dead one would wait forever.
+    from sojourn.actors.testing.explorer import _Driver
+
+    env = sojourn_env
+    dead = env.worker
+    _Driver(env, {}, None, 30.0).crash()
+    run_id = await env.client.start("explored_child", "zoe@example.com")
+    await env.settle(timeout=30.0)
+    assert env.worker is not dead and dead.executing == 0
+    assert await env.result(run_id, type=str) == "acct-zoe@example.com"
+
+
+@agent("busy_forever")
+async def busy_forever(ctx: Context, _: None) -> None:
+    await ctx.step(never_returns)
+
+
+async def never_returns() -> None:
+    await asyncio.Event().wait()
+
+
+async def test_a_deployment_that_never_quiets_fails_settle_naming_what_is_busy(
+    sojourn_server: Any,
+) -> None:
+    async with SojournEnv([busy_forever], server=sojourn_server) as env:
+        await env.start(busy_forever)
+        with pytest.raises(TimeoutError, match=r"within 2 s: .*1 run\(s\) executing"):
+            await env.settle(timeout=2.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sojourn.actors.worker.tasks import cancel_and_wait, settle_cancelled
+from sojourn.actors.worker.tasks import cancel_and_wait, reap, settle_cancelled
 
 
 async def _swallows_cancels(lose: list[int], ended: list[str]) -> None:
@@ -67,3 +67,15 @@ async def test_nothing_to_cancel_is_done_at_once() -> None:
     done = asyncio.create_task(asyncio.sleep(0))
     await done
     assert await cancel_and_wait(done, grace=0.0)
+
+
+async def test_a_kills_reap_goes_on_cancelling_in_the_background_until_each_task_ends() -> None:
+    ended: list[str] = []
+    swallower = asyncio.create_task(_swallows_cancels([2], ended))
+    plain = asyncio.create_task(asyncio.sleep(3600))
+    await asyncio.sleep(0.02)
+    reap([swallower, plain], grace=10.0)  # returns at once: a kill cannot wait
+    assert not swallower.done()
+    await asyncio.wait({swallower, plain}, timeout=10.0)
+    # One cancel alone would have left the swallower running on (it loses two).
+    assert swallower.cancelled() and plain.cancelled() and ended == ["ended"]
