@@ -97,6 +97,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"{item.nodeid}: the server mark comes from fixtures, not by hand: request"
                 " `processes` (or nats_server, own_server) instead"
             )
+    if _whole_suite(config):
+        _both_lanes_hold(items)
+
+
+def _whole_suite(config: pytest.Config) -> bool:
+    """Whether this run is the whole suite, as CI runs it: no paths, marks or keywords given."""
+    return (
+        config.args_source is pytest.Config.ArgsSource.TESTPATHS
+        and not config.option.markexpr
+        and not config.option.keyword
+    )
+
+
+def _both_lanes_hold(items: list[pytest.Item]) -> None:
+    """The whole suite holds tests of both lanes: were the marking broken, one lane would be
+    empty, and ``-m "not server"`` (or ``-m server``) would run nothing and pass."""
+    server = sum(item.get_closest_marker("server") is not None for item in items)
+    if server == 0 or server == len(items):
+        raise pytest.UsageError(
+            f"a test lane is empty: {server} of {len(items)} tests are in the server lane"
+        )
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
@@ -230,6 +251,9 @@ async def nats_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
     try:
         yield server
     finally:
+        # Killed: its store is thrown away, and a graceful stop of the session's thousands of
+        # streams would take the 10 s of stop()'s bound before its own kill.
+        server.kill()
         await server.stop()
 
 
