@@ -51,6 +51,7 @@ from sojourn.broker import BROKER_ERRORS
 from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError
 from sojourn.broker.delivery import Delivery, Subscription
 from sojourn.broker.names import Names
+from sojourn.broker.tasks import STOP_GRACE, cancel_and_wait
 from sojourn.broker.topology import ensure_topology
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
@@ -208,10 +209,9 @@ class Projector:
             with contextlib.suppress(*BROKER_ERRORS):
                 await self._hint.unsubscribe()
             self._hint = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+        # Bounded, cancelled again while it goes on: a cancel swallowed in nats-py would
+        # otherwise leave the stop waiting forever.
+        await cancel_and_wait(self._task, STOP_GRACE)
         await self._final_snapshot()
         if self.leading and self._broker is not None and self._broker.connected:
             # Bounded: a stop ends within a couple of seconds whatever the server's state (a
@@ -314,9 +314,8 @@ class Projector:
         try:
             await self._apply(batch)
         except BaseException:
-            read.cancel()
             with contextlib.suppress(BaseException):
-                await read
+                await cancel_and_wait(read, STOP_GRACE)
             self._applied[:0] = batch  # not lost: written on the next pass
             raise
         caught_up = await read

@@ -47,4 +47,3 @@ def test_a_whole_suite_with_an_empty_lane_is_refused() -> None:
     for one_lane in ([_Item(True)] * 3, [_Item(False)] * 3, []):
         with pytest.raises(pytest.UsageError, match="a test lane is empty"):
             _both_lanes_hold(one_lane)  # type: ignore[arg-type]
-

@@ -21,7 +21,9 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from ..worker.tasks import cancel_and_wait, on_stop
+from sojourn.broker.tasks import cancel_and_wait
+
+from ..worker.tasks import on_stop
 
 if TYPE_CHECKING:
     from .mcp import McpServer

@@ -37,6 +37,7 @@ from prometheus_client.core import Metric
 from sojourn.broker import headers as h
 from sojourn.broker.connection import Broker, ConnectOptions, JetStreamError, header
 from sojourn.broker.names import Names
+from sojourn.broker.tasks import STOP_GRACE, settle_cancelled
 from sojourn.broker.topology import ensure_topology
 from sojourn.broker.wake import publish_wake
 from sojourn.projections.model import RunModel, read_snapshot
@@ -150,11 +151,7 @@ class Watchdog:
     async def stop(self) -> None:
         track_watchdog(self, on=False)
         self._stopping = True  # the loop also ends on this: a cancel can be lost (see _loop)
-        for task in (self._task, self._archive_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        await settle_cancelled([t for t in (self._task, self._archive_task) if t], STOP_GRACE)
         if self._owns_broker and self._broker is not None:
             await self._broker.close()
 

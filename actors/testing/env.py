@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final, Self, TypeVar, overload
 
 from sojourn.broker import EmbeddedServer
+from sojourn.broker.tasks import cancel_and_wait
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.events import Carried, RunEvent, WaitStarted
@@ -43,7 +44,6 @@ from ..agents.agent import Agent
 from ..client.client import Client
 from ..core.limits import chain_spending, spent
 from ..core.state import RunState, fold
-from ..worker.tasks import cancel_and_wait
 from ..worker.worker import Worker
 from .clock import VirtualClock
 from .explorer import Exploration, Seam, explore

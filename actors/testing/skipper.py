@@ -25,9 +25,9 @@ from typing import Any, Final, TypeVar
 from sojourn.broker import Broker
 from sojourn.broker.connection import JetStreamError
 from sojourn.broker.names import Names
+from sojourn.broker.tasks import cancel_and_wait
 from sojourn.broker.timers import fire_timer, stored_timers
 
-from ..worker.tasks import cancel_and_wait
 from ..worker.worker import Worker
 from .clock import VirtualClock
 

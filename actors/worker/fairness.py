@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from sojourn.broker.delivery import Delivery
+from sojourn.broker.tasks import cancel_and_wait
 from sojourn.schemas.fairness import FAIRNESS_WEIGHT_MAX, Fairness
 from sojourn.schemas.fairness import classify as classify_fairness
 
 from ..core.fairness import FairQueue
-from .tasks import cancel_and_wait
 
 __all__ = ["NO_WAIT", "QUIET", "FairWindow", "Fetches"]
 

@@ -19,8 +19,7 @@ from typing import Any
 from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import OnDelivery, StoredMessage, Subscription
 from sojourn.broker.follow import read_all
-
-from .tasks import STOP_GRACE, settle_cancelled
+from sojourn.broker.tasks import STOP_GRACE, settle_cancelled
 
 __all__ = ["REFRESH_EVERY", "STOP_GRACE", "RecordFollower"]
 

@@ -23,6 +23,7 @@ from sojourn.broker.delivery import Delivery, StoredMessage
 from sojourn.broker.eventstore import Decision, EventStore
 from sojourn.broker.names import InboxSubject
 from sojourn.broker.registry import AgentRegistry
+from sojourn.broker.tasks import cancel_and_wait
 from sojourn.schemas.attributes import InvalidAttributes, validate_attributes
 from sojourn.schemas.codec import decode_start, encode, to_raw
 from sojourn.schemas.errors import ConcurrencyConflict, InvalidName
@@ -450,9 +451,7 @@ async def dismiss(look: Awaitable[QueuedCancel | None] | None) -> None:
     """Cancel a look whose answer is no longer wanted, and let it end (whatever it raised)."""
     if look is None:
         return
-    task = asyncio.ensure_future(look)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await cancel_and_wait(asyncio.ensure_future(look))  # bounded: a cancel can be swallowed
 
 
 def _derived_run_id(agent: str, inbox_seq: int, stored_at: str) -> str:

@@ -33,8 +33,9 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
+from sojourn.broker.tasks import cancel_and_wait
+
 from ..core.actions import Parked
-from .tasks import cancel_and_wait
 
 __all__ = ["STICKY_RUNS", "Body", "Keepable", "StickyRuns"]
 

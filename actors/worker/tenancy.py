@@ -21,11 +21,11 @@ import time
 from sojourn.broker.delivery import Delivery, NotADelivery
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.progress import Progress, ProgressStore
+from sojourn.broker.tasks import cancel_and_wait
 from sojourn.schemas.events import StepStarted
 
 from ..ops import metrics
 from .appends import EXTERNAL_EVENTS
-from .tasks import cancel_and_wait
 
 __all__ = ["Tenancy", "count_redelivery", "held_step", "times_delivered"]
 

@@ -35,6 +35,7 @@ from sojourn.broker.eventstore import DEFAULT_CACHE_BYTES, Decision, EventStore
 from sojourn.broker.names import Names
 from sojourn.broker.progress import ProgressStore
 from sojourn.broker.registry import AgentRecord, AgentRegistry
+from sojourn.broker.tasks import reap, settle_cancelled
 from sojourn.broker.topology import (
     ensure_topology,
     retry_unsettled,
@@ -67,7 +68,7 @@ from .lanes import open_lanes
 from .opening import Opening
 from .scheduler import Scheduler
 from .sticky import STICKY_RUNS, StickyRuns
-from .tasks import close_resources, reap, settle_cancelled
+from .tasks import close_resources
 from .tenancy import Tenancy
 from .timers import InProcessTimers
 from .wakes import WakeLoops, agent_of, resume_cause

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sojourn.actors.worker.tasks import cancel_and_wait, reap, settle_cancelled
+from sojourn.broker.tasks import cancel_and_wait, reap, settle_cancelled
 
 
 async def _swallows_cancels(lose: list[int], ended: list[str]) -> None:
