@@ -109,7 +109,9 @@ async def test_kept_activation_resumes_on_signals_without_loading(
     await wait_for(_holds(lambda: run_id in worker.sticky), what="kept")
     # ``folds`` counts activations built from a loaded, folded history (replaying the code).
     folds, resumed = worker.folds, worker.sticky.resumed
-    assert run_id not in worker._active  # kept is not held: no slot, not in the heartbeats
+    # Kept is not held (no slot, not in the heartbeats) once its activation has ended: it is
+    # kept before the activation's last settling (its wake's ack) is done.
+    await wait_for(_holds(lambda: run_id not in worker._active), what="not held")
     for turn in range(1, 6):
         await client.signal(run_id, "msg", f"hello {turn}")
         await wait_for(lambda t=turn: parked(client, run_id, t), what=f"turn {turn}")  # type: ignore[misc]
