@@ -99,6 +99,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
     if _whole_suite(config):
         _both_lanes_hold(items)
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    items[:] = _slow_first(items, workers)
+
+
+def _slow_first(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """The order that starts every ``slow(seconds)`` test first, its share on each worker.
+
+    xdist's worksteal hands each worker one contiguous block of the collection to begin with
+    (a block of ``left // workers_left`` tests, in order). A test of 100 s that a block holds
+    near its end starts late and alone, and the run waits for it (it did: a minute and more).
+    Here the slow tests are shared out longest first, each to the least loaded worker, and
+    each worker's share goes at the start of its block. Deterministic (every worker must
+    collect the same order); serially, the slow tests simply come first."""
+    slow = [it for it in items if it.get_closest_marker("slow") is not None]
+    if not slow:
+        return items
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for it in sorted(slow, key=lambda it: (-_slow_seconds(it), it.nodeid)):
+        k = loads.index(min(loads))
+        shares[k].append(it)
+        loads[k] += _slow_seconds(it)
+    rest = [it for it in items if it.get_closest_marker("slow") is None]
+    order: list[pytest.Item] = []
+    left, taken = len(items), 0
+    for k in range(workers):
+        block = left // (workers - k)
+        left -= block
+        fill = max(0, block - len(shares[k]))
+        order += shares[k] + rest[taken : taken + fill]
+        taken += fill
+    return order + rest[taken:]
+
+
+def _slow_seconds(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("slow")
+    if mark is None or len(mark.args) != 1 or not isinstance(mark.args[0], int | float):
+        raise pytest.UsageError(f"{item.nodeid}: mark it @pytest.mark.slow(seconds)")
+    return float(mark.args[0])
 
 
 def _whole_suite(config: pytest.Config) -> bool:

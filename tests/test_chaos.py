@@ -55,7 +55,7 @@ def row(out: str, name: str) -> str:
     return m.group(1)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(46)
 @pytest.mark.timeout(360)  # the harness's own guard (300 s) fails first, with its output
 def test_chaos_small(processes: None) -> None:
     t0 = time.monotonic()
@@ -80,7 +80,7 @@ CLUSTER_SEED = 3
 """Its schedule draws 5 node kills among 15 faults (a schedule is a function of its seed)."""
 
 
-@pytest.mark.slow
+@pytest.mark.slow(78)
 @pytest.mark.timeout(460)  # the harness's own guard (400 s) fails first, with its output
 def test_chaos_cluster_small(processes: None) -> None:
     """The harness on a 3-node loopback cluster with R3 streams (issue 12's Proof): node
@@ -116,7 +116,7 @@ def test_chaos_cluster_small(processes: None) -> None:
     assert node_kills and int(node_kills.group(1)) == int(kills.group(1)), report
 
 
-@pytest.mark.slow
+@pytest.mark.slow(11)
 @pytest.mark.timeout(360)  # the harness's own guard (300 s) fails first, with its output
 def test_chaos_detects_duplicate_effects(processes: None) -> None:
     """Self-test: steps whose key changes per attempt apply a re-run effect twice; workers

@@ -47,3 +47,36 @@ def test_a_whole_suite_with_an_empty_lane_is_refused() -> None:
     for one_lane in ([_Item(True)] * 3, [_Item(False)] * 3, []):
         with pytest.raises(pytest.UsageError, match="a test lane is empty"):
             _both_lanes_hold(one_lane)  # type: ignore[arg-type]
+
+
+class _Timed:
+    def __init__(self, name: str, seconds: float | None, bare: bool = False) -> None:
+        self.nodeid = name
+        self.seconds = seconds
+        self.bare = bare
+
+    def get_closest_marker(self, name: str) -> object:
+        if name != "slow":
+            return None
+        if self.bare:
+            return pytest.mark.slow.mark
+        return None if self.seconds is None else pytest.mark.slow(self.seconds).mark
+
+
+def test_slow_tests_start_first_each_workers_share_at_the_start_of_its_block() -> None:
+    from tests.conftest import _slow_first
+
+    quick = [_Timed(f"q{i}", None) for i in range(20)]
+    slow = [_Timed("s100", 100), _Timed("s60", 60), _Timed("s50", 50), _Timed("s20", 20)]
+    items = [*quick[:7], slow[0], *quick[7:15], *slow[1:], *quick[15:]]
+    order = [it.nodeid for it in _slow_first(items, 2)]  # type: ignore[arg-type]
+    assert sorted(order) == sorted(it.nodeid for it in items) and len(order) == 24
+    # xdist's first blocks: 12 and 12. Longest first to the least loaded: 100 to the first,
+    # 60 and 50 to the second (60 < 100), 20 to the first (100 < 110).
+    assert order[:3] == ["s100", "s20", "q0"]
+    assert order[12:15] == ["s60", "s50", "q10"]
+    assert [n for n in order if n.startswith("q")] == [f"q{i}" for i in range(20)]
+    serial = [it.nodeid for it in _slow_first(items, 1)]  # type: ignore[arg-type]
+    assert serial[:4] == ["s100", "s60", "s50", "s20"]
+    with pytest.raises(pytest.UsageError, match="slow\\(seconds\\)"):
+        _slow_first([_Timed("bare", None, bare=True), *items], 2)  # type: ignore[list-item]

@@ -207,7 +207,7 @@ async def watchers(
         await w.stop()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(65)
 async def test_a_thousand_waiting_runs_raise_no_flag_for_a_minute(
     nats_server: EmbeddedServer,
     settings: Settings,

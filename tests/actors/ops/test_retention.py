@@ -110,6 +110,7 @@ async def broker(nats_server: EmbeddedServer, settings: Settings) -> AsyncIterat
         await b.close()
 
 
+@pytest.mark.slow(70)
 async def test_10000_ended_runs_leave_and_stay_readable(
     broker: Broker, client: Client, settings: Settings
 ) -> None:

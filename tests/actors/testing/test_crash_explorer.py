@@ -69,6 +69,7 @@ def effects() -> Counter[str]:
     return Counter(e.split(":")[0] for e in sent)
 
 
+@pytest.mark.slow(27)
 async def test_an_agent_with_every_effect_in_a_step_ends_alike_at_every_seam(
     sojourn_env: SojournEnv,
 ) -> None:

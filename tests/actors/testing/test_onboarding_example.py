@@ -266,6 +266,7 @@ def delivered(outbox: Path) -> Counter[str]:
     )
 
 
+@pytest.mark.slow(33)
 async def test_a_crash_at_any_seam_of_the_flow_ends_like_the_clean_run_with_each_effect_once(
     sojourn_env: SojournEnv, outbox: Path
 ) -> None:

@@ -169,6 +169,7 @@ async def _history_intervals(client: Client, run_ids: list[str]) -> dict[str, tu
     return out
 
 
+@pytest.mark.slow(23)
 @pytest.mark.timeout(400)
 async def test_limit_2_holds_fleet_wide_across_a_sigkill_and_another_key_is_not_delayed(
     nats_server: EmbeddedServer, client: Client, settings: Settings, tmp_path: Path

@@ -312,6 +312,7 @@ async def _listed_runs(client: Client, settings: Settings) -> int:
     return listed
 
 
+@pytest.mark.slow(105)
 @pytest.mark.timeout(420)  # 1,000 slots at 10/s are 100 s by design
 async def test_a_thousand_runs_on_three_workers_keep_a_shared_limit_through_a_sigkill(
     nats_server: EmbeddedServer,
@@ -366,6 +367,7 @@ async def test_a_thousand_runs_on_three_workers_keep_a_shared_limit_through_a_si
     assert achieved_after >= 0.95 * 10, f"after the kill {achieved_after:.2f}/s of 10/s"
 
 
+@pytest.mark.slow(21)
 async def test_a_429_blocks_the_limit_for_every_run_then_the_fleet_resumes_at_the_limit(
     nats_server: EmbeddedServer,
     settings: Settings,

@@ -373,6 +373,7 @@ def _log(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow(21)
 async def test_every_second_for_20s_one_run_per_fire_across_broker_and_worker_kills(
     own_server: EmbeddedServer, tmp_path: Path
 ) -> None:

@@ -290,7 +290,6 @@ async def test_a_message_that_keeps_failing_is_dead_lettered_at_max_deliveries(
     await dep.parked_victim("v8")
 
 
-@pytest.mark.slow
 async def test_a_crash_between_recording_a_signal_and_its_wake_still_wakes_the_run(
     nats_server: EmbeddedServer, settings: Settings
 ) -> None:
