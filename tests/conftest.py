@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -200,8 +201,6 @@ def _dump_loop_tasks(nodeid: str) -> None:
     """Print each running loop's tasks, each with the chain of what it awaits, innermost last:
     tasks alike (the same chain) once with their count, those in the project's own code first
     (a library's idle readers, dozens alike, would hide the one that hangs)."""
-    import gc
-
     loops = [
         o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()
     ]
@@ -225,8 +224,6 @@ def _in_project(chain: tuple[str, ...], root: str) -> bool:
 
 
 def _await_chain(task: asyncio.Task[Any]) -> tuple[str, ...]:
-    import gc
-
     lines: list[str] = []
     awaited: object = task.get_coro()
     while awaited is not None:

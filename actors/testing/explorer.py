@@ -243,10 +243,11 @@ class _Driver:
             async with asyncio.timeout(self.timeout):
                 await env.client.start(agent, input, wait=True, run_id=run_id)
                 outcome = await self._drive(run_id)
-        except TimeoutError:
+        except TimeoutError as e:
             where = f", crashed at {obs.crashed}" if obs.crashed is not None else ""
+            busy = f": {e}" if str(e) else ""  # a wait for quiet says what was busy
             raise TimeoutError(
-                f"run {run_id} did not end within {self.timeout:.0f} s{where}"
+                f"run {run_id} did not end within {self.timeout:.0f} s{where}{busy}"
             ) from None
         finally:
             faults.observe(previous)

@@ -135,3 +135,12 @@ async def test_a_deployment_that_never_quiets_fails_settle_naming_what_is_busy(
         await env.start(busy_forever)
         with pytest.raises(TimeoutError, match=r"within 2 s: .*1 run\(s\) executing"):
             await env.settle(timeout=2.0)
+
+
+async def test_an_exploration_whose_run_never_ends_fails_within_its_timeout(
+    sojourn_server: Any,
+) -> None:
+    # Every wait of an explored run is under its timeout, the waits for quiet included.
+    async with SojournEnv([busy_forever], server=sojourn_server) as env:
+        with pytest.raises(TimeoutError, match=r"run clean-\S+ did not end within 3 s"):
+            await env.explore_crashes(busy_forever, timeout=3.0)
