@@ -99,6 +99,10 @@ def _stored_time(stamp: str) -> float:
         return 0.0
 
 
+_V1_TOKENS = 9
+"""Tokens of an ack subject without a domain (nats-py's ``_V1_TOKEN_COUNT``)."""
+
+
 class NotADelivery(ValueError):
     """The message came from a core subscription, not a durable consumer: it has no delivery
     metadata (and cannot be acknowledged)."""
@@ -112,10 +116,11 @@ class Delivery:
     message the metadata properties raise ``NotADelivery``.
     """
 
-    __slots__ = ("_msg",)
+    __slots__ = ("_counts", "_msg")
 
     def __init__(self, msg: Msg) -> None:
         self._msg = msg
+        self._counts: tuple[int, int, int, int] | None = None
 
     def __repr__(self) -> str:
         return f"<Delivery {self.subject!r} {len(self.data)} bytes>"
@@ -174,25 +179,48 @@ class Delivery:
         except Exception as e:
             raise NotADelivery(f"{self.subject!r} is not a consumer's delivery") from e
 
+    def _numbers(self) -> tuple[int, int, int, int]:
+        """``(num_delivered, stream_seq, consumer_seq, num_pending)`` from the ack subject, read
+        once: the same tokens nats-py's metadata reads, without its timestamp (a ``datetime``
+        each time, most of the cost of reading the metadata on every start and wake)."""
+        counts = self._counts
+        if counts is None:
+            try:
+                t = Msg.Metadata._get_metadata_fields(self._msg.reply)
+                if len(t) == _V1_TOKENS:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...
+                    counts = (int(t[4]), int(t[5]), int(t[6]), int(t[8]))
+                else:  # $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>...
+                    a = Msg.Ack
+                    counts = (
+                        int(t[a.NumDelivered]),
+                        int(t[a.StreamSeq]),
+                        int(t[a.ConsumerSeq]),
+                        int(t[a.NumPending]),
+                    )
+            except Exception as e:
+                raise NotADelivery(f"{self.subject!r} is not a consumer's delivery") from e
+            self._counts = counts
+        return counts
+
     @property
     def num_delivered(self) -> int:
         """How many times it has been delivered (1 the first time)."""
-        return int(self._meta().num_delivered)
+        return self._numbers()[0]
 
     @property
     def stream_seq(self) -> int:
         """Its sequence in the stream."""
-        return int(self._meta().sequence.stream)
+        return self._numbers()[1]
 
     @property
     def consumer_seq(self) -> int:
         """Its delivery sequence in the consumer."""
-        return int(self._meta().sequence.consumer)
+        return self._numbers()[2]
 
     @property
     def num_pending(self) -> int:
         """How many messages the consumer still had to deliver after this one."""
-        return int(self._meta().num_pending)
+        return self._numbers()[3]
 
     @property
     def timestamp(self) -> datetime:
@@ -291,4 +319,7 @@ class LocalWake(Delivery):
         return None
 
     def _meta(self) -> Msg.Metadata:
+        raise NotADelivery(f"{self._subject!r} is a local wake, not a consumer's delivery")
+
+    def _numbers(self) -> tuple[int, int, int, int]:
         raise NotADelivery(f"{self._subject!r} is a local wake, not a consumer's delivery")

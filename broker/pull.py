@@ -74,6 +74,9 @@ class PullConsumer:
         self._current = ""  # the reply subject of the request a fetch waits on
         self._ended: Exception | bool = False  # that request's end: True, or its error
         self._changed = asyncio.Event()
+        self._request: tuple[int, float, bytes] = (0, 0.0, b"")
+        """The last pull request's ``(batch, timeout, body)``: a fetch like the one before (the
+        intake's every fetch) sends the same body without encoding it again."""
 
     async def open(self) -> PullConsumer:
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_message)
@@ -123,12 +126,16 @@ class PullConsumer:
         self._current = f"{self._inbox}.{next(self._ids)}"
         self._ended = False
         self._changed.clear()
-        request = {
-            "batch": batch,
-            "expires": max(1, int(timeout * 1e9) - _EXPIRES_MARGIN_NS),
-            "no_wait": True,
-        }
-        await self._nc.publish(self._next, json.dumps(request).encode(), reply=self._current)
+        last_batch, last_timeout, body = self._request
+        if batch != last_batch or timeout != last_timeout:
+            request = {
+                "batch": batch,
+                "expires": max(1, int(timeout * 1e9) - _EXPIRES_MARGIN_NS),
+                "no_wait": True,
+            }
+            body = json.dumps(request).encode()
+            self._request = (batch, timeout, body)
+        await self._nc.publish(self._next, body, reply=self._current)
         deadline = started + timeout + PULL_GRACE
         try:
             while not self._ended and len(self._ready) < batch:

@@ -167,6 +167,20 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# One decoder per set of number hooks, made once (``json.loads`` with hooks builds a decoder and
+# its scanner on every call).
+_DECODE = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_no_constant).decode
+_DECODE_FLOATS = json.JSONDecoder(
+    object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_finite_float
+).decode
+_DECODE_NUMBERS = json.JSONDecoder(
+    object_pairs_hook=_pairs,
+    parse_constant=_no_constant,
+    parse_float=_finite_float,
+    parse_int=_int_in_range,
+).decode
+
+
 def _check_encoding(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")
@@ -207,15 +221,15 @@ def check_json(
                 "too_deep",
                 f"{what} nests {depth - envelope} levels deep; the limit is {max_depth} levels",
             )
-    hooks: dict[str, Any] = {}
     digits = raw.translate(_DIGITS)
     if _LONG_RUN in digits:
-        hooks["parse_int"] = _int_in_range
-        hooks["parse_float"] = _finite_float
+        decode = _DECODE_NUMBERS
     elif any(e in digits for e in _BIG_EXPONENTS):
-        hooks["parse_float"] = _finite_float
+        decode = _DECODE_FLOATS
+    else:
+        decode = _DECODE
     try:
-        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, **hooks)
+        value = decode(text)
     except BodyRefused:
         raise
     except ValueError as e:  # JSONDecodeError, or an integer of more than 4,300 digits

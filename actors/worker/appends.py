@@ -166,6 +166,11 @@ class Appender:
         self.appends = 0
         self._lock = asyncio.Lock()
         self._flush_handle: asyncio.TimerHandle | None = None
+        """The flush timer: armed at most once, and left armed when a decision takes the
+        events (it looks at ``_flush_at`` when it fires), so a step costs no timer of its own."""
+        self._flush_at: float | None = None
+        """Loop time by which the events queued since the last append are to be flushed (none:
+        nothing queued since)."""
         self.refused: Exception | None = None
         """Why an append failed for good, once one did (see ``AppendRefused``)."""
         self._unacked: list[RunEvent] = []
@@ -199,20 +204,26 @@ class Appender:
         )
 
     def arm_flush(self) -> None:
-        """Events were queued: make sure they are flushed soon if no decision follows."""
-        if self._flush_handle is None:
+        """Events were queued: make sure they are flushed within ``flush_delay`` if no decision
+        follows."""
+        if self._flush_at is None:
             loop = asyncio.get_running_loop()
-            self._flush_handle = loop.call_later(self.flush_delay, self._flush_soon)
+            self._flush_at = due = loop.time() + self.flush_delay
+            if self._flush_handle is None:
+                self._flush_handle = loop.call_at(due, self._flush_soon)
 
     def _flush_soon(self) -> None:
         self._flush_handle = None
-        if not self._machine().pending or self.fenced or self.refused is not None:
+        due = self._flush_at
+        if due is None or not self._machine().pending or self.fenced or self.refused is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < due:  # these events were queued after the timer was armed
+            self._flush_handle = loop.call_at(due, self._flush_soon)
             return
         if self._lock.locked():
             # An append is in flight and did not take these events: look again shortly.
-            self._flush_handle = asyncio.get_running_loop().call_later(
-                self.flush_delay, self._flush_soon
-            )
+            self._flush_handle = loop.call_later(self.flush_delay, self._flush_soon)
             return
         task = asyncio.get_running_loop().create_task(self.flush_quietly())
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
@@ -257,9 +268,7 @@ class Appender:
                 raise Fenced(self.run_id)
             m = self._machine()
             taken, m.pending = m.pending, []
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
-                self._flush_handle = None
+            self._flush_at = None  # the timer, if armed, finds nothing to flush
             unacked, self._unacked = self._unacked, []
             batch = [*unacked, *taken, *events]
             if self._opening is not None and await self._open(batch) == len(batch):
@@ -449,6 +458,7 @@ class Appender:
 
     def disarm(self) -> None:
         """Cancel the flush timer (the activation ends)."""
+        self._flush_at = None
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None

@@ -121,6 +121,11 @@ class StepGuard:
         """One per attempt in flight: resolved by its end (``None``), its timeout
         (``_TIMED_OUT``) or an interrupt (why)."""
         self._poll_at: asyncio.TimerHandle | None = None
+        """The timer that starts the looks: armed at most once, and left armed across steps
+        that end sooner (it looks at ``_busy_since`` when it fires), so a step costs no timer
+        of its own."""
+        self._busy_since: float | None = None
+        """Loop time since which attempts have been in flight without a pause (none: idle)."""
         self._poller: asyncio.Task[None] | None = None
         self.interrupts = 0
         """Steps this guard interrupted."""
@@ -149,14 +154,26 @@ class StepGuard:
         if self._poll_at is not None:
             self._poll_at.cancel()
             self._poll_at = None
+        self._idle()
+
+    def _idle(self) -> None:
+        """No attempt in flight: stop the looks (the timer stays armed; see ``_poll_at``)."""
+        self._busy_since = None
         if self._poller is not None:
             self._poller.cancel()
             self._poller = None
 
     def _start_looking(self) -> None:
         self._poll_at = None
-        if self._wires and self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll())
+        since = self._busy_since
+        if since is None or not self._wires or self._poller is not None:
+            return
+        loop = asyncio.get_running_loop()
+        due = since + self._poll_after
+        if loop.time() < due:  # the steps in flight now began after the timer was armed
+            self._poll_at = loop.call_at(due, self._start_looking)
+            return
+        self._poller = loop.create_task(self._poll())
 
     async def _poll(self) -> None:
         assert self._look is not None
@@ -186,19 +203,21 @@ class StepGuard:
         """
         loop = asyncio.get_running_loop()
         sync = not is_async(fn)
-        work: asyncio.Future[Any] = (
-            _in_thread(loop, fn, args, kwargs)
-            if sync
-            else asyncio.ensure_future(fn(*args, **kwargs))
-        )
         wire: asyncio.Future[str | None] = loop.create_future()
 
         def ended(_: object) -> None:
             if not wire.done():
                 wire.set_result(None)
 
-        work.add_done_callback(ended)
+        work: asyncio.Future[Any]
+        if sync:
+            work = _in_thread(loop, fn, args, kwargs)
+            work.add_done_callback(ended)
+        else:  # the task trips the wire itself as it ends: no callback turn in between
+            work = loop.create_task(_tripping(wire, fn, args, kwargs))
         deadline = None if timeout is None else loop.call_later(timeout, _time_out, wire)
+        if not self._wires:
+            self._busy_since = loop.time()
         self._wires.add(wire)
         if self._look is not None and self._poll_at is None and self._poller is None:
             self._poll_at = loop.call_later(self._poll_after, self._start_looking)
@@ -210,11 +229,12 @@ class StepGuard:
         finally:
             self._wires.discard(wire)
             if not self._wires:
-                self._stop_looking()
+                self._idle()
             if deadline is not None:
                 deadline.cancel()
         if why is None or work.done():
-            work.remove_done_callback(ended)
+            if sync:
+                work.remove_done_callback(ended)
             result = work.result()
             if inspect.isawaitable(result):  # a sync function that returned an awaitable
                 result = await result
@@ -228,6 +248,21 @@ class StepGuard:
             assert timeout is not None
             raise _timed_out(timeout, sync)
         raise StepInterrupted(_interrupted(why, sync))
+
+
+async def _tripping(
+    wire: asyncio.Future[str | None],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """An async step's task: ``fn``'s attempt, which trips ``wire`` (``None``: it ended) as it
+    ends, returns or raises, in the same turn of the loop as the task completes."""
+    try:
+        return await fn(*args, **kwargs)
+    finally:
+        if not wire.done():
+            wire.set_result(None)
 
 
 _TIMED_OUT = "\x00timed out"

@@ -108,12 +108,24 @@ class Body(Generic[T]):
         else:
             raise RuntimeError("this body's code has ended")
         task, rested = self._task, self._rested
+        # Whichever comes first: the code ends, or it rests (``asyncio.wait``'s
+        # FIRST_COMPLETED, without its sets and per-call closures). Neither is cancelled.
+        either: asyncio.Future[None] = loop.create_future()
+
+        def first(_: object) -> None:
+            if not either.done():
+                either.set_result(None)
+
+        task.add_done_callback(first)
+        rested.add_done_callback(first)
         try:
-            await asyncio.wait((task, rested), return_when=asyncio.FIRST_COMPLETED)
+            await either
         except asyncio.CancelledError:
             await cancel_and_wait(task, CANCEL_GRACE)
             raise
         finally:
+            task.remove_done_callback(first)
+            rested.remove_done_callback(first)
             self._rested = None
         if task.done():
             return task.result()

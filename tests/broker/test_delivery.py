@@ -210,3 +210,40 @@ async def test_direct_gets_return_stored_messages(deployment: tuple[Broker, Name
     rest = await follower.next_page()
     assert [m.data for m in rest] == [b"[2]"] and follower.pending == 0
     assert await follower.next_page() == []
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "$JS.ACK.S.C.3.10.7.1700000000000000000.5",
+        "$JS.ACK._.ACC.S.C.2.11.8.1700000000000000000.4.r4nd0m",
+        "$JS.ACK.hub.ACC.S.C.1.99.98.1700000000000000000.0",
+    ],
+)
+def test_a_deliverys_counts_are_read_from_its_ack_subject_as_nats_py_reads_them(
+    reply: str,
+) -> None:
+    from nats.aio.msg import Msg
+
+    msg = Msg(_client=None, subject="s", reply=reply, data=b"")  # type: ignore[arg-type]
+    d = Delivery(msg)
+    meta = Msg(_client=None, subject="s", reply=reply, data=b"").metadata  # type: ignore[arg-type]
+    assert (d.num_delivered, d.stream_seq, d.consumer_seq, d.num_pending) == (
+        meta.num_delivered,
+        meta.sequence.stream,
+        meta.sequence.consumer,
+        meta.num_pending,
+    )
+    assert d.timestamp == meta.timestamp
+
+
+@pytest.mark.parametrize(
+    "reply", [None, "", "_INBOX.abc.1", "$JS.ACK.S.C.x.10.7.1.5", "$JS.ACK.S.C.3", "$JS.NAK.a.b.c"]
+)
+def test_a_message_without_an_ack_subject_of_a_consumer_has_no_counts(reply: str | None) -> None:
+    from nats.aio.msg import Msg
+
+    d = Delivery(Msg(_client=None, subject="s", reply=reply or "", data=b""))  # type: ignore[arg-type]
+    for read in ("num_delivered", "stream_seq", "consumer_seq", "num_pending"):
+        with pytest.raises(NotADelivery):
+            getattr(d, read)
