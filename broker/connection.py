@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from sojourn.schemas.codec import decode_json
 from sojourn.schemas.errors import BrokerUnavailable, JetStreamError, PermissionDenied
 
 from . import headers as h
@@ -349,12 +350,12 @@ class Broker:
             PermissionDenied: this connection may not make the request.
             BrokerUnavailable: no answer within ``timeout``.
         """
-        data = b"" if payload is None else json.dumps(payload).encode()
+        data = b"" if payload is None else msgspec.json.encode(payload)
         try:
             msg = await self._request(subject, data, None, timeout)
         except (NatsTimeoutError, TimeoutError) as e:
             raise BrokerUnavailable(f"JetStream did not answer {subject} in {timeout}s") from e
-        reply: dict[str, Any] = json.loads(msg.data) if msg.data else {}
+        reply: dict[str, Any] = decode_json(msg.data) if msg.data else {}
         err = reply.get("error")
         if err:
             description = str(err.get("description", err))
@@ -399,7 +400,7 @@ class Broker:
                     "description": "no JetStream stream answered (no responders)",
                 }
             }
-        ack: dict[str, Any] = json.loads(msg.data)
+        ack: dict[str, Any] = decode_json(msg.data)
         return ack
 
     async def try_publish(

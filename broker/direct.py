@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -89,7 +89,7 @@ class DirectReads:
         self, stream: str, subject: str, seq: int, timeout: float
     ) -> StoredMessage | None:
         """The first message on ``subject`` at or after stream sequence ``seq``."""
-        req = json.dumps({"seq": seq, "next_by_subj": subject}).encode()
+        req = msgspec.json.encode({"seq": seq, "next_by_subj": subject})
         return await self._one(f"$JS.API.DIRECT.GET.{stream}", req, subject, timeout)
 
     async def _one(
@@ -162,7 +162,7 @@ class DirectReads:
             msgs.append(StoredMessage.from_nats(m))
 
         api = f"$JS.API.DIRECT.GET.{stream}"
-        req = json.dumps({"seq": seq, "batch": batch, "next_by_subj": subject}).encode()
+        req = msgspec.json.encode({"seq": seq, "batch": batch, "next_by_subj": subject})
         pending = await self._read(api, req, on_msg, done, f"reading {subject}", timeout)
         if not msgs and nobody[0]:
             await self._nobody_answered(api, subject)

@@ -132,8 +132,8 @@ class Agent(Generic[I, O]):
         """The agent's coroutine for one activation: ``fn(ctx, input)``, or ``fn(ctx)`` for an
         agent that takes no input."""
         if self.takes_input:
-            return cast(AgentFn[I, O], self.fn)(ctx, input)
-        return cast(NoInputFn[O], self.fn)(ctx)
+            return cast("AgentFn[I, O]", self.fn)(ctx, input)
+        return cast("NoInputFn[O]", self.fn)(ctx)
 
     def compensate(self, ctx: Context, input: I) -> Awaitable[None]:
         """The compensation's coroutine (``on_cancel`` is set): ``fn(ctx, input)``."""
