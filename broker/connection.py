@@ -516,6 +516,13 @@ class Broker:
         and how many more match after them."""
         return await self._direct.batch(stream, subject, seq, batch, timeout)
 
+    async def direct_get_last_of(
+        self, stream: str, subjects: list[str], *, limit: int = 1, timeout: float = 10.0
+    ) -> list[StoredMessage]:
+        """The last message of each subject matching any of ``subjects`` (wildcards allowed),
+        at most ``limit`` of them, in stream order; ``[]`` when none matches."""
+        return await self._direct.last_of(stream, subjects, limit, timeout)
+
     # --- streams and consumers ---------------------------------------------------------------
 
     async def stream_config(self, name: str) -> dict[str, Any] | None:

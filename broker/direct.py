@@ -134,6 +134,22 @@ class DirectReads:
     ) -> tuple[list[StoredMessage], int]:
         """Up to ``batch`` messages matching ``subject`` (wildcards allowed) from ``seq`` on,
         and how many more match after them."""
+        req = msgspec.json.encode({"seq": seq, "batch": batch, "next_by_subj": subject})
+        return await self._batched(stream, req, subject, timeout)
+
+    async def last_of(
+        self, stream: str, subjects: list[str], batch: int, timeout: float
+    ) -> list[StoredMessage]:
+        """The last message of each subject matching any of ``subjects`` (wildcards allowed),
+        at most ``batch`` of them, in stream order: one request however many filters."""
+        req = msgspec.json.encode({"multi_last": subjects, "batch": batch})
+        msgs, _ = await self._batched(stream, req, " or ".join(subjects), timeout)
+        return msgs
+
+    async def _batched(
+        self, stream: str, req: bytes, subject: str, timeout: float
+    ) -> tuple[list[StoredMessage], int]:
+        """A batched direct get: the messages answered, and the count left after them."""
         msgs: list[StoredMessage] = []
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
@@ -162,7 +178,6 @@ class DirectReads:
             msgs.append(StoredMessage.from_nats(m))
 
         api = f"$JS.API.DIRECT.GET.{stream}"
-        req = msgspec.json.encode({"seq": seq, "batch": batch, "next_by_subj": subject})
         pending = await self._read(api, req, on_msg, done, f"reading {subject}", timeout)
         if not msgs and nobody[0]:
             await self._nobody_answered(api, subject)

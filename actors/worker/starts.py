@@ -393,11 +393,12 @@ class Starts:
         start and records nothing more.
         """
         names = self.names
-        # The two forms in parallel: every start pays this look, usually for nothing.
-        found = await asyncio.gather(
-            self._first_stored_cancel(names.cancel(run_id), run_id),
-            self._first_stored_cancel(names.cancel(run_id, "*"), run_id),
-        )
+        forms = [names.cancel(run_id), names.cancel(run_id, "*")]
+        # Every start delivered with messages behind it pays this look, usually for nothing:
+        # one request says whether either form holds anything before the two are scanned.
+        if not await self.broker.direct_get_last_of(self.names.inbox_stream, forms):
+            return None
+        found = await asyncio.gather(*(self._first_stored_cancel(f, run_id) for f in forms))
         return min((f for f in found if f is not None), key=lambda f: f[0], default=None)
 
     async def _first_stored_cancel(

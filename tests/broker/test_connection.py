@@ -203,5 +203,43 @@ async def test_a_direct_get_nobody_answers_is_absent_only_when_the_stream_is(
         missing = f"{settings.prefix.upper()}_MISSING"
         assert await b.direct_get_last(missing, subject) is None
         assert await b.direct_get_range(missing, subject) == []
+        with pytest.raises(BrokerUnavailable, match="no replica"):
+            await b.direct_get_last_of(name, [subject])
+        assert await b.direct_get_last_of(missing, [subject]) == []
     finally:
+        await b.close()
+
+
+async def test_the_last_of_several_filters_in_one_read(
+    nats_server: EmbeddedServer, settings: Settings
+) -> None:
+    """``direct_get_last_of``: the last message of each subject any filter matches, wildcards
+    included, at most ``limit``, in stream order; ``[]`` when none matches."""
+    b = await Broker.connect(nats_server.url)
+    p = f"{settings.prefix}.lastof"
+    name = f"{settings.prefix.upper()}_LASTOF"
+    try:
+        await b.api(
+            f"$JS.API.STREAM.CREATE.{name}",
+            {"name": name, "subjects": [f"{p}.>"], "storage": "memory", "allow_direct": True},
+        )
+        for subject, data in [
+            (f"{p}.cancel.r1", b"1"),
+            (f"{p}.as.ann.cancel.r2", b"2"),
+            (f"{p}.cancel.r1", b"3"),
+            (f"{p}.as.bob.cancel.r1", b"4"),
+            (f"{p}.start.r1", b"5"),
+        ]:
+            await b.publish(subject, data)
+        forms = [f"{p}.cancel.r1", f"{p}.as.*.cancel.r1"]
+        got = await b.direct_get_last_of(name, forms, limit=10)
+        assert [(m.subject, m.data) for m in got] == [
+            (f"{p}.cancel.r1", b"3"),
+            (f"{p}.as.bob.cancel.r1", b"4"),
+        ]
+        assert [m.data for m in await b.direct_get_last_of(name, forms)] == [b"3"]
+        assert await b.direct_get_last_of(name, [f"{p}.cancel.r9", f"{p}.as.*.cancel.r9"]) == []
+        assert [m.data for m in await b.direct_get_last_of(name, [f"{p}.as.*.cancel.*"])] == [b"2"]
+    finally:
+        await b.api(f"$JS.API.STREAM.DELETE.{name}")
         await b.close()

@@ -218,6 +218,28 @@ async def test_a_cancel_sent_through_the_client_before_any_worker_is_recorded_wi
     assert await dead_letters(client, "cancel") == []
 
 
+@pytest.mark.parametrize("sender", [None, "ops"])
+async def test_a_cancel_on_either_subject_form_is_recorded_with_the_start(
+    nats_server: EmbeddedServer, settings: Settings, client: Client, sender: str | None
+) -> None:
+    """The worker's look for a queued cancel covers the plain subject and the sender's."""
+    side_effects.clear()
+    run_id = f"p-form-{sender or 'plain'}"
+    await client.start("waiter", "f", run_id=run_id)
+    broker = await Broker.connect(nats_server.url)
+    try:
+        subject = Names(settings.prefix).cancel(run_id, sender)
+        await broker.publish(subject, b'{"reason": "by form"}', {h.MSG_ID: f"c-{run_id}"})
+    finally:
+        await broker.close()
+    async with Worker([waiter], nats=nats_server.url, settings=settings):
+        with pytest.raises(RunCancelledError, match="by form"):
+            await client.result(run_id, timeout=DEADLINE)
+    events = await events_of(client, run_id)
+    assert [type(e).__name__ for e in events] == ["RunStarted", "CancelRequested", "RunCancelled"]
+    assert side_effects == []
+
+
 async def test_a_cancel_recorded_with_the_start_is_not_recorded_again_when_it_is_delivered(
     nats_server: EmbeddedServer, settings: Settings, client: Client
 ) -> None:
