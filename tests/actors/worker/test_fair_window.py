@@ -87,20 +87,26 @@ async def drain(win: FairWindow, n: int, batch: int = 50) -> list[Delivery]:
     return got
 
 
+async def read_all(win: FairWindow, total: int) -> list[Delivery]:
+    """Take one at a time until the window has read all ``total`` messages (a loaded server
+    may deliver the look-ahead in several pieces); returns what was taken meanwhile."""
+    taken: list[Delivery] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE
+    while win.held + len(taken) < total:
+        taken += await win.fetch(batch=1, timeout=5.0)
+        await asyncio.sleep(0.02)  # past the window's quiet spell: the next look-ahead
+        assert loop.time() < deadline, (win.held, len(taken))
+    return taken
+
+
 async def test_a_late_key_overtakes_a_burst(broker: Broker, make: Make) -> None:
     pc, name = await make(30.0)
     await publish_all(broker, f"{name}.x", [(b"a", keyed("A"))] * 2000 + [(b"b", keyed("B"))])
     win = FairWindow(pc, keep_alive=10.0)
     try:
-        # One at a time until the window has read the whole burst and B (a loaded server may
-        # deliver the look-ahead in several pieces); from then on B is at most one take away.
-        first: list[Delivery] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DEADLINE
-        while win.held + len(first) < 2001:
-            first += await win.fetch(batch=1, timeout=5.0)
-            await asyncio.sleep(0.02)  # past the window's quiet spell: the next look-ahead
-            assert loop.time() < deadline, (win.held, len(first))
+        # Once the window has read the whole burst and B, B is at most one take away.
+        first = await read_all(win, 2001)
         if b"b" not in [d.data for d in first]:
             first += [d for _ in range(2) for d in await win.fetch(batch=1, timeout=5.0)]
         assert [d.data for d in first].count(b"b") == 1, [d.data for d in first]
@@ -120,15 +126,7 @@ async def test_weights_share_what_is_taken(broker: Broker, make: Make) -> None:
     await publish_all(broker, f"{name}.x", msgs)
     win = FairWindow(pc, keep_alive=10.0)
     try:
-        # One at a time until the window has read all 400 (a loaded server may deliver the
-        # look-ahead in several pieces, and a share is weighted only over what is held).
-        taken: list[Delivery] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DEADLINE
-        while win.held + len(taken) < 400:
-            taken += await win.fetch(batch=1, timeout=5.0)
-            await asyncio.sleep(0.02)  # past the window's quiet spell: the next look-ahead
-            assert loop.time() < deadline, (win.held, len(taken))
+        await read_all(win, 400)  # a share is weighted only over what is held
         counts = Counter(d.data for d in await drain(win, 200, batch=10))  # from all held
         assert abs(counts[b"a"] - 150) <= 2 and abs(counts[b"b"] - 50) <= 2, counts
     finally:
