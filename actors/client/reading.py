@@ -206,20 +206,27 @@ class RunReading(ClientBase):
         # An end published just before the SUB is never heard, and may be stored only after
         # the first look: look again shortly (2, 4, 8 ... 512 ms) before the 5 s cadence.
         hinted = 1
+        looks = 0
         archive_looked = False
         try:
             while True:
                 last = await self.broker.direct_get_last(
                     self.names.events_stream, self.names.events(run_id)
                 )
+                looks += 1
                 event = end_in(last.data) if last is not None else None
-                if last is None and not archive_looked:
-                    archive_looked = True  # an archived run ended long ago: its end is there
+                # A run not in the stream is archived (it ended long ago: its end is there) or
+                # not stored yet (just started). The archive is read once, at the second look
+                # (2 ms later) or when the time is up: a run started just before costs no
+                # archive read once it is stored by then.
+                remaining = None if deadline is None else deadline - time.monotonic()
+                due = remaining is not None and remaining <= 0
+                if last is None and not archive_looked and (looks > 1 or due):
+                    archive_looked = True
                     event = await self._archived_end(run_id)
                 if event is not None:
                     return event
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+                if due:
                     raise TimeoutError(f"run {run_id} did not finish within {timeout}s")
                 # Re-read now and then too: a core subscription misses what is published
                 # while the connection is down.

@@ -174,6 +174,51 @@ async def test_10000_ended_runs_leave_and_stay_readable(
     assert again.moved == {} and again.skipped == {"live": 1}
 
 
+async def test_result_of_an_archived_run_even_with_no_time_to_wait(
+    broker: Broker, client: Client, settings: Settings
+) -> None:
+    """The archive is read at the second look, or at the first when the time is already up."""
+    store = EventStore(broker, Names(settings.prefix), settings)
+    await put_view(broker, Names(settings.prefix), await append_run(store, "gone"))
+    report = await Archiver(broker, settings, retain_ended=MONTH).run_pass(now=later())
+    assert report.moved == {"gone": "archived"}
+    assert await client.result("gone", timeout=0) == {"ok": "gone"}
+    assert await client.result("gone", timeout=10) == {"ok": "gone"}
+    assert await client.result("gone") == {"ok": "gone"}
+
+
+async def test_a_run_stored_after_the_first_look_costs_no_archive_read(
+    broker: Broker, client: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``result`` right after a start: the first look finds nothing (the run is not stored
+    yet); the run is stored before the second, so the archive is never read."""
+    store = EventStore(broker, Names(settings.prefix), settings)
+    archive_reads: list[str] = []
+    real_archived_end = client._archived_end
+    real_last = client.broker.direct_get_last
+    looks: list[bool] = []  # the run's looks: whether each found a message
+    events = Names(settings.prefix).events("fresh")
+
+    async def counted(run_id: str) -> object:
+        archive_reads.append(run_id)
+        return await real_archived_end(run_id)
+
+    async def last_then_store(stream: str, subject: str) -> object:
+        answer = await real_last(stream, subject)
+        if subject != events:  # not a look at the run (the archive reads through here too)
+            return answer
+        looks.append(answer is not None)
+        if len(looks) == 1:  # the run is stored right after the first look
+            await append_run(store, "fresh")
+        return answer
+
+    monkeypatch.setattr(client, "_archived_end", counted)
+    monkeypatch.setattr(client.broker, "direct_get_last", last_then_store)
+    assert await client.result("fresh", timeout=10) == {"ok": "fresh"}
+    assert archive_reads == []
+    assert looks[0] is False and looks[1] is True
+
+
 async def test_sojourn_history_and_status_read_an_archived_run(
     nats_server: EmbeddedServer, broker: Broker, settings: Settings
 ) -> None:
