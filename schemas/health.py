@@ -11,6 +11,7 @@ from typing import Literal, get_args
 
 import msgspec
 
+from .priority import PRIORITY_DEFAULT, Priority
 from .wire import LeaseHolder
 
 __all__ = [
@@ -55,12 +56,15 @@ LIVENESS_STATES: tuple[LivenessState, ...] = get_args(LivenessState)
 
 
 class ActiveRun(msgspec.Struct, frozen=True, array_like=True):
-    """A run a worker is executing, as its heartbeat lists it: ``[run_id, agent, since]``
-    (``since``: when the activation began, by the worker's clock; 0 from older workers)."""
+    """A run a worker is executing, as its heartbeat lists it: ``[run_id, agent, since,
+    priority]`` (``since``: when the activation began, by the worker's clock; 0 from older
+    workers; ``priority``: the run's, whose lane a takeover wakes it on, once known; the default
+    from older workers)."""
 
     run_id: str
     agent: str
     since: float = 0.0
+    priority: Priority = PRIORITY_DEFAULT
 
 
 BEAT_RUNS_MAX = 4096

@@ -31,8 +31,10 @@ from sojourn.broker.names import Names
 from sojourn.schemas.codec import decode_worker_beat, encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import InvalidName
+from sojourn.schemas.fairness import Fairness
 from sojourn.schemas.health import BEAT_RUNS_MAX, ActiveRun, WorkerBeat, vouches
 from sojourn.schemas.names import validate_token
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.vocabulary import wake_reason
 
 from ..core.membership import Membership
@@ -73,6 +75,7 @@ class Heartbeats:
         broker: Callable[[], Broker],
         active: Mapping[str, object],
         run_agents: Mapping[str, str],
+        run_lanes: Mapping[str, tuple[Priority, Fairness | None]],
         since: Mapping[str, float],
     ) -> None:
         self.worker_id = worker_id
@@ -85,6 +88,7 @@ class Heartbeats:
         self._broker = broker
         self._active = active
         self._run_agents = run_agents
+        self._run_lanes = run_lanes
         self._since = since
         self.beating = True
         """Heartbeats go on until the last activation of a stopping worker has ended."""
@@ -96,8 +100,14 @@ class Heartbeats:
 
     async def beat(self, stopped: bool = False) -> None:
         """Store this worker's heartbeat, listing the runs it executes (none once ``stopped``)."""
+        lanes, default = self._run_lanes, (PRIORITY_DEFAULT, None)
         runs = tuple(
-            ActiveRun(run_id, self._run_agents.get(run_id, ""), self._since.get(run_id, 0.0))
+            ActiveRun(
+                run_id,
+                self._run_agents.get(run_id, ""),
+                self._since.get(run_id, 0.0),
+                lanes.get(run_id, default)[0],
+            )
             for run_id in itertools.islice(self._active, BEAT_RUNS_MAX)
         )
         beat = WorkerBeat(
@@ -237,7 +247,7 @@ class Heartbeats:
                 h.WAKE_REASON: wake_reason("takeover"),
                 h.MSG_ID: f"takeover:{incarnation}:{r.run_id}",
             }
-            await b.publish(self.names.wake(r.run_id, r.agent), b"", wake)
+            await b.publish(self.names.wake(r.run_id, r.agent, r.priority), b"", wake)
         metrics.TAKEOVERS.inc(len(mine))
 
     def holder(self, run_id: str) -> str | None:

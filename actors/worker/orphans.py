@@ -52,11 +52,12 @@ def _events(data: bytes) -> tuple[RunEvent, ...] | None:
 
 async def claimed_after_beat(broker: Broker, names: Names, dead: WorkerBeat) -> list[ActiveRun]:
     """The runs ``dead`` claimed after its last beat that still wait for it, each with its
-    agent (``""`` when its first decision cannot be read)."""
+    agent and priority, from its ``RunStarted`` (``""`` and the default when its first decision
+    cannot be read)."""
     if dead.events_seq < 0:
         return []
     listed = {r.run_id for r in dead.runs}
-    found: dict[str, str] = {}
+    found: dict[str, RunStarted | None] = {}
     seq, read, stream, head = dead.events_seq + 1, 0, names.events_stream, f"{names.prefix}.ev."
     while read < SCAN_MAX:
         msgs, more = await broker.direct_get_batch(stream, names.events_all, seq, _PAGE)
@@ -68,23 +69,26 @@ async def claimed_after_beat(broker: Broker, names: Names, dead: WorkerBeat) -> 
                 validate_token(run_id, "run id")
                 started = [e for e in _events(m.data) or () if isinstance(e, RunStarted)]
                 if started or run_id not in found:
-                    found[run_id] = started[0].agent if started else ""
+                    found[run_id] = started[0] if started else None
         read += len(msgs)
         if not msgs or not more:
             break
         seq = msgs[-1].seq + 1
     orphans = []
-    for run_id, agent in found.items():
+    for run_id, begun in found.items():
         last = await broker.direct_get_last(stream, names.events(run_id))
         if last is None or not written_by(last.header(h.WRITER), dead.worker_id):
             continue  # someone else wrote since: not the dead worker's any more
         events = _events(last.data)
         if events is None or not has_work(events):
             continue
-        if not agent:
+        if begun is None:
             first = await broker.direct_get_next(stream, names.events(run_id), 1)
             opening = _events(first.data) if first is not None else None
             if opening and isinstance(opening[0], RunStarted):
-                agent = opening[0].agent
-        orphans.append(ActiveRun(run_id, agent, 0.0))
+                begun = opening[0]
+        if begun is None:
+            orphans.append(ActiveRun(run_id, ""))
+        else:
+            orphans.append(ActiveRun(run_id, begun.agent, 0.0, begun.priority))
     return orphans

@@ -190,8 +190,7 @@ class Worker:
         self._run_agents: dict[str, str] = {}
         """The agent of each run executing here, once known (routes a wake published again)."""
         self._run_lanes: dict[str, tuple[Priority, Fairness | None]] = {}
-        """The priority and fairness key of each run executing here, once known (its wakes'
-        lane and key)."""
+        """Each executing run's priority and fairness key, once known (its wakes' lane, key)."""
         self.membership = Membership(self.settings.worker_dead_after)
         """Which workers are alive, and which runs they hold, from their heartbeats."""
         self._since: dict[str, float] = {}
@@ -207,6 +206,7 @@ class Worker:
             broker=self._broker_or_fail,
             active=self._active,
             run_agents=self._run_agents,
+            run_lanes=self._run_lanes,
             since=self._since,
         )
         """This worker's heartbeats (listing its runs) and its reading of the others'."""

@@ -18,12 +18,14 @@ from sojourn.schemas.codec import (
     decode_events,
     decode_intake_reply,
     decode_start,
+    decode_worker_beat,
     encode,
     encode_events,
     from_raw,
     to_raw,
 )
 from sojourn.schemas.events import ErrorInfo, RunEvent, RunStarted, StepCompleted
+from sojourn.schemas.health import ActiveRun, WorkerBeat
 from sojourn.schemas.wire import (
     REJECT_CODES,
     DeadLetter,
@@ -304,3 +306,20 @@ def test_from_raw_converts_to_the_requested_type() -> None:
     assert from_raw(to_raw({"type": "E", "message": "m"}), ErrorInfo) == err
     with pytest.raises(msgspec.ValidationError):
         from_raw(to_raw({"type": "E"}), ErrorInfo)
+
+
+# --- heartbeats -------------------------------------------------------------------------------
+
+
+def test_a_beat_lists_each_runs_priority_and_reads_an_older_workers_beat() -> None:
+    """A takeover wakes a dead worker's run on its own lane: the beat lists each run's
+    priority (``[run_id, agent, since, priority]``); an older worker's three-item entries read
+    as the default priority, and a priority outside 1-5 is refused, not taken for a lane."""
+    beat = WorkerBeat(worker_id="w", runs=(ActiveRun("r1", "a", 1.5, 1), ActiveRun("r2", "a")))
+    data = encode(beat)
+    assert b'["r1","a",1.5,1]' in data and b'["r2","a",0.0,3]' in data
+    assert decode_worker_beat(data) == beat
+    old = decode_worker_beat(b'{"worker_id":"w","runs":[["r1","a",1.5]]}')
+    assert old.runs == (ActiveRun("r1", "a", 1.5, 3),)
+    with pytest.raises(msgspec.ValidationError):
+        decode_worker_beat(b'{"worker_id":"w","runs":[["r1","a",1.5,9]]}')

@@ -256,7 +256,7 @@ async def test_a_run_claimed_after_the_dead_workers_last_beat_resumes_without_a_
     beats = await client.broker.subscribe(client.names.worker(doomed_id))
     await beats.next_msg(timeout=30)  # a beat just went: the next is 4 s away
     run_id = "claimed-early"
-    await client.start("takeover", 10, run_id=run_id)
+    await client.start("takeover", 10, run_id=run_id, priority=2)
     await wait_for(
         lambda: runs_on(client, [run_id], doomed_id, 1),
         timeout=3,
@@ -270,8 +270,51 @@ async def test_a_run_claimed_after_the_dead_workers_last_beat_resumes_without_a_
     last = await client.broker.direct_get_last(names.health_stream, names.worker(doomed_id))
     assert last is not None
     assert run_id not in {r.run_id for r in decode_worker_beat(last.data).runs}
+    wakes = await takeover_wakes(client)
     await start_worker(nats_server, settings.prefix, procs, **slow)
     # 20 s: well short of the 30 s the trigger's redelivery would take.
     assert await client.result(run_id, timeout=20) == sum(range(10))
     (delay,) = await resumed_after(client, [run_id], doomed_id, killed_at)
     print(f"\nkill -> next recorded step (claimed after the last beat): {delay:.2f}s")
+    # Woken on its own lane, the priority read from its RunStarted.
+    assert set(wakes) == {names.wake(run_id, "takeover", 2)}
+
+
+async def takeover_wakes(client: Client) -> list[str]:
+    """The subjects of the takeover wakes published from now on (filled as they come)."""
+    subjects: list[str] = []
+
+    async def on_wake(msg: Delivery) -> None:
+        if msg.header(h.WAKE_REASON).startswith("takeover"):
+            subjects.append(msg.subject)
+
+    await client.broker.subscribe(f"{client.names.prefix}.wake.>", cb=on_wake)
+    await client.broker.flush()
+    return subjects
+
+
+async def test_a_dead_workers_runs_are_woken_on_their_own_lanes(
+    nats_server: EmbeddedServer, settings: Settings, client: Client, procs: list[WorkerProc]
+) -> None:
+    """A takeover wake goes on the run's lane (decision 0049): a killed worker's beat lists
+    each run's priority, so its urgent run is woken on the urgent lane and its bulk run on the
+    bulk lane, not both on the default one."""
+    first = await start_worker(nats_server, settings.prefix, procs)
+    lanes = {"lane-urgent": 1, "lane-bulk": 5}
+    for run_id, priority in lanes.items():
+        await client.start("takeover", STEPS, run_id=run_id, priority=priority)
+    first_id = (await worker_ids(client))[first.proc.pid]
+    names = client.names
+
+    async def listed() -> bool:
+        last = await client.broker.direct_get_last(names.health_stream, names.worker(first_id))
+        runs = decode_worker_beat(last.data).runs if last is not None else ()
+        return {(r.run_id, r.priority) for r in runs} >= set(lanes.items())
+
+    await wait_for(listed, timeout=60, what="a beat listing both runs with their priorities")
+    wakes = await takeover_wakes(client)
+    await start_worker(nats_server, settings.prefix, procs)
+    first.kill()
+    results = await asyncio.gather(*(client.result(r, timeout=60) for r in lanes))
+    assert results == [sum(range(STEPS))] * len(lanes)
+    assert set(wakes) == {names.wake(r, "takeover", p) for r, p in lanes.items()}
