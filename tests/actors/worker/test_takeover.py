@@ -26,6 +26,7 @@ from sojourn.broker import headers as h
 from sojourn.broker.delivery import Delivery
 from sojourn.schemas.codec import decode_worker_beat
 from sojourn.schemas.config import Settings
+from sojourn.schemas.priority import Priority
 from tests.conftest import wait_for
 from tests.procs import WorkerProc
 
@@ -300,7 +301,7 @@ async def test_a_dead_workers_runs_are_woken_on_their_own_lanes(
     each run's priority, so its urgent run is woken on the urgent lane and its bulk run on the
     bulk lane, not both on the default one."""
     first = await start_worker(nats_server, settings.prefix, procs)
-    lanes = {"lane-urgent": 1, "lane-bulk": 5}
+    lanes: dict[str, Priority] = {"lane-urgent": 1, "lane-bulk": 5}
     for run_id, priority in lanes.items():
         await client.start("takeover", STEPS, run_id=run_id, priority=priority)
     first_id = (await worker_ids(client))[first.proc.pid]
