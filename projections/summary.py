@@ -19,6 +19,7 @@ import msgspec
 from sojourn.schemas import events as ev
 from sojourn.schemas.attributes import decode_upsert, merge_attributes
 from sojourn.schemas.codec import decode_spend
+from sojourn.schemas.fairness import Fairness
 from sojourn.schemas.lifecycle import (
     awaited_signals,
     child_notices,
@@ -26,6 +27,7 @@ from sojourn.schemas.lifecycle import (
     next_waiting,
     out_of_place,
 )
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.steps import StepRecord
 from sojourn.schemas.views import CHILDREN_SHOWN, ERROR_MESSAGE_MAX, ViewError
 from sojourn.schemas.vocabulary import (
@@ -57,6 +59,10 @@ class PendingSignal(msgspec.Struct, frozen=True, array_like=True):
 class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str = ""
     agent: str = ""
+    priority: Priority = PRIORITY_DEFAULT
+    """The run's priority (``RunStarted.priority``): the lane the watchdog re-wakes it on."""
+    fairness: Fairness | None = None
+    """Its fairness key and weight (``RunStarted.fairness``), which that wake carries."""
     parent_run_id: str | None = None
     schedule: str | None = None
     scheduled_at: float | None = None
@@ -161,6 +167,8 @@ def summarize(s: RunSummary, event: ev.RunEvent) -> RunSummary:
                 s,
                 run_id=s.run_id or event.run_id,
                 agent=sys.intern(event.agent),  # one copy per agent name, not per run
+                priority=event.priority,
+                fairness=event.fairness,
                 parent_run_id=event.parent_run_id,
                 schedule=event.schedule,
                 scheduled_at=event.scheduled_at,

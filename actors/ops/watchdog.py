@@ -246,8 +246,9 @@ class Watchdog:
             log.info("run %s (%s) is %s again", liv.run_id, liv.agent, liv.state)
 
     async def _act(self, liv: Liveness, now: float) -> None:
-        """Re-wake a stuck run, once per problem across all watchdogs."""
-        seq = self.model.runs[liv.run_id].last_seq
+        """Re-wake a stuck run, once per problem across all watchdogs, on its lane."""
+        summary = self.model.runs[liv.run_id]
+        seq = summary.last_seq
         key = (liv.run_id, liv.state, seq)
         if key in self._acted:
             return
@@ -261,6 +262,8 @@ class Watchdog:
             "watchdog",
             liv.state,
             agent=liv.agent or None,
+            priority=summary.priority,
+            fairness=summary.fairness,
         )
         self.actions += 1
         WATCHDOG_ACTIONS.labels("rewake", liv.state).inc()

@@ -22,6 +22,8 @@ import msgspec
 import pytest
 
 from sojourn.actors import Client, Context, RunCancelledError, Watchdog, Worker, agent
+from sojourn.broker import headers as h
+from sojourn.broker.delivery import Delivery
 from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound
@@ -293,7 +295,14 @@ async def test_a_lost_timer_is_flagged_overdue_and_rewoken_once_by_two_watchdogs
             watchers.append(
                 await Watchdog(nats=nats_server.url, settings=strict, on_change=note).start()
             )
-        run_id = await client.start("napper", 2.0)
+        rewakes: list[str] = []
+
+        async def on_wake(msg: Delivery) -> None:
+            if msg.header(h.WAKE_REASON).startswith("watchdog"):
+                rewakes.append(msg.subject)
+
+        await client.broker.subscribe(f"{client.names.prefix}.wake.>", cb=on_wake)
+        run_id = await client.start("napper", 2.0, priority=1)
         await parked_on_timer(client, run_id)
         names = client.names
         purged = await client.broker.api(
@@ -305,6 +314,7 @@ async def test_a_lost_timer_is_flagged_overdue_and_rewoken_once_by_two_watchdogs
         assert await client.result(run_id, timeout=60) == "rested"
     assert (run_id, "overdue") in seen
     assert sum(w.actions for w in watchers) == 1  # two watchdogs, one re-wake
+    assert rewakes == [names.wake(run_id, "napper", 1)]  # on the run's lane (priority 1)
     history = await client.history(run_id)
     assert history  # and the run ended normally
 
