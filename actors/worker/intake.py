@@ -38,6 +38,7 @@ from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import ConcurrencyConflict, HistoryError
 from sojourn.schemas.events import CancelRequested, RunEvent, RunStarted
 from sojourn.schemas.fairness import Fairness, classify
+from sojourn.schemas.flow import DEBOUNCED_RUN_ID
 from sojourn.schemas.lifecycle import TERMINAL_EVENTS
 from sojourn.schemas.limits import Limit
 from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
@@ -417,7 +418,10 @@ class Intake:
         pending = await find_pending(
             self.broker, self.names, run_id, max_payload=self.settings.max_payload
         )
-        if pending is not None:
+        if pending is not None or DEBOUNCED_RUN_ID.fullmatch(run_id):
+            # A debounced run exists only once its burst fires (its id was answered before):
+            # until then, like a pending run's, its messages wait in the inbox; the run's start
+            # records a cancel waiting there before it runs anything.
             await msg.nak(delay=handback_delay(n))
             return
         raise Rejected("unknown_run", f"no run with id '{run_id}'")

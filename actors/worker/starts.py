@@ -35,6 +35,7 @@ from sojourn.schemas.events import (
     TriggerInfo,
 )
 from sojourn.schemas.fairness import Fairness, read_fairness
+from sojourn.schemas.flow import DEBOUNCED_RUN_ID
 from sojourn.schemas.names import reserved_run_id, valid_reply_subject, validate_token
 from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.tracing import trace_context
@@ -320,8 +321,12 @@ class Starts:
         # anything. Only a start delivered with messages behind it (or delivered before) can
         # have one: a cancel stored after the start was delivered finds the run starting, and
         # interrupts it like any cancel.
+        # A debounced run's id was answered to its burst's starts long before the run exists:
+        # a cancel sent meanwhile waits in the inbox (decision 0047), so its start always looks.
         look = None
-        if fire is None and (msg.num_pending > 0 or msg.num_delivered > 1):
+        if fire is None and (
+            msg.num_pending > 0 or msg.num_delivered > 1 or DEBOUNCED_RUN_ID.fullmatch(run_id)
+        ):
             look = asyncio.ensure_future(self._queued_cancel(run_id))
         msg_id = f"{run_id}:start:{inbox_seq}" if fire is None else f"{run_id}:fire"
         if fire is None and self.opens is not None and self.opens(run_id):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from sojourn.actors import Client, Worker
+from sojourn.actors import Client, RunCancelledError, Worker
 from sojourn.actors.worker import debounce
 from sojourn.broker import Broker, EmbeddedServer, Names
 from sojourn.broker import headers as h
@@ -23,7 +23,7 @@ from sojourn.broker.flow import FlowStore
 from sojourn.schemas.codec import decode_dead_letter, decode_events, encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import InvalidName
-from sojourn.schemas.events import RunStarted
+from sojourn.schemas.events import CancelRequested, RunCancelled, RunStarted
 from sojourn.schemas.flow import SingletonRecord, key_token
 from tests.actors.worker.test_bad_input import send_raw
 from tests.apps.chains import chat
@@ -84,6 +84,27 @@ async def test_a_burst_of_100_starts_one_run_with_the_last_input(
         nxt = await client.trigger("latest", 7, debounce=0.5, debounce_key="orders-42")
         assert nxt.run_id != run_id
         assert await client.result(nxt.run_id, timeout=60) == 7
+
+
+async def test_a_debounced_run_cancelled_before_its_burst_fires_ends_cancelled(
+    nats_server: EmbeddedServer, client: Client, broker: Broker, settings: Settings
+) -> None:
+    """Its id is answered at once, its run exists only when the burst fires (here 7 s later,
+    past the retries a cancel of an unknown run gets): a cancel sent meanwhile waits in the
+    inbox and is recorded with the run's start, which then runs nothing; the next start with
+    the key begins a new burst, which runs."""
+    async with Worker([latest], nats=nats_server.url, settings=settings):
+        first = await client.trigger("latest", 1, debounce=7.0, debounce_key="doc-7")
+        await client.cancel(first.run_id, "not needed", by="ops")
+        with pytest.raises(RunCancelledError):
+            await client.result(first.run_id, timeout=60)
+        events = [e for d in await client.history(first.run_id) for e in d.events]
+        assert [type(e) for e in events] == [RunStarted, CancelRequested, RunCancelled]
+        cancel = events[1]
+        assert isinstance(cancel, CancelRequested) and cancel.reason == "not needed"
+        nxt = await client.trigger("latest", 2, debounce=0.5, debounce_key="doc-7")
+        assert nxt.run_id != first.run_id
+        assert await client.result(nxt.run_id, timeout=60) == 2
 
 
 async def test_a_burst_of_100_concurrent_starts_on_two_workers_carries_all(
