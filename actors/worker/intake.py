@@ -27,6 +27,7 @@ from typing import Protocol
 import msgspec
 
 from sojourn.broker import headers as h
+from sojourn.broker.archive import ArchiveStore
 from sojourn.broker.connection import Broker, header
 from sojourn.broker.delivery import Delivery
 from sojourn.broker.eventstore import Decision, EventStore
@@ -418,10 +419,14 @@ class Intake:
         pending = await find_pending(
             self.broker, self.names, run_id, max_payload=self.settings.max_payload
         )
-        if pending is not None or DEBOUNCED_RUN_ID.fullmatch(run_id):
+        if pending is not None or (
+            DEBOUNCED_RUN_ID.fullmatch(run_id)
+            and not await ArchiveStore(self.broker, self.names).exists(run_id)
+        ):
             # A debounced run exists only once its burst fires (its id was answered before):
             # until then, like a pending run's, its messages wait in the inbox; the run's start
-            # records a cancel waiting there before it runs anything.
+            # records a cancel waiting there before it runs anything. (One that ended long ago
+            # and was archived is not coming.)
             await msg.nak(delay=handback_delay(n))
             return
         raise Rejected("unknown_run", f"no run with id '{run_id}'")

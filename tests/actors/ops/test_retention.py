@@ -21,7 +21,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from sojourn.actors import Client, Watchdog
+from sojourn.actors import Client, TriggerRejected, Watchdog, Worker
 from sojourn.actors.ops.archive import Archiver, RetentionUnavailable
 from sojourn.broker import Broker, EmbeddedServer, Names
 from sojourn.broker.archive import ArchiveStore
@@ -42,7 +42,9 @@ from sojourn.schemas.events import (
     StepStarted,
     WaitStarted,
 )
+from sojourn.schemas.flow import debounced_run_id
 from tests.actors.cli.test_cli import sojourn
+from tests.apps.keyed import latest
 from tests.conftest import wait_for
 
 DAY = 86_400.0
@@ -217,6 +219,24 @@ async def test_a_run_stored_after_the_first_look_costs_no_archive_read(
     assert await client.result("fresh", timeout=10) == {"ok": "fresh"}
     assert archive_reads == []
     assert looks[0] is False and looks[1] is True
+
+
+async def test_a_cancel_for_an_archived_debounced_run_is_refused_not_kept_waiting(
+    nats_server: EmbeddedServer, broker: Broker, client: Client, settings: Settings
+) -> None:
+    """A cancel for a debounced burst's run id that has no run waits for the burst to fire;
+    one whose run ended long ago and was archived is not coming: refused ``unknown_run``, as
+    for any other id."""
+    names = Names(settings.prefix)
+    run_id = debounced_run_id("latest", "doc-1", 17)
+    history = await append_run(EventStore(broker, names, settings), run_id)
+    await put_view(broker, names, history)
+    report = await Archiver(broker, settings, retain_ended=MONTH).run_pass(now=later())
+    assert report.moved == {run_id: "archived"}
+    async with Worker([latest], nats=nats_server.url, settings=settings):
+        with pytest.raises(TriggerRejected) as refused:
+            await client.cancel(run_id, "late", wait=True, timeout=30)
+    assert refused.value.code == "unknown_run"
 
 
 async def test_sojourn_history_and_status_read_an_archived_run(
