@@ -119,9 +119,10 @@ def test_chaos_cluster_small(processes: None) -> None:
 @pytest.mark.slow(11)
 @pytest.mark.timeout(360)  # the harness's own guard (300 s) fails first, with its output
 def test_chaos_detects_duplicate_effects(processes: None) -> None:
-    """Self-test: steps whose key changes per attempt apply a re-run effect twice; workers
+    """Self-test: steps whose key changes per attempt apply a re-run effect again; workers
     die at ``after_step`` (effect done, completion not recorded) often enough that some step
-    surely runs again, and the harness must say so and fail."""
+    surely runs again, and the harness must say so and fail. How many times a step's effect
+    lands depends on how many kills hit it (2 to 9 seen): any count above one is the finding."""
     # Seams are armed for the first 5 s (the minimum fault window); 12 runs each reach
     # ``after_step`` at least once in it, so P(no kill there) <= 0.5 ** 12.
     p = harness(
@@ -142,7 +143,7 @@ def test_chaos_detects_duplicate_effects(processes: None) -> None:
     )
     report = f"exit {p.returncode}\n{p.stdout}\n--- stderr ---\n{p.stderr}"
     assert p.returncode == 1, report
-    assert "applied its effect 2 times" in p.stdout, report
+    assert re.search(r"applied its effect ([2-9]|[1-9][0-9]+) times", p.stdout), report
     assert row(p.stdout, "effects applied per step").startswith("NOT exactly one"), report
     assert "violations: 0" not in p.stdout, report
 

@@ -22,9 +22,9 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -238,11 +238,14 @@ class _Deadline:
     def expired(self) -> TimeoutError:
         return TimeoutError(f"run {self.run_id} did not end within {self.timeout}s")
 
-    async def bound(self, aw: Awaitable[T]) -> T:
+    async def bound(self, aw: Coroutine[Any, Any, T]) -> T:
+        """``aw``'s result, if it comes before the deadline. A deadline already passed closes
+        ``aw`` unawaited (a coroutine dropped unawaited is a warning when it is collected)."""
         left = self.remaining()
         if left is None:
             return await aw
         if left <= 0:
+            aw.close()
             raise self.expired()
         try:
             return await asyncio.wait_for(aw, left)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -219,6 +220,21 @@ async def test_watch_times_out(client: Client, worker: Worker, projector: Projec
         async for view in watch_run(client.broker, client.names, run_id, timeout=1.0):
             views.append(view)
     assert views and views[-1].status == "waiting"
+
+
+async def test_a_call_bound_by_a_deadline_already_passed_is_closed_not_left_unawaited() -> None:
+    """A watch whose deadline passes between two broker calls raises ``TimeoutError`` and
+    closes the call it did not make: a coroutine left unawaited is a warning when the garbage
+    collector finds it, which failed whichever test ran then (seen in CI)."""
+    deadline = _watching._Deadline("r", 0.0)
+
+    async def call() -> int:
+        return 1
+
+    never = call()
+    with pytest.raises(TimeoutError):
+        await deadline.bound(never)
+    assert inspect.getcoroutinestate(never) == inspect.CORO_CLOSED
 
 
 async def test_garbage_on_the_change_subject_is_ignored(
