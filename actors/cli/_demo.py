@@ -33,6 +33,7 @@ from sojourn.schemas.codec import encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import StepStarted
+from sojourn.schemas.names import reserved_run_id
 
 from ..client.client import Client
 from ..core.state import RunState, fold
@@ -84,6 +85,14 @@ class _Worker:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
 
+def demo_run_id() -> str:
+    """A fresh ``welcome-<8 hex>`` run id, never one of the forms only sojourn makes: about one
+    in 430 draws is ``welcome-c<7 digits>``, a child run's form, which a start is refused."""
+    while reserved_run_id(run_id := f"welcome-{uuid.uuid4().hex[:8]}") is not None:
+        pass
+    return run_id
+
+
 @dataclass
 class _Demo:
     url: str
@@ -91,7 +100,7 @@ class _Demo:
     root: Path
     work: Path
     outbox: Path
-    run_id: str = field(default_factory=lambda: f"welcome-{uuid.uuid4().hex[:8]}")
+    run_id: str = field(default_factory=lambda: demo_run_id())
     workers: list[_Worker] = field(default_factory=list)
     killed_at: float | None = None
 

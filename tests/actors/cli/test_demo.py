@@ -6,10 +6,12 @@ import asyncio
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 import pytest
 
+from sojourn.actors.cli import _demo
 from sojourn.broker import EmbeddedServer
 from tests.conftest import PYTHON, ROOT, subprocess_env
 
@@ -104,3 +106,13 @@ async def test_demo_keep_on_an_existing_server(nats_server: EmbeddedServer) -> N
     finally:
         if kept:
             shutil.rmtree(kept[1], ignore_errors=True)
+
+
+def test_the_demo_never_names_its_run_with_a_form_only_sojourn_makes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``welcome-c8039583`` (a child run's form, refused at the start) failed the demo once in
+    a full run: the demo draws its run id again until it is not such a form."""
+    draws = iter(["c8039583" + "0" * 24, "c80395a3" + "0" * 24])
+    monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(next(draws)))
+    assert _demo.demo_run_id() == "welcome-c80395a3"
