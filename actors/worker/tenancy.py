@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 
 from sojourn.broker.delivery import Delivery, NotADelivery
 from sojourn.broker.eventstore import Decision
@@ -98,9 +97,15 @@ class Tenancy:
         self.period = period
         self.since = since
         self.progress = Progress()
-        self._poke = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        now = self._loop.time()
+        self._kept_at = now
+        self._reported_at = now - PROGRESS_EVERY
         self._open = True
-        self._keepalive = asyncio.create_task(self._keep(), name=f"keepalive {run_id}")
+        # Nothing runs until something is due: most activations end before the first
+        # keepalive, and a timer costs a fraction of a task that waits on an event.
+        self._timer: asyncio.TimerHandle | None = self._loop.call_at(now + period, self._fire)
+        self._work: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Tenancy:
         return self
@@ -110,36 +115,54 @@ class Tenancy:
 
     def heartbeat(self) -> None:
         """A step reported progress: record it soon."""
-        self._poke.set()
+        if self._open and self._work is None:
+            self._arm()
 
     async def close(self) -> None:
         """Stop the keepalive for good."""
         self._open = False
-        self._poke.set()
-        await cancel_and_wait(self._keepalive)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._work is not None:
+            await cancel_and_wait(self._work)
+
+    def _due(self) -> float:
+        """When the next keepalive or progress record is due (loop time)."""
+        due = self._kept_at + self.period
+        if self.progress.changed:
+            due = min(due, self._reported_at + PROGRESS_EVERY)
+        return due
+
+    def _arm(self) -> None:
+        """Set the timer for what is due next, unless it is set for that or earlier."""
+        due = self._due()
+        if self._timer is not None:
+            if self._timer.when() <= due:
+                return
+            self._timer.cancel()
+        self._timer = self._loop.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self._open and self._work is None:
+            self._work = self._loop.create_task(self._keep(), name=f"keepalive {self.run_id}")
 
     async def _keep(self) -> None:
-        """While the activation runs: restart the delivery's ack deadline every ``period``,
-        and record a step's reported progress (at most every ``PROGRESS_EVERY``)."""
-        last_kept = time.monotonic()
-        last_report = last_kept - PROGRESS_EVERY
-        while self._open:
-            self._poke.clear()
-            now = time.monotonic()
-            due = last_kept + self.period
-            if self.progress.changed:
-                due = min(due, last_report + PROGRESS_EVERY)
-            if now < due:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(due - now):
-                        await self._poke.wait()
-                continue  # look again: progress, the end of the activation, or time is up
-            try:
-                if self.progress.changed and now >= last_report + PROGRESS_EVERY:
-                    last_report = now
-                    await self.reports.report(self.run_id, self.owner, self.since, self.progress)
-                if now >= last_kept + self.period:
-                    last_kept = now
-                    await self.delivery.in_progress()
-            except Exception as e:
-                log.debug("run %s: keepalive failed: %s", self.run_id, e)
+        """Restart the delivery's ack deadline if ``period`` has passed since the last time,
+        and record a step's reported progress (at most every ``PROGRESS_EVERY``); then set
+        the timer for the next."""
+        try:
+            now = self._loop.time()
+            if self.progress.changed and now >= self._reported_at + PROGRESS_EVERY:
+                self._reported_at = now
+                await self.reports.report(self.run_id, self.owner, self.since, self.progress)
+            if now >= self._kept_at + self.period:
+                self._kept_at = now
+                await self.delivery.in_progress()
+        except Exception as e:
+            log.debug("run %s: keepalive failed: %s", self.run_id, e)
+        finally:
+            self._work = None
+        if self._open:
+            self._arm()
