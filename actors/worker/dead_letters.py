@@ -10,6 +10,7 @@ changes. ``FailureCounts`` counts the failed activations that lead there.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -32,6 +33,7 @@ from .tenancy import times_delivered
 __all__ = [
     "DlqKind",
     "FailureCounts",
+    "activation_failed",
     "dead_letter",
     "drop_bad_wake",
     "drop_wake",
@@ -162,3 +164,46 @@ class FailureCounts:
 
     def __len__(self) -> int:
         return len(self._counts)
+
+
+async def activation_failed(
+    e: Exception,
+    broker: Broker,
+    names: Names,
+    wake: Delivery,
+    *,
+    run_id: str,
+    stored: bool,
+    failures: FailureCounts,
+    limit: int,
+    agent: str,
+    last_seq: int,
+) -> None:
+    """Settle ``wake`` after an activation of ``run_id`` (agent label ``agent``) failed with
+    ``e``: handed back for another try in a second, unless this is the run's ``limit``-th
+    failure in a row, when the run is given up on (wedged until its history changes, the
+    wake acked). A run not ``stored`` yet (opened in memory) has nothing to give up on: its
+    trigger is handed back, and its redelivery creates the run."""
+    if not stored:
+        log.warning("run %s: activation error before the run was stored: %s", run_id, e)
+        with contextlib.suppress(Exception):
+            await wake.nak(delay=1.0)
+        return
+    n = failures.add(run_id)
+    if n >= limit:
+        log.error(
+            "run %s: activation failed %d times in a row (%s: %s); giving up: the run is "
+            "wedged until its history changes",
+            run_id, n, type(e).__name__, e,
+        )  # fmt: skip
+        metrics.ACTIVATIONS.labels(agent, "wedged").inc()
+        failures.clear(run_id)
+        with contextlib.suppress(Exception):
+            text = f"{n} activations failed, the last with {type(e).__name__}: {e}"
+            await give_up(broker, names, run_id, "max_deliveries", text, last_seq)
+            await wake.ack()
+        return
+    log.warning("run %s: activation error %s: %s; retrying later", run_id, type(e).__name__, e)
+    metrics.ACTIVATIONS.labels(agent, "error").inc()
+    with contextlib.suppress(Exception):
+        await wake.nak(delay=1.0)

@@ -19,7 +19,7 @@ from typing import Any
 from sojourn.broker.connection import Broker
 from sojourn.broker.delivery import OnDelivery, StoredMessage, Subscription
 from sojourn.broker.follow import read_all
-from sojourn.broker.tasks import STOP_GRACE, settle_cancelled
+from sojourn.broker.tasks import STOP_GRACE, reap, settle_cancelled
 
 __all__ = ["REFRESH_EVERY", "STOP_GRACE", "RecordFollower"]
 
@@ -94,3 +94,9 @@ class RecordFollower:
         if self._refresher is not None:
             running.append(self._refresher)
         await settle_cancelled(running, STOP_GRACE)
+
+    def kill(self) -> None:
+        """Stop at once, as the death of the process would (``Worker.kill``): the refresher
+        and the background tasks are cancelled and reaped in the background; the subscription
+        goes with the severed connection."""
+        reap([*self._tasks, *([self._refresher] if self._refresher is not None else [])])

@@ -86,6 +86,10 @@ class AgentHolds:
     async def stop(self) -> None:
         await self._records.stop()
 
+    def kill(self) -> None:
+        """Stop at once (``Worker.kill``)."""
+        self._records.kill()
+
     async def _on_notice(self, msg: Delivery) -> None:
         self._apply(msg.data)
 

@@ -135,6 +135,11 @@ class Intake:
         await self.holds.stop()
         await self.limits.stop()
 
+    def kill(self) -> None:
+        """Stop following at once, as the death of the process would (``Worker.kill``)."""
+        self.holds.kill()
+        self.limits.kill()
+
     async def _route_of(self, run_id: str) -> tuple[str | None, Priority, Fairness | None]:
         """The agent and priority of an existing run, from its first stored message (for
         routing a wake: its agent's consumer, its priority's lane)."""

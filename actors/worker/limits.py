@@ -113,6 +113,10 @@ class SharedLimits:
     async def stop(self) -> None:
         await self._records.stop()
 
+    def kill(self) -> None:
+        """Stop at once (``Worker.kill``)."""
+        self._records.kill()
+
     def _on_stored(self, m: StoredMessage) -> None:
         rec = read_limit(m)
         if rec is not None and self._newer(rec):

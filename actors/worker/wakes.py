@@ -26,6 +26,7 @@ from sojourn.broker.names import Names
 from sojourn.broker.wake import publish_wake
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError, InvalidName
+from sojourn.schemas.fairness import Fairness
 from sojourn.schemas.priority import PRIORITIES, Priority
 from sojourn.schemas.vocabulary import WaitingOn, wake_reason
 
@@ -129,6 +130,24 @@ class WakeLoops:
         self._ended.move_to_end(run_id)
         if len(self._ended) > ENDED_KEPT:
             self._ended.popitem(last=False)
+
+    async def wake_again(
+        self, run_id: str, agent: str | None, priority: Priority, fairness: Fairness | None
+    ) -> None:
+        """A wake arrived while the run was executing here: publish a fresh one now that it
+        rests (a wake is a hint; a spare one changes nothing), on its lane."""
+        try:
+            await publish_wake(
+                self._broker(),
+                self.names,
+                run_id,
+                "rewake",
+                agent=agent,
+                priority=priority,
+                fairness=fairness,
+            )
+        except Exception as e:  # the watchdog re-wakes a run whose wake was lost
+            log.warning("run %s: could not wake it again: %s", run_id, e)
 
     async def wake_loop(self, lane: Lane) -> None:
         """Take wakes from one consumer (a lane of an agent's, or the unrouted one) while slots

@@ -40,7 +40,6 @@ from sojourn.broker.topology import (
     ensure_topology,
     retry_unsettled,
 )
-from sojourn.broker.wake import publish_wake
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import HistoryError
 from sojourn.schemas.fairness import Fairness
@@ -57,7 +56,7 @@ from ..history.snapshots import keep as keep_snapshot
 from ..ops import metrics
 from .activation import Activation
 from .clock import Clock
-from .dead_letters import FailureCounts, give_up
+from .dead_letters import FailureCounts, activation_failed, give_up
 from .faults import fault
 from .gate import SlotGate
 from .heartbeats import Heartbeats
@@ -164,8 +163,8 @@ class Worker:
         self.history_cache = history_cache
         self.history_cache_bytes = history_cache_bytes
         self.sticky: StickyRuns[Activation] = StickyRuns(sticky_runs)
-        self._limits = limits
         """Activations of parked runs kept resting in their waits (``worker/sticky.py``)."""
+        self._limits = limits
         self.folds = 0
         """Activations built from a (loaded, folded) history, as opposed to kept ones
         resumed (``sticky.resumed``)."""
@@ -240,6 +239,28 @@ class Worker:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> Worker:
+        """Connect (unless given a broker), declare the agents and start serving. A start that
+        fails part way stops what it began and closes the connection it opened."""
+        try:
+            return await self._start()
+        except BaseException:
+            await self._unstart()
+            raise
+
+    async def _unstart(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await settle_cancelled(self._tasks, 5.0)
+        self._tasks = []
+        if "intake" in vars(self):  # made by this start: it may follow records
+            await self.intake.stop()
+        await self.interrupts.close()
+        await self.heartbeats.close()
+        if self._owns_broker and self._broker is not None:
+            broker, self._broker = self._broker, None
+            await broker.close()
+
+    async def _start(self) -> Worker:
         if self._broker is None:
             self._broker = await Broker.connect(self._url, name=f"sojourn-worker {self.worker_id}")
         b = self._broker
@@ -364,6 +385,8 @@ class Worker:
         self._stopping.set()
         self.timers.close()
         self.sticky.kill()
+        if "intake" in vars(self):
+            self.intake.kill()
         reap([*self._tasks, *self._active.values(), *self._background])
         self._closed.set()
 
@@ -460,22 +483,9 @@ class Worker:
         self._slots.release()
         if run_id in self._rewake and not self._stopping.is_set():
             self._rewake.discard(run_id)
-            task = asyncio.create_task(self._wake_again(run_id, agent, *lane))
+            task = asyncio.create_task(self.wakes.wake_again(run_id, agent, *lane))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-
-    async def _wake_again(
-        self, run_id: str, agent: str | None, priority: Priority, fairness: Fairness | None
-    ) -> None:
-        """A wake arrived while the run was executing here: publish a fresh one now that it
-        rests (a wake is a hint; a spare one changes nothing), on its lane."""
-        try:
-            b = self._broker_or_fail()
-            await publish_wake(
-                b, self.names, run_id, "rewake", agent=agent, priority=priority, fairness=fairness
-            )
-        except Exception as e:  # the watchdog re-wakes a run whose wake was lost
-            log.warning("run %s: could not wake it again: %s", run_id, e)
 
     # --- one activation ----------------------------------------------------------------------
 
@@ -568,36 +578,18 @@ class Worker:
                 await wake.ack()
         except Exception as e:
             opening = self._openings.get(run_id)
-            if opening is not None and not opening.settled.done():
-                # Nothing of the run is stored: nothing to give up on. The trigger is handed
-                # back; its redelivery creates the run.
-                log.warning("run %s: activation error before the run was stored: %s", run_id, e)
-                with contextlib.suppress(Exception):
-                    await wake.nak(delay=1.0)
-                return
-            failures = self._failures.add(run_id)
-            if failures >= self.settings.max_activation_failures:
-                log.error(
-                    "run %s: activation failed %d times in a row (%s: %s); giving up: the "
-                    "run is wedged until its history changes",
-                    run_id, failures, type(e).__name__, e,
-                )  # fmt: skip
-                metrics.ACTIVATIONS.labels(agent_name, "wedged").inc()
-                self._failures.clear(run_id)
-                with contextlib.suppress(Exception):
-                    seq = act.last_seq if act is not None else 0
-                    text = f"{failures} activations failed, the last with {type(e).__name__}: {e}"
-                    await give_up(
-                        self._broker_or_fail(), self.names, run_id, "max_deliveries", text, seq
-                    )
-                    await wake.ack()
-                return
-            log.warning(
-                "run %s: activation error %s: %s; retrying later", run_id, type(e).__name__, e
+            await activation_failed(
+                e,
+                self._broker_or_fail(),
+                self.names,
+                wake,
+                run_id=run_id,
+                stored=opening is None or opening.settled.done(),
+                failures=self._failures,
+                limit=self.settings.max_activation_failures,
+                agent=agent_name,
+                last_seq=act.last_seq if act is not None else 0,
             )
-            metrics.ACTIVATIONS.labels(agent_name, "error").inc()
-            with contextlib.suppress(Exception):
-                await wake.nak(delay=1.0)
 
     async def _prepare(
         self,

@@ -136,3 +136,55 @@ async def test_an_idle_worker_process_exits_on_sigterm_whatever_became_of_its_se
         assert worker.output.rstrip().endswith("stopped"), worker.output
     finally:
         worker.kill()
+
+
+@agent("idle")
+async def idle_agent(ctx: Context) -> int:
+    return 1
+
+
+async def _leftovers(before: set[asyncio.Task[Any]], deadline: float = 30.0) -> list[str]:
+    """The tasks started since ``before`` that are still alive after ``deadline`` seconds (or
+    none, as soon as all have ended)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + deadline
+    while True:
+        me = asyncio.current_task()
+        alive = [t for t in asyncio.all_tasks() if t not in before and t is not me]
+        if not alive or loop.time() > until:
+            return [f"{t.get_name()}: {t.get_coro()!r}" for t in alive]
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+async def test_a_worker_stopped_or_killed_leaves_no_task_behind(
+    nats_server: EmbeddedServer, settings: Settings, how: str
+) -> None:
+    before = set(asyncio.all_tasks())
+    worker = await Worker([idle_agent], nats=nats_server.url, settings=settings).start()
+    c = await Client.connect(nats_server.url, settings=settings)
+    try:
+        await c.start("idle", run_id="idle-1")
+        assert await c.result("idle-1", timeout=60) == 1
+    finally:
+        await c.close()
+    if how == "stop":
+        await worker.stop()
+    else:
+        worker.kill()  # what SojournEnv.explore_crashes does to a worker
+    assert await _leftovers(before) == []
+
+
+async def test_a_worker_whose_start_fails_leaves_no_task_behind(
+    nats_server: EmbeddedServer, settings: Settings
+) -> None:
+    before = set(asyncio.all_tasks())
+    worker = Worker([idle_agent], nats=nats_server.url, settings=settings)
+
+    async def refused(*_: object) -> None:
+        raise RuntimeError("the first beat is refused")
+
+    worker.heartbeats.beat = refused  # type: ignore[method-assign,assignment]
+    with pytest.raises(RuntimeError, match="first beat"):
+        await worker.start()
+    assert await _leftovers(before) == []
