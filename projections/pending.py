@@ -70,9 +70,13 @@ class PendingViews:
         """Follow the inbox's starts and the dead letters of starts from their beginning."""
         names = self.names
         p = names.prefix
+        # The default lane's forms and the other priorities' (``<prefix>[.as.<sender>].p<n>.
+        # start.<agent>.<run_id>``: the inbox stores no other form with that many tokens).
         self._inbox = [
             StreamFollower(broker, names.inbox_stream, f"{p}.start.*.*"),
             StreamFollower(broker, names.inbox_stream, f"{p}.as.*.start.*.*"),
+            StreamFollower(broker, names.inbox_stream, f"{p}.*.start.*.*"),
+            StreamFollower(broker, names.inbox_stream, f"{p}.as.*.*.start.*.*"),
         ]
         self._dlq = [StreamFollower(broker, names.dlq_stream, names.dlq("start"))]
 
@@ -114,7 +118,9 @@ class PendingViews:
                 continue
             run_id = parsed.name
             if not self._known(run_id) and run_id not in views:
-                views[run_id] = pending_view(run_id, parsed.target, m.time or time.time())
+                views[run_id] = pending_view(
+                    run_id, parsed.target, m.time or time.time(), parsed.priority
+                )
         if not views:
             return
         if self._sink is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from sojourn.schemas.concurrency import queued_detail
 from sojourn.schemas.health import LivenessState
 from sojourn.schemas.lifecycle import queued_on
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.views import RunView
 
 from .summary import RunSummary
@@ -59,13 +60,18 @@ def view_of(s: RunSummary, liveness: LivenessState | None) -> RunView:
         ended_at=s.ended_at,
         last_seq=s.last_seq,
         events=s.events,
+        priority=s.priority,
+        fairness=s.fairness,
         detail=None if (q := queued_on(s.waiting_on)) is None else queued_detail(q, None),
     )
 
 
-def pending_view(run_id: str, agent: str, at: float) -> RunView:
+def pending_view(
+    run_id: str, agent: str, at: float, priority: Priority = PRIORITY_DEFAULT
+) -> RunView:
     """The view of a run whose start is stored in the inbox and that no worker has taken yet
-    (``last_seq`` 0: any view made from its history supersedes it)."""
+    (``last_seq`` 0: any view made from its history supersedes it); ``priority``: its start's
+    lane."""
     return RunView(
         run_id=run_id,
         agent=agent,
@@ -73,4 +79,5 @@ def pending_view(run_id: str, agent: str, at: float) -> RunView:
         liveness="pending",
         started_at=at,
         updated_at=at,
+        priority=priority,
     )

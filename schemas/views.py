@@ -19,7 +19,9 @@ from typing import Final, Literal
 
 import msgspec
 
+from .fairness import Fairness
 from .health import LivenessState
+from .priority import PRIORITY_DEFAULT, Priority
 from .vocabulary import RunStatus, SuspendReason
 
 __all__ = [
@@ -127,6 +129,11 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     queue_position: int | None = None
     """Its place in its key's queue (1: next to take a slot) as the projector last counted
     it, on its periodic pass (``sojourn status`` counts it live)."""
+    priority: Priority = PRIORITY_DEFAULT
+    """The run's priority, 1 (most urgent) to 5 (bulk): the lane of its start and wakes
+    (``RunStarted.priority``, decision 0049); for a pending run, its start's lane."""
+    fairness: Fairness | None = None
+    """Its fairness key and weight (``RunStarted.fairness``), if it was started with one."""
 
 
 class RunsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -24,7 +24,9 @@ from sojourn.broker.eventstore import Decision
 from sojourn.schemas import events as ev
 from sojourn.schemas.codec import decode_spend, from_raw
 from sojourn.schemas.events import Carried, Usage
+from sojourn.schemas.fairness import Fairness
 from sojourn.schemas.health import LivenessState
+from sojourn.schemas.priority import PRIORITY_DEFAULT, Priority
 from sojourn.schemas.steps import ATTEMPT_OUTCOMES, AttemptOutcome
 from sojourn.schemas.views import ERROR_MESSAGE_MAX, ViewError
 from sojourn.schemas.vocabulary import (
@@ -160,6 +162,10 @@ class Timeline(msgspec.Struct, frozen=True, kw_only=True):
     chain_root: str | None = None
     generation: int = 1
     schedule: str | None = None
+    priority: Priority = PRIORITY_DEFAULT
+    fairness: Fairness | None = None
+    forked_from: ev.ForkOrigin | None = None
+    attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     waiting_on: tuple[str, ...] = ()
     deadline: float | None = None
     suspended_reason: SuspendReason | None = None
@@ -503,6 +509,10 @@ def timeline_of(
         chain_root=state.chain_root,
         generation=state.generation,
         schedule=state.schedule,
+        priority=state.priority,
+        fairness=state.fairness,
+        forked_from=state.forked_from,
+        attributes=state.attributes,
         waiting_on=state.waiting_on,
         deadline=state.deadline,
         suspended_reason=state.suspended_reason,

@@ -391,6 +391,7 @@ async def test_a_stored_start_shows_pending_and_a_refused_one_is_removed(
         await wait_for(lambda: _true(p.leading), DEADLINE)
         # no worker up: both starts wait in the inbox
         await client.start("pj_steps", 1, run_id="later", wait=False)
+        await client.start("pj_steps", 1, run_id="urgent", priority=1)
         body = encode(StartTrigger(input=encode(1), run_id="nobody"))  # type: ignore[arg-type]
         await broker.publish(names.start("no_such_agent", run_id="nobody"), body)
 
@@ -400,10 +401,17 @@ async def test_a_stored_start_shows_pending_and_a_refused_one_is_removed(
 
         await wait_for(lambda: pending("later"), DEADLINE, what="a pending view")
         await wait_for(lambda: pending("nobody"), DEADLINE, what="a pending view")
+        await wait_for(lambda: pending("urgent"), DEADLINE, what="a pending view")
         v = await kv_view(broker, names, "later")
         assert v is not None and (v.agent, v.liveness, v.last_seq) == ("pj_steps", "pending", 0)
+        assert v.priority == 3
+        # a pending run shows its start's lane, and keeps it once it ran
+        urgent = await kv_view(broker, names, "urgent")
+        assert urgent is not None and urgent.priority == 1
         async with serving(nats_server.url, settings):
-            await wait_for(lambda: all_completed(broker, names, ["later"]), DEADLINE)
+            await wait_for(lambda: all_completed(broker, names, ["later", "urgent"]), DEADLINE)
+            done = await kv_view(broker, names, "urgent")
+            assert done is not None and (done.status, done.priority) == ("completed", 1)
 
             async def removed() -> bool:
                 m = await broker.direct_get_last(names.runs_kv_stream, names.run_key("nobody"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,7 @@ from sojourn.projections.views import pending_view, view_of
 from sojourn.schemas.codec import encode_events, to_raw
 from sojourn.schemas.config import Settings
 from sojourn.schemas.events import RunEvent, RunStarted, StepStarted
+from sojourn.schemas.fairness import Fairness
 from sojourn.schemas.views import RunView
 from tests.strategies import any_histories, valid_histories
 
@@ -132,3 +134,17 @@ def test_a_view_names_what_a_dashboard_shows() -> None:
         started_at=3.0,
         updated_at=3.0,
     )
+
+
+def test_a_view_names_the_runs_priority_and_fairness_and_a_pending_one_its_lane() -> None:
+    fair = Fairness(key="tenant:acme", weight=2)
+    start = RunStarted(run_id="r", agent="a", input=to_raw(None), priority=1, fairness=fair, at=5.0)
+    v = view_of(summarize_all([(4, 10, [start])]), None)
+    assert (v.priority, v.fairness) == (1, fair)
+    wire = msgspec.json.decode(msgspec.json.encode(v))
+    assert (wire["priority"], wire["fairness"]) == (1, {"key": "tenant:acme", "weight": 2})
+    plain = view_of(
+        summarize_all([(4, 10, [msgspec.structs.replace(start, priority=3, fairness=None)])]), None
+    )
+    assert (plain.priority, plain.fairness) == (3, None)
+    assert pending_view("r2", "a", 3.0, 5).priority == 5

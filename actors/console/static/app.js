@@ -160,7 +160,7 @@ function Runs({ query }) {
     <table data-test="runs"><thead><tr><th>run</th><th>agent</th><th>status</th><th>liveness</th>
       <th>waiting on / step</th><th>steps</th><th>spent</th><th>updated</th></tr></thead>
     <tbody>${page.runs.map((v) => html`<tr key=${v.run_id} data-run-id=${v.run_id}>
-      <td><a class="mono" href=${`#/run/${enc(v.run_id)}`}>${v.run_id}</a></td><td>${v.agent}</td>
+      <td><a class="mono" href=${`#/run/${enc(v.run_id)}`}>${v.run_id}</a>${v.priority && v.priority !== 3 ? html` <span class="tag" data-test="priority" title="priority">p${v.priority}</span>` : ""}</td><td>${v.agent}</td>
       <td><${Badge} s=${v.status} /></td><td><${Badge} s=${v.liveness} /></td>
       <td class="mono">${v.waiting_on.join(", ") || v.step || ""}</td><td>${v.steps_done}</td>
       <td>${usd(v.spent_usd)}${v.spent_tokens ? ` · ${v.spent_tokens} tok` : ""}</td>
@@ -375,6 +375,9 @@ function Run({ runId }) {
         ${t.previous_run_id ? html`<dt>continues</dt><dd>${link(t.previous_run_id)} (generation ${t.generation})</dd>` : ""}
         ${t.continued_as ? html`<dt>continued as</dt><dd>${link(t.continued_as)}</dd>` : ""}
         ${t.schedule ? html`<dt>schedule</dt><dd>${t.schedule}</dd>` : ""}
+        ${t.forked_from ? html`<dt>forked from</dt><dd>${link(t.forked_from.run_id)} at position ${t.forked_from.position}</dd>` : ""}
+        <dt>priority</dt><dd data-test="priority">${t.priority} (${PRIORITY[t.priority] || "?"})${t.fairness ? html` · fairness key <span class="mono">${t.fairness.key || "(none)"}</span>${(t.fairness.weight || 1) !== 1 ? `, weight ${t.fairness.weight}` : ""}` : ""}</dd>
+        ${Object.keys(t.attributes || {}).length ? html`<dt>attributes</dt><dd data-test="attributes">${Object.entries(t.attributes).map(([k, v]) => html`<span class="tag mono">${k}=${String(v)}</span> `)}</dd>` : ""}
         ${t.children.length ? html`<dt>children</dt><dd>${t.children.map((c) => html`${link(c)} `)}</dd>` : ""}
         <dt>calls</dt><dd>${t.model_calls} model, ${t.tool_calls} other · ${t.events} events in ${t.decisions} decisions</dd>
       </dl></div>
@@ -448,6 +451,7 @@ function DeadLetters() {
 
 // --- the frame ---------------------------------------------------------------------------------
 
+const PRIORITY = { 1: "most urgent", 2: "urgent", 3: "default", 4: "low", 5: "bulk" };
 const PAGES = [["runs", "Runs"], ["approvals", "Approvals"], ["schedules", "Schedules"], ["workers", "Workers"], ["dead-letters", "Dead letters"]];
 
 function App() {

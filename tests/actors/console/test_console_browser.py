@@ -38,8 +38,11 @@ def css(selector: str) -> tuple[str, str]:
     return ("css selector", selector)
 
 
-async def start(h: httpx.AsyncClient, client: Client, run_id: str, order: int) -> None:
-    r = await h.post("/v1/agents/refunds/runs", json=order, headers={"Idempotency-Key": run_id})
+async def start(
+    h: httpx.AsyncClient, client: Client, run_id: str, order: int, **headers: str
+) -> None:
+    headers["Idempotency-Key"] = run_id
+    r = await h.post("/v1/agents/refunds/runs", json=order, headers=headers)
     assert r.status_code in (201, 202), r.text
 
     async def waiting() -> bool:
@@ -78,7 +81,12 @@ async def test_approve_a_run_from_the_inbox_and_watch_it_complete(
     bearer = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with httpx.AsyncClient(base_url=gateway.url, headers=bearer, timeout=30) as h:
         await start(h, client, "refund-4711", 4711)
-        await start(h, client, "refund-4712", 4712)
+        how = {
+            "Sojourn-Priority": "2",
+            "Sojourn-Fairness-Key": "tenant:acme",
+            "Sojourn-Attributes": '{"customer": 4712, "tier": "gold"}',
+        }
+        await start(h, client, "refund-4712", 4712, **how)
         timeline = (await h.get("/ui/api/runs/refund-4711/timeline")).json()
     llm = next(i for i in timeline["items"] if i.get("step_kind") == "llm")
     cost = usd(llm["usage"]["usd"])
@@ -135,7 +143,18 @@ async def test_approve_a_run_from_the_inbox_and_watch_it_complete(
     for run_id, status in (("refund-4711", "completed"), ("refund-4712", "waiting")):
         row = f"table[data-test=runs] tr[data-run-id={run_id}] [data-status={status}]"
         await b.wait(f"{run_id} {status} in the listing", listed(row))
+    # A run of another priority than the default is tagged so in the listing...
+    tag = "table[data-test=runs] tr[data-run-id=refund-4712] [data-test=priority]"
+    assert await b.text(tag) == "p2"
+    assert not await b.run(
+        b.driver.find_elements, *css("tr[data-run-id=refund-4711] [data-test=priority]")
+    )
     await b.run(b.driver.save_screenshot, str(IMG / "console-runs.png"))
+    # ...and its page says how it was started: priority, fairness key, search attributes.
+    await b.click("table[data-test=runs] tr[data-run-id=refund-4712] a")
+    await b.wait("its facts", lambda d: d.find_elements(*css("dd[data-test=attributes]")))
+    assert await b.text("dd[data-test=priority]") == "2 (urgent) · fairness key tenant:acme"
+    assert await b.texts("dd[data-test=attributes] .tag") == ["customer=4712", "tier=gold"]
 
 
 async def test_a_client_session_is_offered_no_admin_only_action(

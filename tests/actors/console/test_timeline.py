@@ -9,6 +9,7 @@ from sojourn.actors.console.timeline import ITEMS_MAX, timeline_of
 from sojourn.broker.eventstore import Decision
 from sojourn.schemas import events as ev
 from sojourn.schemas.codec import encode
+from sojourn.schemas.fairness import Fairness
 
 T0 = 1_700_000_000.0
 RAW = msgspec.Raw(b"null")
@@ -158,3 +159,25 @@ def test_a_long_run_keeps_the_latest_items() -> None:
     assert len(t.items) == ITEMS_MAX and t.omitted == 11  # the start and ten steps
     assert t.items[-1].name == f"s{ITEMS_MAX + 9}"
     assert timeline_of("r1", [], T0).status == "pending"
+
+
+def test_how_the_run_was_started_priority_fairness_fork_and_attributes() -> None:
+    fair = Fairness(key="tenant:acme", weight=3)
+    fork = ev.ForkOrigin(run_id="r0", position=2, copied=4)
+    first = started(priority=2, fairness=fair, forked_from=fork, attributes={"customer": 42})
+    upsert = ev.ValueRecorded(
+        position=0, kind="attributes", value=msgspec.Raw(encode({"tier": "gold"})), at=T0 + 1
+    )
+    t = timeline_of("r1", [decision(1, "w1.1", first), decision(2, "w1.1", upsert)], T0 + 2)
+    assert (t.priority, t.fairness, t.forked_from) == (2, fair, fork)
+    assert t.attributes == {"customer": 42, "tier": "gold"}
+    wire = msgspec.json.decode(msgspec.json.encode(t))
+    assert wire["priority"] == 2 and wire["fairness"] == {"key": "tenant:acme", "weight": 3}
+    assert wire["forked_from"]["run_id"] == "r0" and wire["attributes"]["tier"] == "gold"
+    plain = timeline_of("r1", [decision(1, "w1.1", started())], T0 + 1)
+    assert (plain.priority, plain.fairness, plain.forked_from, plain.attributes) == (
+        3,
+        None,
+        None,
+        {},
+    )
