@@ -60,7 +60,8 @@ async def test_signals_flow_while_more_runs_than_the_held_bound_execute(
         await wait_for(all_holding, timeout=60, what="every run to be inside its step")
 
         async def none_held() -> bool:
-            return (await client.broker.api(info, {}))["num_ack_pending"] == 0
+            pending: int = (await client.broker.api(info, {}))["num_ack_pending"]
+            return pending == 0
 
         await wait_for(none_held, timeout=30, what="every trigger acked while its run executes")
         # Each run was stored with its first step by the worker that created it: none was
