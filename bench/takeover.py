@@ -184,7 +184,10 @@ async def early_round(url: str, prefix: str, rng: random.Random, mode: str) -> f
                 opening = await client.broker.direct_get_next(
                     client.names.events_stream, client.names.events(run_id), 1
                 )
-                if opening is not None and opening.header(h.WRITER) == f"intake:{dead}":
+                # Stored by the doomed worker: with its first decision by one of its activations
+                # (``<worker>.<n>``, decision 0033), or alone by its intake (``intake:<worker>``).
+                writer = opening.header(h.WRITER) if opening is not None else ""
+                if writer == f"intake:{dead}" or writer.rpartition(".")[0] == dead:
                     break
                 await client.result(run_id, timeout=60)
             else:
