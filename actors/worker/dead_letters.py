@@ -15,7 +15,6 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from sojourn.broker import headers as h
@@ -175,18 +174,16 @@ async def activation_failed(
     *,
     run_id: str,
     stored: bool,
-    retry: Callable[[], Awaitable[None]],
     failures: FailureCounts,
     limit: int,
     agent: str,
     last_seq: int,
 ) -> None:
     """Settle ``wake`` after an activation of ``run_id`` (agent label ``agent``) failed with
-    ``e``: ``retry`` (the wake handed back for another try in a second, or a new run's wake
-    when its trigger is acked already), unless this is the run's ``limit``-th failure in a
-    row, when the run is given up on (wedged until its history changes, the wake acked). A
-    run not ``stored`` yet (opened in memory) has nothing to give up on: its trigger is handed
-    back, and its redelivery creates the run."""
+    ``e``: handed back for another try in a second, unless this is the run's ``limit``-th
+    failure in a row, when the run is given up on (wedged until its history changes, the
+    wake acked). A run not ``stored`` yet (opened in memory) has nothing to give up on: its
+    trigger is handed back, and its redelivery creates the run."""
     if not stored:
         log.warning("run %s: activation error before the run was stored: %s", run_id, e)
         with contextlib.suppress(Exception):
@@ -209,4 +206,4 @@ async def activation_failed(
     log.warning("run %s: activation error %s: %s; retrying later", run_id, type(e).__name__, e)
     metrics.ACTIVATIONS.labels(agent, "error").inc()
     with contextlib.suppress(Exception):
-        await retry()
+        await wake.nak(delay=1.0)

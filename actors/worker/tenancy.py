@@ -16,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
-from sojourn.broker.delivery import Delivery, LocalWake, NotADelivery
+from sojourn.broker.delivery import Delivery, NotADelivery
 from sojourn.broker.eventstore import Decision
 from sojourn.broker.progress import Progress, ProgressStore
-from sojourn.broker.tasks import STOP_GRACE, cancel_and_wait
+from sojourn.broker.tasks import cancel_and_wait
 from sojourn.schemas.events import StepStarted
 
 from ..ops import metrics
@@ -107,41 +106,12 @@ class Tenancy:
         # keepalive, and a timer costs a fraction of a task that waits on an event.
         self._timer: asyncio.TimerHandle | None = self._loop.call_at(now + period, self._fire)
         self._work: asyncio.Task[None] | None = None
-        self._acking: asyncio.Task[None] | None = None
-        self.released = False
-        """The delivery was acked when the run it created was stored (``ack_when_stored``):
-        ``delivery`` settles nothing from then on, and a retry is a wake of the caller's."""
 
     async def __aenter__(self) -> Tenancy:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def ack_when_stored(self, settled: asyncio.Future[Any]) -> None:
-        """The activation opens a new run (``worker/opening.py``) and ``delivery`` is its
-        trigger: once the first append has stored the run (``settled`` is ``"stored"``), ack the
-        trigger at once rather than when the run rests (decision 0051). From then on the run is
-        held like any other run executing here (the heartbeats, and the takeover of decision
-        0032 should this worker die before its next beat lists it), and the intake consumer
-        keeps no message of it, however long it runs."""
-        settled.add_done_callback(self._stored)
-
-    def _stored(self, settled: asyncio.Future[Any]) -> None:
-        if not self._open or settled.cancelled() or settled.exception() is not None:
-            return
-        if settled.result() != "stored":
-            return
-        trigger = self.delivery
-        self.delivery = LocalWake(trigger.subject, trigger.headers)
-        self.released = True
-        self._acking = self._loop.create_task(self._ack(trigger), name=f"ack {self.run_id}")
-
-    async def _ack(self, trigger: Delivery) -> None:
-        try:
-            await trigger.ack()
-        except Exception as e:  # redelivered later: the intake then wakes the run (a spare wake)
-            log.warning("run %s: acking the trigger that created it: %s", self.run_id, e)
 
     def heartbeat(self) -> None:
         """A step reported progress: record it soon."""
@@ -156,9 +126,6 @@ class Tenancy:
             self._timer = None
         if self._work is not None:
             await cancel_and_wait(self._work)
-        if self._acking is not None:  # one publish: let it go out, unless it hangs
-            await asyncio.wait({self._acking}, timeout=STOP_GRACE)
-            await cancel_and_wait(self._acking)
 
     def _due(self) -> float:
         """When the next keepalive or progress record is due (loop time)."""

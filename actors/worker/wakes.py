@@ -132,17 +132,10 @@ class WakeLoops:
             self._ended.popitem(last=False)
 
     async def wake_again(
-        self,
-        run_id: str,
-        agent: str | None,
-        priority: Priority,
-        fairness: Fairness | None,
-        delay: float = 0.0,
+        self, run_id: str, agent: str | None, priority: Priority, fairness: Fairness | None
     ) -> None:
         """A wake arrived while the run was executing here: publish a fresh one now that it
-        rests (a wake is a hint; a spare one changes nothing), on its lane, ``delay`` seconds
-        from now."""
-        await asyncio.sleep(delay)
+        rests (a wake is a hint; a spare one changes nothing), on its lane."""
         try:
             await publish_wake(
                 self._broker(),

@@ -85,9 +85,10 @@ HISTORY_CACHE_MIN = 16
 """Histories shorter than this are read again on every wake (a few messages: < 1 ms)."""
 
 HELD_TRIGGERS_MAX = 64
-"""Schedule fires a worker keeps unacknowledged while it runs the runs they started (beyond,
-a fire is acked and its run woken): their consumer's unacked messages stay bounded however
-long the runs take. A start's trigger is acked once its run is stored (decision 0051)."""
+"""Inbox messages a worker keeps unacknowledged while it runs the runs they created. Beyond
+it a new run is acked and woken instead (one wake more): the intake consumer's unacked
+messages stay bounded, so starts, signals and cancels keep flowing however many runs execute
+and however long their steps take."""
 
 
 class Worker:
@@ -247,7 +248,10 @@ class Worker:
             raise
 
     async def _unstart(self) -> None:
-        # The loops' tasks are made last: a start that failed made none.
+        for t in self._tasks:
+            t.cancel()
+        await settle_cancelled(self._tasks, 5.0)
+        self._tasks = []
         if "intake" in vars(self):  # made by this start: it may follow records
             await self.intake.stop()
         await self.interrupts.close()
@@ -402,13 +406,13 @@ class Worker:
 
     # --- the runs executing here ------------------------------------------------------------
 
-    def _runs_new_now(self, run_id: str, held_until_rest: bool = False) -> bool:
+    def _runs_new_now(self, run_id: str) -> bool:
         """Whether a run created now would execute here at once (``_run_new``)."""
         return not (
             self._stopping.is_set()
             or run_id in self._active
             or self._free_slots() <= 0
-            or (held_until_rest and len(self._holding) >= HELD_TRIGGERS_MAX)
+            or len(self._holding) >= HELD_TRIGGERS_MAX
         )
 
     async def _run_new(
@@ -417,14 +421,13 @@ class Worker:
         """Run a run this worker's intake just created, at once, without a wake round trip;
         with ``opening``, a run opened in memory, which its first append stores.
 
-        An opened run's trigger is acked once its first append stored it (decision 0051); a
-        schedule's fire stays unacknowledged, kept alive like a wake, until the run rests (if
-        this worker dies first, its redelivery starts or wakes the run), at most
-        ``HELD_TRIGGERS_MAX`` of them: beyond, the caller acks the fire and wakes the run."""
-        if not self._runs_new_now(run_id, held_until_rest=opening is None):
+        The inbox message stays unacknowledged (kept alive like a wake) until the run rests;
+        if this worker dies first, its redelivery makes the intake wake the run. When this
+        worker already holds ``HELD_TRIGGERS_MAX`` of them, it declines: the intake acks the
+        message and wakes the run (an opened run is stored first)."""
+        if not self._runs_new_now(run_id):
             return False
-        if opening is None:
-            self._holding.add(run_id)
+        self._holding.add(run_id)
         await self._slots.acquire(opening.started.priority if opening else PRIORITY_DEFAULT)
         if opening is not None:
             self._openings[run_id] = opening
@@ -456,7 +459,9 @@ class Worker:
 
     def _held(self, run_id: str) -> bool:
         """Whether ``run_id`` executes here or a live other worker's last beat lists it."""
-        return run_id in self._active or self.heartbeats.holder(run_id) is not None
+        if run_id in self._active:
+            return True
+        return self.heartbeats.holder(run_id) is not None
 
     def _free_slots(self) -> int:
         return self.concurrency - len(self._active)
@@ -482,11 +487,6 @@ class Worker:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _wake_again(self, run_id: str, delay: float = 0.0) -> None:
-        """The retry of an activation whose trigger was acked (``Tenancy.released``)."""
-        lane = self._run_lanes.get(run_id, (PRIORITY_DEFAULT, None))
-        await self.wakes.wake_again(run_id, self._run_agents.get(run_id), *lane, delay=delay)
-
     # --- one activation ----------------------------------------------------------------------
 
     async def _activate(
@@ -509,8 +509,6 @@ class Worker:
         async with Tenancy(
             self.reports, run_id, writer, wake, period=self.settings.heartbeat_every, since=since
         ) as tenancy:
-            if (opening := self._openings.get(run_id)) is not None:
-                tenancy.ack_when_stored(opening.settled)
             await self._execute(tenancy, history, consumer, backstops)
 
     async def _execute(
@@ -563,10 +561,10 @@ class Worker:
                 # JetStream takes an ack from any delivery, so acking ours would settle the
                 # new owner's too: if it then died, nothing would ever wake the run again.
                 return
-            await tenancy.delivery.ack()  # a no-op once released (its trigger acked)
+            await wake.ack()
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await (self._wake_again(run_id) if tenancy.released else wake.nak())
+                await wake.nak()
             raise
         except HistoryError as e:
             # A poison message: retrying cannot help. Keep a record and stop waking the run.
@@ -587,11 +585,6 @@ class Worker:
                 wake,
                 run_id=run_id,
                 stored=opening is None or opening.settled.done(),
-                retry=(
-                    functools.partial(self._wake_again, run_id, delay=1.0)
-                    if tenancy.released
-                    else functools.partial(wake.nak, delay=1.0)
-                ),
                 failures=self._failures,
                 limit=self.settings.max_activation_failures,
                 agent=agent_name,
