@@ -240,10 +240,11 @@ class Worker:
 
     async def start(self) -> Worker:
         """Connect (unless given a broker), declare the agents and start serving. A start that
-        fails part way stops what it began and closes the connection it opened."""
+        fails part way (or is cancelled) stops what it began and closes the connection it
+        opened; a KeyboardInterrupt goes by at once (the process is on its way out)."""
         try:
             return await self._start()
-        except BaseException:
+        except (Exception, asyncio.CancelledError):
             await self._unstart()
             raise
 
