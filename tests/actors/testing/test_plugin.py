@@ -10,6 +10,7 @@ every server's command line, which names its config file there) is found by path
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import re
 import signal
@@ -115,7 +116,22 @@ class Session:
         return [(int(pid), Path(store)) for pid, store in (ln.split(" ", 1) for ln in lines if ln)]
 
     async def output(self) -> str:
-        out, _ = await asyncio.wait_for(asyncio.to_thread(self.proc.communicate), 240)
+        """The session's output once it has ended (within 240 s). Read on a thread of its own:
+        the suite's event loop lives for the whole session, and its default executor (six
+        threads here) is shared with every earlier test, some of whose threads may still be
+        blocked on a process they read from."""
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="session-output")
+        try:
+            run = asyncio.get_running_loop().run_in_executor(pool, self.proc.communicate)
+            try:
+                out, _ = await asyncio.wait_for(run, 240)
+            except TimeoutError:
+                alive = self.proc.poll() is None
+                raise AssertionError(
+                    f"no end of the session's output within 240 s (still running: {alive})"
+                ) from None
+        finally:
+            pool.shutdown(wait=False)  # killed by the caller if it hangs: the thread ends then
         return out.decode(errors="replace")
 
     def kill(self) -> None:
