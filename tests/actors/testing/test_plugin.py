@@ -128,7 +128,8 @@ class Session:
             except TimeoutError:
                 alive = self.proc.poll() is None
                 raise AssertionError(
-                    f"no end of the session's output within 240 s (still running: {alive})"
+                    f"no end of the session's output within 240 s (still running: {alive}; "
+                    f"its signals: {_signal_state(self.proc.pid)})"
                 ) from None
         finally:
             pool.shutdown(wait=False)  # killed by the caller if it hangs: the thread ends then
@@ -138,6 +139,16 @@ class Session:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
+
+
+def _signal_state(pid: int) -> str:
+    """The blocked, ignored and caught signal masks of ``pid`` (``/proc/<pid>/status``): a
+    session that ignores or blocks SIGINT (bit 2) does not end on a Ctrl-C."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as e:
+        return f"unreadable: {e}"
+    return ", ".join(ln for ln in lines if ln.startswith(("SigBlk", "SigIgn", "SigCgt")))
 
 
 def _nats_servers_under(path: Path) -> list[int]:
