@@ -5,29 +5,15 @@ then at most once a second, and an activation that ends before anything is due c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-
-import pytest_asyncio
 
 from sojourn.actors.worker.tenancy import PROGRESS_EVERY, Tenancy
-from sojourn.broker import Broker, Delivery, EmbeddedServer, Names, headers
+from sojourn.broker import Broker, Delivery, Names, headers
 from sojourn.broker.progress import ProgressStore, decode_lease
 from sojourn.broker.pull import PullConsumer
-from sojourn.broker.topology import ensure_topology
 from sojourn.schemas.config import Settings
+from tests.broker import test_delivery
 
-
-@pytest_asyncio.fixture
-async def deployment(
-    nats_server: EmbeddedServer, settings: Settings
-) -> AsyncIterator[tuple[Broker, Names]]:
-    broker = await Broker.connect(nats_server.url)
-    names = Names(settings.prefix)
-    await ensure_topology(broker, names, settings)
-    try:
-        yield broker, names
-    finally:
-        await broker.close()
+deployment = test_delivery.deployment  # the fixture: a deployment's streams and consumers
 
 
 async def _trigger(broker: Broker, names: Names) -> tuple[Delivery, PullConsumer]:
