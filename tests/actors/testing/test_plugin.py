@@ -107,6 +107,9 @@ class Session:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, to Ctrl-C it as a terminal would
+            # A terminal's session takes Ctrl-C: undo an ignored SIGINT inherited from whoever
+            # started this suite (bash starts a background job with SIGINT and SIGQUIT ignored).
+            preexec_fn=_default_sigint,
         )
 
     def servers(self) -> list[tuple[int, Path]]:
@@ -139,6 +142,10 @@ class Session:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _signal_state(pid: int) -> str:
