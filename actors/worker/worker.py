@@ -56,6 +56,7 @@ from ..history.snapshots import keep as keep_snapshot
 from ..ops import metrics
 from .activation import Activation
 from .clock import Clock
+from .collector import CollectorTuning
 from .dead_letters import FailureCounts, activation_failed, give_up
 from .faults import fault
 from .gate import SlotGate
@@ -118,6 +119,9 @@ class Worker:
             ``CallbackKeysMissing``). The HTTP gateway verifies with the same keys.
         clock: the runs' clock (``worker/clock.py``; default the real one). Under a virtual
             one (a test environment's) no wait timer is kept in process: each is the broker's.
+        tune_gc: while the worker runs, Python's garbage collector runs less often, and what
+            the process held at start-up is frozen (``worker/collector.py``); ``False``
+            leaves the collector alone.
 
     Example:
         >>> async def main():                                   # doctest: +SKIP
@@ -141,8 +145,10 @@ class Worker:
         callback_keys: CallbackKeys | None = None,
         clock: Clock | None = None,
         limits: Mapping[str, Limit] | None = None,
+        tune_gc: bool = True,
     ) -> None:
         self.clock = clock or Clock()
+        self._collector = CollectorTuning(tune_gc)
         self.agents: dict[str, Agent[Any, Any]] = {}
         for a in agents:
             if a.name in self.agents and self.agents[a.name] is not a:
@@ -248,11 +254,7 @@ class Worker:
             await self._unstart()
             raise
 
-    async def _unstart(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await settle_cancelled(self._tasks, 5.0)
-        self._tasks = []
+    async def _unstart(self) -> None:  # its tasks are started last, after every await
         if "intake" in vars(self):  # made by this start: it may follow records
             await self.intake.stop()
         await self.interrupts.close()
@@ -334,6 +336,7 @@ class Worker:
             asyncio.create_task(self.heartbeats.watch(self._stopping), name="sojourn-membership"),
         ]
         metrics.track_worker(self)
+        self._collector.hold()
         log.info("worker %s serving %s on %s", self.worker_id, sorted(self.agents), b.url)
         return self
 
@@ -367,6 +370,7 @@ class Worker:
             t.cancel()
         await settle_cancelled(beating, grace)
         metrics.track_worker(self, on=False)
+        self._collector.release()
         if self._broker is not None and self._broker.connected:
             # A graceful stop: not "down". Not sent while the server is gone (it would wait for
             # its ack timeout), and bounded when it does not answer: a stop ends within seconds.
@@ -389,6 +393,7 @@ class Worker:
         if "intake" in vars(self):
             self.intake.kill()
         reap([*self._tasks, *self._active.values(), *self._background])
+        self._collector.release()
         self._closed.set()
 
     @property

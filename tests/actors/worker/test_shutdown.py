@@ -12,6 +12,7 @@ after its nats-server was killed or frozen (issue 12).
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from sojourn.actors import Client, Context, Watchdog, Worker, agent
+from sojourn.actors.worker.collector import YOUNG_THRESHOLD
 from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.health import Liveness
@@ -161,6 +163,7 @@ async def test_a_worker_stopped_or_killed_leaves_no_task_behind(
     nats_server: EmbeddedServer, settings: Settings, how: str
 ) -> None:
     before = set(asyncio.all_tasks())
+    thresholds = gc.get_threshold()
     worker = await Worker([idle_agent], nats=nats_server.url, settings=settings).start()
     c = await Client.connect(nats_server.url, settings=settings)
     try:
@@ -168,11 +171,13 @@ async def test_a_worker_stopped_or_killed_leaves_no_task_behind(
         assert await c.result("idle-1", timeout=60) == 1
     finally:
         await c.close()
+    assert gc.get_threshold()[0] >= YOUNG_THRESHOLD  # tuned while it runs
     if how == "stop":
         await worker.stop()
     else:
         worker.kill()  # what SojournEnv.explore_crashes does to a worker
     assert await _leftovers(before) == []
+    assert gc.get_threshold() == thresholds  # and put back
 
 
 async def test_a_worker_whose_start_fails_leaves_no_task_behind(
