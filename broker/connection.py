@@ -536,10 +536,13 @@ class Broker:
         config: dict[str, Any] = info["config"]
         return config
 
-    async def ensure_stream(self, config: dict[str, Any]) -> Finding:
+    async def ensure_stream(
+        self, config: dict[str, Any], optional: frozenset[str] = frozenset()
+    ) -> Finding:
         """Create the stream if it is missing; never change one that exists: the answer says
-        how it differs from ``config`` (``sojourn.broker.drift``), and the caller decides what
-        that means (``ensure_topology`` refuses to start on a key sojourn relies on).
+        how it differs from ``config`` (``sojourn.broker.drift``; ``optional``: keys the caller
+        can do without), and the caller decides what that means (``ensure_topology`` refuses
+        to start on a key sojourn relies on).
 
         Only reads an existing stream, so a user allowed only to read stream info (a client, a
         watchdog) can start against streams an admin or a worker created.
@@ -560,7 +563,7 @@ class Broker:
             current = await self.stream_config(name)
             if current is None:  # pragma: no cover - created and deleted at once
                 raise JetStreamError(f"stream {name} vanished", code=404, err_code=0)
-        return stream_finding(config, current)
+        return stream_finding(config, current, optional)
 
     async def consumer_config(self, stream: str, name: str) -> dict[str, Any] | None:
         """The durable consumer's current config, or ``None`` when there is no such consumer

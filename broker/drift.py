@@ -72,6 +72,10 @@ _STREAM_EXACT = frozenset(
     }
 )
 _PROTECTIONS = frozenset({"deny_delete", "deny_purge"})
+_CAPABILITIES = frozenset({"allow_atomic"})
+"""Features of a stream that ``sojourn topology --apply`` turns on wherever sojourn's config
+has them, even where sojourn can do without (``optional``: the events stream's atomic
+publish, which only makes appends faster)."""
 _CONSUMER_EXACT = frozenset(
     {"filter_subject", "filter_subjects", "ack_policy", "deliver_policy", "replay_policy"}
 )
@@ -179,6 +183,7 @@ def _compare(
     theirs: Mapping[str, Any],
     exact: frozenset[str],
     defaults: Mapping[str, Any],
+    optional: frozenset[str] = frozenset(),
 ) -> tuple[KeyDiff, ...]:
     diffs = []
     for key in sorted(ours):
@@ -188,13 +193,17 @@ def _compare(
         live = theirs.get(key, defaults.get(key))
         if _norm(key, mine) == _norm(key, live):
             continue
-        diffs.append(KeyDiff(key, mine, live, _relied(key, mine, live, exact)))
+        relied = key not in optional and _relied(key, mine, live, exact)
+        diffs.append(KeyDiff(key, mine, live, relied))
     return tuple(diffs)
 
 
-def compare_stream(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> tuple[KeyDiff, ...]:
-    """The keys of sojourn's stream config ``ours`` whose live value in ``theirs`` differs."""
-    return _compare(ours, theirs, _STREAM_EXACT, _STREAM_DEFAULTS)
+def compare_stream(
+    ours: Mapping[str, Any], theirs: Mapping[str, Any], optional: frozenset[str] = frozenset()
+) -> tuple[KeyDiff, ...]:
+    """The keys of sojourn's stream config ``ours`` whose live value in ``theirs`` differs;
+    a difference in an ``optional`` key is never relied on (sojourn works without it)."""
+    return _compare(ours, theirs, _STREAM_EXACT, _STREAM_DEFAULTS, optional)
 
 
 def compare_consumer(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> tuple[KeyDiff, ...]:
@@ -202,9 +211,14 @@ def compare_consumer(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> tupl
     return _compare(ours, theirs, _CONSUMER_EXACT, _CONSUMER_DEFAULTS)
 
 
-def stream_finding(ours: Mapping[str, Any], theirs: Mapping[str, Any] | None) -> Finding:
-    """The finding for sojourn's stream config ``ours`` and the live one (``None``: missing)."""
-    return _finding("stream", str(ours["name"]), None, ours, theirs)
+def stream_finding(
+    ours: Mapping[str, Any],
+    theirs: Mapping[str, Any] | None,
+    optional: frozenset[str] = frozenset(),
+) -> Finding:
+    """The finding for sojourn's stream config ``ours`` and the live one (``None``: missing);
+    ``optional``: keys sojourn can do without on this stream (``compare_stream``)."""
+    return _finding("stream", str(ours["name"]), None, ours, theirs, optional)
 
 
 def consumer_finding(
@@ -220,11 +234,14 @@ def _finding(
     consumer: str | None,
     ours: Mapping[str, Any],
     theirs: Mapping[str, Any] | None,
+    optional: frozenset[str] = frozenset(),
 ) -> Finding:
     if theirs is None:
         return Finding(kind, stream, consumer, "missing")
-    compare = compare_stream if kind == "stream" else compare_consumer
-    diffs = compare(ours, theirs)
+    if kind == "stream":
+        diffs = compare_stream(ours, theirs, optional)
+    else:
+        diffs = compare_consumer(ours, theirs)
     state: State = "incompatible" if any(d.relied for d in diffs) else "drift" if diffs else "ok"
     return Finding(kind, stream, consumer, state, diffs)
 
@@ -232,10 +249,11 @@ def _finding(
 def reconciled(
     ours: Mapping[str, Any], theirs: Mapping[str, Any], diffs: tuple[KeyDiff, ...]
 ) -> dict[str, Any]:
-    """The live config ``theirs`` with every key sojourn relies on set to ``ours``, and the
-    tunable ones left as the operator has them: what ``sojourn topology --apply`` writes."""
+    """The live config ``theirs`` with every key sojourn relies on set to ``ours`` (and every
+    capability it uses turned on), and the tunable ones left as the operator has them: what
+    ``sojourn topology --apply`` writes."""
     out = dict(theirs)
     for d in diffs:
-        if d.relied:
+        if d.relied or (d.key in _CAPABILITIES and d.ours is True):
             out[d.key] = ours[d.key]
     return out

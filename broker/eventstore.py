@@ -36,6 +36,7 @@ from sojourn.schemas.errors import (
 from sojourn.schemas.events import RunEvent
 
 from . import headers as h
+from .commits import GroupCommit
 from .connection import Broker, JetStreamError
 from .delivery import StoredMessage
 from .names import Names
@@ -107,6 +108,8 @@ class EventStore:
         """``snapshot_weight``: the bound of ``keep_snapshot``'s snapshots, in events folded
         (0: none kept)."""
         self.broker = broker
+        self.commits = GroupCommit(broker)
+        """The appends of many runs waiting at once go as one batch (``broker/commits.py``)."""
         self.names = names
         self.settings = settings
         self.cache_decisions = cache_decisions
@@ -304,7 +307,7 @@ class EventStore:
         pause = 0.05
         while True:
             try:
-                ack = await self.broker.try_publish(subject, data, headers, timeout=2.0)
+                ack = await self.commits.publish(subject, data, headers, timeout=2.0)
             except (TimeoutError, NoRespondersError) as e:
                 if time.monotonic() > deadline:
                     raise BrokerUnavailable(

@@ -41,6 +41,7 @@ __all__ = [
     "fix_command",
     "inspect_topology",
     "mismatch",
+    "optional_keys",
     "retry_unsettled",
     "stream_configs",
 ]
@@ -62,6 +63,13 @@ _NS = 1_000_000_000
 _DAY = 86_400
 
 
+def optional_keys(names: Names, stream: str) -> frozenset[str]:
+    """Keys of ``stream``'s config that sojourn can do without on a stream that exists: the
+    events stream's ``allow_atomic`` (an events stream created before group commit works, its
+    appends go one by one; ``sojourn topology --apply`` turns it on)."""
+    return frozenset({"allow_atomic"}) if stream == names.events_stream else frozenset()
+
+
 def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
     """The stream configs of a deployment (JetStream API JSON)."""
     dedup = int(settings.dedup_window * _NS)
@@ -80,6 +88,7 @@ def stream_configs(names: Names, settings: Settings) -> list[dict[str, Any]]:
             "deny_delete": True,
             "deny_purge": False,
             "allow_direct": True,
+            "allow_atomic": True,  # group commit (broker/commits.py); optional, see below
             "duplicate_window": dedup,
             "num_replicas": settings.replicas,
         },
@@ -390,9 +399,8 @@ async def ensure_topology(
     for cfg in stream_configs(names, settings):
         name = cfg["name"]
         try:
-            found.append(
-                await retry_unsettled(functools.partial(broker.ensure_stream, cfg), settle_for)
-            )
+            ensure = functools.partial(broker.ensure_stream, cfg, optional_keys(names, name))
+            found.append(await retry_unsettled(ensure, settle_for))
         except PermissionDenied as e:
             if ".STREAM.INFO." in e.subject:
                 raise PermissionDenied(
@@ -462,7 +470,8 @@ async def inspect_topology(
     ones ``consumer_configs`` names (e.g. per-agent ones)."""
     found: list[Finding] = []
     for cfg in stream_configs(names, settings):
-        found.append(stream_finding(cfg, await broker.stream_config(cfg["name"])))
+        optional = optional_keys(names, cfg["name"])
+        found.append(stream_finding(cfg, await broker.stream_config(cfg["name"]), optional))
     for stream, ccfg in [*consumer_configs(names, settings), *consumers]:
         live = await broker.consumer_config(stream, ccfg["durable_name"])
         found.append(consumer_finding(stream, ccfg, live))

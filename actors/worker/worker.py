@@ -119,9 +119,8 @@ class Worker:
             ``CallbackKeysMissing``). The HTTP gateway verifies with the same keys.
         clock: the runs' clock (``worker/clock.py``; default the real one). Under a virtual
             one (a test environment's) no wait timer is kept in process: each is the broker's.
-        tune_gc: while the worker runs, Python's garbage collector runs less often, and what
-            the process held at start-up is frozen (``worker/collector.py``); ``False``
-            leaves the collector alone.
+        tune_gc: while the worker runs, Python's garbage collector makes young collections
+            less often (``worker/collector.py``); ``False`` leaves the collector alone.
 
     Example:
         >>> async def main():                                   # doctest: +SKIP

@@ -29,6 +29,7 @@ from sojourn.broker.topology import (
     ensure_topology,
     fire_consumer_config,
     inspect_topology,
+    optional_keys,
     stream_configs,
 )
 from sojourn.schemas.config import Settings
@@ -92,6 +93,25 @@ def test_tunable_keys_are_drift_and_kept_by_reconcile(
     f = stream_finding(ours, live)
     assert f.state == "drift" and all(not d.relied for d in f.diffs)
     assert reconciled(ours, live, f.diffs) == live  # an operator's tuning stays
+
+
+@given(st.sampled_from(STREAMS), st.sampled_from([False, None]))
+def test_atomic_publish_is_optional_on_the_events_stream_only_and_apply_turns_it_on(
+    cfg: dict[str, Any], theirs: bool | None
+) -> None:
+    if not cfg.get("allow_atomic"):
+        return
+    live = {k: v for k, v in cfg.items() if k != "allow_atomic"}
+    if theirs is not None:
+        live["allow_atomic"] = theirs
+    optional = optional_keys(NAMES, cfg["name"])
+    f = stream_finding(cfg, live, optional)
+    # The events stream works without it (appends one by one): drift, a worker starts. The
+    # projector's streams rely on it.
+    events = cfg["name"] == NAMES.events_stream
+    assert f.state == ("drift" if events else "incompatible")
+    assert [d.key for d in f.diffs] == ["allow_atomic"]
+    assert reconciled(cfg, live, f.diffs)["allow_atomic"] is True  # --apply turns it on
 
 
 @hsettings(max_examples=50)

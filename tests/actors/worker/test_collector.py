@@ -27,7 +27,7 @@ def test_a_held_tuning_raises_the_young_threshold_and_its_release_puts_it_back()
     t = CollectorTuning()
     t.hold()
     assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
-    assert gc.get_freeze_count() > 0  # the process's start-up is frozen
+    assert gc.get_freeze_count() == 0  # nothing frozen: gc.get_objects() sees everything
     t.release()
     assert gc.get_threshold() == (700, 10, 10)
 
