@@ -555,7 +555,14 @@ def _worker_families(workers: list[Any]) -> Iterable[Metric]:
         "Timers this process keeps (of runs it parked with a deadline in the next minutes).",
     )
     timers.add_metric([], float(sum(len(w.timers) for w in workers)))
-    return [active, capacity, timers]
+    commits = [w.store.commits for w in workers if "store" in vars(w)]
+    batches = CounterMetricFamily(
+        "sojourn_append_batches", "Atomic batches of appends stored (group commit)."
+    )
+    batches.add_metric([], float(sum(c.batches for c in commits)))
+    batched = CounterMetricFamily("sojourn_appends_batched", "Appends stored in those batches.")
+    batched.add_metric([], float(sum(c.batched for c in commits)))
+    return [active, capacity, timers, batches, batched]
 
 
 def _watchdog_families(watchdogs: list[_Gauges]) -> Iterable[Metric]:

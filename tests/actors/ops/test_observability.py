@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import urllib.request
@@ -120,3 +121,25 @@ def test_the_metrics_endpoint_serves_and_a_taken_port_is_a_clear_error(processes
 def test_budgets_must_be_positive() -> None:
     with pytest.raises(ValueError, match=r"budget usd must be > 0"):
         Budget(usd=0)
+
+
+def twice(i: int) -> int:
+    return i * 2
+
+
+@agent("crowd")
+async def crowd(ctx: Context, i: int) -> int:
+    return await ctx.step(twice, i) + await ctx.step(twice, i)
+
+
+async def test_a_worker_counts_the_appends_it_stored_together(
+    nats_server: EmbeddedServer, settings: Settings, client: Client
+) -> None:
+    async with Worker([crowd], nats=nats_server.url, settings=settings):
+        ids = await asyncio.gather(*(client.start("crowd", i) for i in range(60)))
+        results = await asyncio.gather(*(client.result(r, timeout=60) for r in ids))
+        assert results == [4 * i for i in range(60)]
+        # 60 runs appending at once: what waited while an append was in flight went together.
+        batches = sample("sojourn_append_batches_total")
+        assert batches >= 1
+        assert sample("sojourn_appends_batched_total") >= 2 * batches
