@@ -12,6 +12,7 @@ from sojourn.schemas.attributes import InvalidAttributes, parse_attribute_filter
 from sojourn.schemas.codec import encode
 from sojourn.schemas.health import LIVENESS_STATES, LivenessState
 from sojourn.schemas.names import validate_token
+from sojourn.schemas.priority import PRIORITY_DEFAULT
 from sojourn.schemas.views import QUERY_LIMIT_MAX, RunView
 from sojourn.schemas.vocabulary import RUN_STATUSES, RunStatus
 
@@ -64,6 +65,12 @@ def _updated(at: float, now: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M")
 
 
+def _status(v: RunView) -> str:
+    """The status, and the priority of a run started at another than the default (``p1``
+    most urgent to ``p5``), as the console tags it."""
+    return v.status if v.priority == PRIORITY_DEFAULT else f"{v.status} p{v.priority}"
+
+
 def _detail(v: RunView) -> str:
     """What a line says last: the error of a failed run (or a failing step), the step in
     progress, what a run waits on, why it is suspended."""
@@ -83,7 +90,7 @@ def _detail(v: RunView) -> str:
 def run_lines(views: tuple[RunView, ...], now: float) -> list[str]:
     """The aligned table of ``views`` (a header line first)."""
     rows = [_HEADER] + [
-        (v.run_id, v.agent, v.status, v.liveness or "-", _updated(v.updated_at, now), _detail(v))
+        (v.run_id, v.agent, _status(v), v.liveness or "-", _updated(v.updated_at, now), _detail(v))
         for v in views
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER) - 1)]

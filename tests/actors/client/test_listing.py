@@ -234,6 +234,7 @@ async def test_sojourn_runs(listing: Listing, nats_server: EmbeddedServer) -> No
                     step="fetch",
                     step_attempt=2,
                     updated_at=NOW,
+                    priority=1,
                 ),
                 (),
             ),
@@ -244,7 +245,8 @@ async def test_sojourn_runs(listing: Listing, nats_server: EmbeddedServer) -> No
     assert r.rc == 0, r.err
     lines = r.out.splitlines()
     assert lines[0].split() == ["RUN_ID", "AGENT", "STATUS", "LIVENESS", "UPDATED", "STEP/ERROR"]
-    assert lines[1].split()[:3] == ["busy", "mailer", "running"]
+    assert lines[1].split()[:4] == ["busy", "mailer", "running", "p1"]  # started at priority 1
+    assert lines[2].split()[2] == "failed"  # the default priority: no tag
     assert lines[1].endswith("fetch (attempt 2)")
     assert lines[2].split()[:4] == ["broken", "greeter", "failed", "ended"]
     assert lines[2].endswith("KeyError: 'email' | more")
