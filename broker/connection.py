@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Sequence
@@ -439,7 +440,9 @@ class Broker:
         Every check applies to the batch as a whole at commit: one broken fence
         (``Nats-Expected-Last-Subject-Sequence``, ``err_code`` 10071) or one ``Nats-Msg-Id``
         the stream already holds (``err_code`` 10201) refuses all of it. Under
-        ``sync_interval: always`` the batch costs one flush instead of one per message.
+        ``sync_interval: always`` the batch costs one flush instead of one per message. Every
+        message is stored with the batch's headers (``Nats-Batch-Id``, ``Nats-Batch-Sequence``,
+        and ``Nats-Batch-Commit`` on the last): about 55 bytes more each.
 
         Raises:
             ValueError: no messages, or more than ``BATCH_MAX``.
@@ -449,7 +452,9 @@ class Broker:
         """
         if not messages or len(messages) > BATCH_MAX:
             raise ValueError(f"a batch holds 1 to {BATCH_MAX} messages, not {len(messages)}")
-        batch_id = uuid.uuid4().hex
+        # Stored with every message of the batch: short (12 characters, 72 random bits, unique
+        # enough among the batches in flight on one stream).
+        batch_id = secrets.token_urlsafe(9)
         last = len(messages) - 1
         for i, (subject, data, headers) in enumerate(messages[:last]):
             marks = {h.BATCH_ID: batch_id, h.BATCH_SEQUENCE: str(i + 1)}
