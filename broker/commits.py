@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
 from sojourn.schemas.errors import JetStreamError, PermissionDenied
@@ -72,9 +73,9 @@ class GroupCommit:
 
     def __init__(self, broker: Broker) -> None:
         self._b = broker
-        self._queue: list[_Waiting] = []
+        self._queue: deque[_Waiting] = deque()
         self._busy = False
-        self._drain: asyncio.Task[None] | None = None
+        self._drain: asyncio.Task[None] | None = None  # held: a task nobody holds may vanish
         self.batching = True
         self.batches = 0
         self.batched = 0
@@ -129,11 +130,11 @@ class GroupCommit:
         while self._queue and len(group) < BATCH_MAX:
             w = self._queue[0]
             if w.answer.done():  # its caller was cancelled: never sent
-                self._queue.pop(0)
+                self._queue.popleft()
                 continue
             if group and size + len(w.data) > BATCH_BYTES:
                 break
-            group.append(self._queue.pop(0))
+            group.append(self._queue.popleft())
             size += len(w.data)
         return group
 
@@ -150,7 +151,7 @@ class GroupCommit:
             ack = None
         except Exception as e:  # no answer, no connection: the same for every caller
             for w in group:
-                _settle(w, exc=e)
+                _fail(w, e)
             return
         if isinstance(ack, PublishAck):
             self.batches += 1
@@ -174,18 +175,19 @@ class GroupCommit:
         try:
             ack = await self._b.try_publish(w.subject, w.data, w.headers, timeout=w.timeout)
         except Exception as e:
-            _settle(w, exc=e)
+            _fail(w, e)
         else:
             _settle(w, ack)
 
 
-def _settle(
-    w: _Waiting, ack: PublishAck | JetStreamError | None = None, *, exc: BaseException | None = None
-) -> None:
-    if w.answer.done():  # the caller was cancelled meanwhile: the answer goes nowhere
-        return
-    if exc is not None:
-        w.answer.set_exception(exc)
-    else:
-        assert ack is not None
+# A caller cancelled meanwhile has no answer to receive: it goes nowhere.
+
+
+def _settle(w: _Waiting, ack: PublishAck | JetStreamError) -> None:
+    if not w.answer.done():
         w.answer.set_result(ack)
+
+
+def _fail(w: _Waiting, error: Exception) -> None:
+    if not w.answer.done():
+        w.answer.set_exception(error)

@@ -555,7 +555,7 @@ def _worker_families(workers: list[Any]) -> Iterable[Metric]:
         "Timers this process keeps (of runs it parked with a deadline in the next minutes).",
     )
     timers.add_metric([], float(sum(len(w.timers) for w in workers)))
-    commits = [w.store.commits for w in workers if "store" in vars(w)]
+    commits = [w.store.commits for w in workers]  # tracked once started: a store each
     batches = CounterMetricFamily(
         "sojourn_append_batches", "Atomic batches of appends stored (group commit)."
     )

@@ -4,30 +4,21 @@ go as one atomic batch, and each caller still gets its own answer."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 
-from sojourn.broker import Broker, EmbeddedServer, EventStore, Names
+from sojourn.broker import EventStore
 from sojourn.broker.topology import ensure_topology
-from sojourn.schemas import ConcurrencyConflict, RunEvent, RunStarted, StepStarted, to_raw
+from sojourn.schemas import ConcurrencyConflict, RunEvent, StepStarted
 from sojourn.schemas.config import Settings
+from tests.broker import test_eventstore
+from tests.broker.test_eventstore import started
+
+store = test_eventstore.store  # a connection with the deployment's topology, and its store
 
 
-@pytest_asyncio.fixture
-async def store(nats_server: EmbeddedServer, settings: Settings) -> AsyncIterator[EventStore]:
-    broker = await Broker.connect(nats_server.url)
-    names = Names(settings.prefix)
-    await ensure_topology(broker, names, settings)
-    try:
-        yield EventStore(broker, names, settings)
-    finally:
-        await broker.close()
-
-
-def started(run_id: str) -> list[RunEvent]:
-    return [RunStarted(run_id=run_id, agent="a", input=to_raw({"x": 1}))]
+def opened(run_id: str) -> list[RunEvent]:
+    return [started(run_id)]
 
 
 def step(position: int) -> list[RunEvent]:
@@ -36,7 +27,7 @@ def step(position: int) -> list[RunEvent]:
 
 async def open_runs(store: EventStore, runs: list[str]) -> dict[str, int]:
     seqs = await asyncio.gather(
-        *(store.append(r, started(r), expected_seq=0, writer="w") for r in runs)
+        *(store.append(r, opened(r), expected_seq=0, writer="w") for r in runs)
     )
     return dict(zip(runs, seqs, strict=True))
 
@@ -59,7 +50,7 @@ async def test_appends_waiting_together_go_as_one_batch_each_with_its_own_sequen
 
 
 async def test_a_lone_append_goes_alone(store: EventStore) -> None:
-    seq = await store.append("alone", started("alone"), expected_seq=0, writer="w")
+    seq = await store.append("alone", opened("alone"), expected_seq=0, writer="w")
     await store.append("alone", step(0), expected_seq=seq, writer="w")
     assert (store.commits.batches, store.commits.batched) == (0, 0)
 
