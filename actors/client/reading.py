@@ -200,9 +200,12 @@ class RunReading(ClientBase):
                 changed.set()
 
         # Subscribe first, then look at the last stored message: whichever way the end
-        # arrives, it is seen, and only one message is read (not the whole history).
+        # arrives, it is seen, and only one message is read (not the whole history). No flush
+        # between them: the server reads this connection's SUB before the look sent after it
+        # (both go out in one write), so an end published once it has the SUB is heard, and
+        # one stored before the look is read; what a cluster's routes or a lagging replica may
+        # hide meanwhile, the looks below find (a flush would not: it waits for our server).
         sub = await self.broker.subscribe(self.names.events(run_id), cb=on_event)
-        await self.broker.flush()  # the server has our SUB before we look: nothing slips by
         # An end published just before the SUB is never heard, and may be stored only after
         # the first look: look again shortly (2, 4, 8 ... 512 ms) before the 5 s cadence.
         hinted = 1
