@@ -404,9 +404,13 @@ async def test_a_429_blocks_the_limit_for_every_run_then_the_fleet_resumes_at_th
     # every run backed off together: nothing reached the provider in the block
     inside = [at for _, _, at in got if first + 0.5 <= at < until]
     assert inside == []
-    # then the fleet's rate resumes at the limit: 20/s, give or take one call
-    resumed = sorted(at for _, outcome, at in got if outcome == "ok" and at >= until)
-    window = [t for t in resumed if t < resumed[0] + 5.0]
-    assert 0.95 * 100 <= len(window) <= 101, len(window)
+    # then the fleet's rate resumes at the limit, 20/s: counted on the slots the limit granted
+    # the calls after the block (a call's own time adds its process's scheduling jitter)
+    resumed = {run for run, outcome, at in got if outcome == "ok" and at >= until}
+    slots = await slots_of(client, sorted(resumed))
+    granted = sorted(slot for slot, _ in slots.values())
+    assert most_in_window(granted, 5.0) <= 100
+    first_five = [t for t in granted if t < granted[0] + 5.0 - EPS]
+    assert 0.95 * 100 <= len(first_five), len(first_five)
     record = await client.limit("api")
     assert record is not None and record.blocks >= 1
