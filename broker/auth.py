@@ -196,8 +196,8 @@ def _never(names: Names) -> list[str]:
 def _retention(names: Names) -> list[str]:
     """Retention (the watchdog's archiver): write archived histories to the object store,
     purge an ended run's subjects from the streams that hold them (its events, wakes and
-    timers, lease, output, watchdog claim and wedge record), mark its view archived, and hold
-    the archiver's leadership."""
+    timers, lease, output, watchdog claim and wedge record) and the keyed starts' records
+    nothing needs any more, mark its view archived, and hold the archiver's leadership."""
     archive = names.archive_stream
     return [
         f"$O.{names.archive_bucket}.>",
@@ -211,6 +211,7 @@ def _retention(names: Names) -> list[str]:
                 names.leases_stream,
                 names.output_stream,
                 names.health_stream,
+                names.schedules_stream,  # keyed starts' records nothing needs (decision 0053)
             )
         ),
         names.run_keys_all,

@@ -57,6 +57,14 @@ def report_lines(report: ArchiveReport) -> list[str]:
     else:
         lines.append(f"events stream: {_size(report.bytes_before)} -> {_size(report.bytes_after)}")
     lines += [f"  error: {run_id}: {why}" for run_id, why in sorted(report.errors.items())]
+    keyed = sum(report.keyed.values())
+    if keyed or report.keyed_errors:
+        kinds = ", ".join(f"{k} {n}" for k, n in report.keyed.items() if n)
+        lines.append(
+            f"{'would remove' if report.dry_run else 'removed'} {keyed} keyed start record(s)"
+            f"{f' ({kinds})' if kinds else ''}; {len(report.keyed_errors)} error(s)"
+        )
+        lines += [f"  error: {s}: {why}" for s, why in sorted(report.keyed_errors.items())]
     return lines
 
 
@@ -71,7 +79,7 @@ async def cmd_archive(args: argparse.Namespace) -> int:
     else:
         for line in report_lines(report):
             out(line)
-    return EXIT_ERROR if report.errors else EXIT_OK
+    return EXIT_ERROR if report.errors or report.keyed_errors else EXIT_OK
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -95,7 +103,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         help="move at most this many runs, oldest end first (default: all that are due)",
     )
     p.add_argument(
-        "--dry-run", action="store_true", help="list the runs that would move; change nothing"
+        "--dry-run",
+        action="store_true",
+        help="list the runs that would move (and count the keyed records); change nothing",
     )
     add_json(p, "print the pass's report as JSON")
 
@@ -111,8 +121,10 @@ COMMANDS = (
         "bucket <PREFIX>_ARCHIVE, reads the copy back and compares it, then purges the run's "
         "events, wakes, timers, lease and output. `sojourn history` and `sojourn status` "
         "still read archived runs. Runs that have not ended are never touched, nor a child "
-        "run whose parent has not ended. Needs watchdog or admin credentials. Exits 1 if "
-        "any run could not be moved (it stays hot; the next pass retries it).",
+        "run whose parent has not ended. Then removes the keyed starts' records (singleton, "
+        "debounce, concurrency keys) nothing needs any more and as old. Needs watchdog or "
+        "admin credentials. Exits 1 if any run could not be moved (it stays hot; the next "
+        "pass retries it) or a keyed record could not be judged or removed.",
         arguments=_arguments,
     ),
 )

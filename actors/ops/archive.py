@@ -54,6 +54,7 @@ from sojourn.schemas.lifecycle import TERMINAL_EVENTS
 from sojourn.schemas.names import validate_token
 from sojourn.schemas.views import RunView
 
+from .keyed import KeyedKind, KeyedRecords
 from .metrics import ARCHIVE_ERRORS, ARCHIVED_RUNS
 
 __all__ = [
@@ -107,6 +108,9 @@ class ArchiveReport:
             ``parent_live``, ``empty``).
         errors: runs that could not be moved this pass (left hot), with the stage and error.
         bytes_before / bytes_after: the events stream's size around the pass.
+        keyed: keyed starts' records removed (or, in a dry run, that would be), by kind
+            (``actors/ops/keyed.py``); keyed_errors: those that could not be judged or
+            removed (subject -> error), left for the next pass.
     """
 
     now: float
@@ -119,6 +123,8 @@ class ArchiveReport:
     errors: dict[str, str] = field(default_factory=dict)
     bytes_before: int = 0
     bytes_after: int = 0
+    keyed: dict[KeyedKind, int] = field(default_factory=dict)
+    keyed_errors: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready builtins (``sojourn archive --json``)."""
@@ -134,6 +140,8 @@ class ArchiveReport:
             "errors": self.errors,
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
+            "keyed": self.keyed,
+            "keyed_errors": self.keyed_errors,
         }
 
 
@@ -248,6 +256,9 @@ class Archiver:
 
         await asyncio.gather(*(one(r) for r in due))
         report.bytes_after = await self._stream_bytes()
+        # Then the keyed starts' records that nothing needs any more (decision 0053).
+        keyed = KeyedRecords(self.broker, self.names, self.archive)
+        report.keyed, report.keyed_errors = await keyed.sweep(report.cutoff, dry_run=dry_run)
         return report
 
     async def due(self, now: float, limit: int | None = None) -> list[str]:

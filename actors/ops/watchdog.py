@@ -202,11 +202,15 @@ class Watchdog:
                 if await archiver.lead(max(3 * self.archive_every, 60.0)):
                     report = await archiver.run_pass(now=self.clock())
                     self.archive_passes += 1
-                    if report.moved or report.errors:
+                    keyed = sum(report.keyed.values())
+                    if report.moved or report.errors or keyed or report.keyed_errors:
                         log.info(
-                            "retention: %d run(s) left the hot streams, %d stay for errors",
+                            "retention: %d run(s) left the hot streams, %d stay for errors; "
+                            "%d keyed start record(s) removed, %d stay for errors",
                             len(report.moved),
                             len(report.errors),
+                            keyed,
+                            len(report.keyed_errors),
                         )
             except asyncio.CancelledError:
                 raise

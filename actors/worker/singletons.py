@@ -26,15 +26,13 @@ from sojourn.broker.delivery import Delivery
 from sojourn.broker.flow import FlowStore
 from sojourn.broker.names import InboxSubject
 from sojourn.schemas.attributes import InvalidAttributes, validate_attributes
-from sojourn.schemas.codec import decode_events
-from sojourn.schemas.errors import ConcurrencyConflict, HistoryError, InvalidName
+from sojourn.schemas.errors import ConcurrencyConflict, InvalidName
 from sojourn.schemas.flow import SingletonRecord, key_fault, key_token
-from sojourn.schemas.lifecycle import TERMINAL_EVENTS
 from sojourn.schemas.names import validate_token
 from sojourn.schemas.wire import IntakeOk, StartTrigger
 
 from ..agents.agent import Agent
-from ..history.chain import current_run
+from ..history.keyed import singleton_run
 from ..ops import metrics
 from .faults import fault
 from .opening import Opening
@@ -138,7 +136,7 @@ class Singletons:
             if rec is not None and (rec.agent, rec.key) == (agent_name, key):
                 if rec.run_id == run_id:
                     break  # this start's own record (a redelivery): create the run
-                live = await self._live(rec)
+                live, _ = await singleton_run(self.broker, self.names, rec)
                 if live is not None:
                     metrics.STARTS_ATTACHED.labels(metrics.agent_label(agent_name)).inc()
                     answer = IntakeOk(run_id=live, created=False, attached=True)
@@ -161,28 +159,3 @@ class Singletons:
         fault("singleton_recorded", run_id)
         trigger = msgspec.structs.replace(trigger, run_id=run_id)
         return await self.starts.create(msg, agent_name, trigger, sender=inbox.sender)
-
-    async def _live(self, rec: SingletonRecord) -> str | None:
-        """The run ``rec`` stands for if it is live (its chain's current run), else ``None``:
-        it ended, or it never will exist."""
-        try:
-            rid, last = await current_run(self.broker, self.names, rec.run_id)
-        except HistoryError:
-            return rec.run_id  # a chain too long to follow now is not an ended one
-        if last is None:
-            return rec.run_id if await self._pending(rec) else None
-        try:
-            events = decode_events(last.data)
-        except msgspec.MsgspecError:
-            return None  # a poison history is not a live run
-        if events and isinstance(events[-1], TERMINAL_EVENTS):
-            return None
-        return rid
-
-    async def _pending(self, rec: SingletonRecord) -> bool:
-        """Whether the start that wrote ``rec`` is still in the inbox (a work queue: it is
-        removed once acknowledged), so that the run it names may still be created."""
-        stored = await self.broker.direct_get_next(
-            self.names.inbox_stream, f"{self.names.prefix}.>", rec.inbox_seq
-        )
-        return stored is not None and stored.seq == rec.inbox_seq

@@ -20,7 +20,10 @@ from sojourn.broker.eventstore import EventStore
 from sojourn.schemas.codec import to_raw
 from sojourn.schemas.config import Settings
 from sojourn.schemas.events import RunCompleted
-from tests.actors.ops.test_retention import append_run, broker  # noqa: F401 (a fixture)
+from tests.actors.ops import test_retention
+from tests.actors.ops.test_retention import append_run
+
+broker = test_retention.broker  # a connection with the deployment's topology
 
 
 async def test_an_ended_run_answers_with_one_look_and_no_flush(
@@ -61,7 +64,9 @@ async def test_an_end_stored_while_result_subscribes_is_never_missed(
         history = await append_run(store, run_id, end="waiting")
         delay = rng.choice([0.0, 0.0002, 0.0005, 0.001, 0.002, 0.004])
 
-        async def end(run_id: str = run_id, seq: int = history[-1].seq, delay: float = delay) -> None:
+        async def end(
+            run_id: str = run_id, seq: int = history[-1].seq, delay: float = delay
+        ) -> None:
             await asyncio.sleep(delay)
             done = RunCompleted(output=to_raw({"ok": run_id}))
             await store.append(run_id, [done], expected_seq=seq, writer="w-end")

@@ -23,10 +23,12 @@ import pytest_asyncio
 
 from sojourn.actors import Client, TriggerRejected, Watchdog, Worker
 from sojourn.actors.ops.archive import Archiver, RetentionUnavailable
+from sojourn.actors.ops.keyed import KeyedRecords
 from sojourn.broker import Broker, EmbeddedServer, Names
 from sojourn.broker.archive import ArchiveStore
 from sojourn.broker.auth import AuthUser
 from sojourn.broker.eventstore import Decision, EventStore
+from sojourn.broker.flow import FlowStore
 from sojourn.broker.topology import ensure_topology
 from sojourn.projections.summary import summarize_all
 from sojourn.projections.views import view_of
@@ -42,7 +44,7 @@ from sojourn.schemas.events import (
     StepStarted,
     WaitStarted,
 )
-from sojourn.schemas.flow import debounced_run_id
+from sojourn.schemas.flow import SingletonRecord, debounced_run_id, key_token
 from tests.actors.cli.test_cli import sojourn
 from tests.apps.keyed import latest
 from tests.conftest import wait_for
@@ -422,30 +424,57 @@ async def auth_server(
         await srv.stop()
 
 
-async def test_only_the_watchdog_role_may_purge_history(auth_server: EmbeddedServer) -> None:
+@pytest_asyncio.fixture
+async def brokers(auth_server: EmbeddedServer) -> AsyncIterator[dict[str, Broker]]:
+    """A connection per role (worker, client, watchdog) to the deployment, its topology made."""
+    connected: dict[str, Broker] = {}
+    try:
+        for role in ("worker", "client", "watchdog"):
+            connected[role] = await Broker.connect(auth_server.url_for(role))
+        await ensure_topology(connected["worker"], Names(PREFIX), Settings(prefix=PREFIX))
+        yield connected
+    finally:
+        for b in connected.values():
+            await b.close()
+
+
+async def test_only_the_watchdog_role_may_purge_history(brokers: dict[str, Broker]) -> None:
     settings = Settings(prefix=PREFIX, lease_ttl=2.0)
     names = Names(PREFIX)
-    brokers = {
-        r: await Broker.connect(auth_server.url_for(r)) for r in ("worker", "client", "watchdog")
-    }
-    try:
-        await ensure_topology(brokers["worker"], names, settings)
-        store = EventStore(brokers["worker"], names, settings)
-        history = await append_run(store, "secured")
-        await put_view(brokers["worker"], names, history)  # the projector runs as a worker
-        purge = f"$JS.API.STREAM.PURGE.{names.events_stream}"
-        for role in ("worker", "client"):
-            with pytest.raises(PermissionDenied):
-                await brokers[role].api(purge, {"filter": names.events("secured")})
-        assert await store.load("secured") == history
+    store = EventStore(brokers["worker"], names, settings)
+    history = await append_run(store, "secured")
+    await put_view(brokers["worker"], names, history)  # the projector runs as a worker
+    purge = f"$JS.API.STREAM.PURGE.{names.events_stream}"
+    for role in ("worker", "client"):
+        with pytest.raises(PermissionDenied):
+            await brokers[role].api(purge, {"filter": names.events("secured")})
+    assert await store.load("secured") == history
 
-        report = await Archiver(brokers["watchdog"], settings, retain_ended=MONTH).run_pass(
-            now=later()
-        )
-        assert report.errors == {} and report.moved == {"secured": "archived"}
-        assert await store.load("secured") == []
-        async with Client(brokers["client"], settings) as c:  # a client reads the archive
-            assert await c.history("secured") == history
-    finally:
-        for b in brokers.values():
-            await b.close()
+    report = await Archiver(brokers["watchdog"], settings, retain_ended=MONTH).run_pass(now=later())
+    assert report.errors == {} and report.moved == {"secured": "archived"}
+    assert await store.load("secured") == []
+    async with Client(brokers["client"], settings) as c:  # a client reads the archive
+        assert await c.history("secured") == history
+
+
+async def test_the_watchdog_removes_a_dead_keyed_record_under_least_privilege(
+    brokers: dict[str, Broker],
+) -> None:
+    """Retention's sweep of keyed starts' records (decision 0053) runs as the watchdog: it may
+    purge the schedules stream, which a client may not."""
+    settings = Settings(prefix=PREFIX, lease_ttl=2.0)
+    names = Names(PREFIX)
+    dead = SingletonRecord(agent="a", key="k", run_id="gone", inbox_seq=10**12, at=time.time())
+    await FlowStore(brokers["worker"], names).put_singleton(key_token("k"), dead, 0)
+    subject = FlowStore.subject(names, "single", "a", key_token("k"))
+    # Credentials that may not purge the stream (a client's; a watchdog's rendered before
+    # this sweep existed): one error that says what to do, not one per record.
+    archive = ArchiveStore(brokers["client"], names)
+    sweep = KeyedRecords(brokers["client"], names, archive)
+    removed, errors = await sweep.sweep(later())
+    assert sum(removed.values()) == 0
+    assert list(errors) == [names.schedules_stream] and "render them again" in str(errors)
+    assert await brokers["worker"].direct_get_last(names.schedules_stream, subject) is not None
+    report = await Archiver(brokers["watchdog"], settings, retain_ended=MONTH).run_pass(now=later())
+    assert report.keyed_errors == {} and report.keyed["singleton"] == 1
+    assert await brokers["worker"].direct_get_last(names.schedules_stream, subject) is None
