@@ -518,14 +518,16 @@ class Broker:
         self, stream: str, subject: str, seq: int, batch: int, *, timeout: float = 10.0
     ) -> tuple[list[StoredMessage], int]:
         """Up to ``batch`` messages matching ``subject`` (wildcards allowed) from ``seq`` on,
-        and how many more match after them."""
+        and how many more match after them; fewer when they pass ``BATCH_MAX_BYTES`` (at least
+        one: go on from the last one's sequence)."""
         return await self._direct.batch(stream, subject, seq, batch, timeout)
 
     async def direct_get_last_of(
         self, stream: str, subjects: list[str], *, limit: int = 1, timeout: float = 10.0
     ) -> list[StoredMessage]:
         """The last message of each subject matching any of ``subjects`` (wildcards allowed),
-        at most ``limit`` of them, in stream order; ``[]`` when none matches."""
+        at most ``limit`` of them and ``BATCH_MAX_BYTES`` (but at least one), in stream order;
+        ``[]`` when none matches."""
         return await self._direct.last_of(stream, subjects, limit, timeout)
 
     # --- streams and consumers ---------------------------------------------------------------

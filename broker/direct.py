@@ -25,7 +25,7 @@ from . import headers as h
 from .delivery import StoredMessage
 from .denials import Denials
 
-__all__ = ["DirectReads"]
+__all__ = ["BATCH_MAX_BYTES", "DirectReads"]
 
 T = TypeVar("T")
 
@@ -34,6 +34,12 @@ _MISSING = ("404", "503")
 deployment prefix nothing has used answers 503, no responders). A 503 from a stream that does
 exist means no replica could answer (a cluster electing a leader): ``_nobody_answered``
 raises ``BrokerUnavailable`` then, never "nothing stored"."""
+
+
+BATCH_MAX_BYTES = 8 * 2**20
+"""The most bytes one batched direct get asks the server for (its ``max_bytes``): a page of
+1,000 messages of up to ``max_payload`` each could otherwise be a gigabyte in one answer. A
+page cut short says how many more match, and the reader goes on from where it stopped."""
 
 
 def _status_of(msg: Msg) -> str | None:
@@ -134,7 +140,9 @@ class DirectReads:
     ) -> tuple[list[StoredMessage], int]:
         """Up to ``batch`` messages matching ``subject`` (wildcards allowed) from ``seq`` on,
         and how many more match after them."""
-        req = msgspec.json.encode({"seq": seq, "batch": batch, "next_by_subj": subject})
+        req = msgspec.json.encode(
+            {"seq": seq, "batch": batch, "next_by_subj": subject, "max_bytes": BATCH_MAX_BYTES}
+        )
         return await self._batched(stream, req, subject, timeout)
 
     async def last_of(
@@ -142,7 +150,9 @@ class DirectReads:
     ) -> list[StoredMessage]:
         """The last message of each subject matching any of ``subjects`` (wildcards allowed),
         at most ``batch`` of them, in stream order: one request however many filters."""
-        req = msgspec.json.encode({"multi_last": subjects, "batch": batch})
+        req = msgspec.json.encode(
+            {"multi_last": subjects, "batch": batch, "max_bytes": BATCH_MAX_BYTES}
+        )
         msgs, _ = await self._batched(stream, req, " or ".join(subjects), timeout)
         return msgs
 

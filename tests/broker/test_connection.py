@@ -243,3 +243,32 @@ async def test_the_last_of_several_filters_in_one_read(
     finally:
         await b.api(f"$JS.API.STREAM.DELETE.{name}")
         await b.close()
+
+
+async def test_a_batched_read_is_bounded_in_bytes_and_pages_on(
+    nats_server: EmbeddedServer, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batched direct get asks for at most ``BATCH_MAX_BYTES``: a page of large messages is
+    cut short, says how many more match, and paging on reads every one, in order."""
+    from sojourn.broker import direct
+
+    monkeypatch.setattr(direct, "BATCH_MAX_BYTES", 1_000_000)
+    b = await Broker.connect(nats_server.url)
+    p = f"{settings.prefix}.big"
+    name = f"{settings.prefix.upper()}_BIG"
+    try:
+        await b.api(
+            f"$JS.API.STREAM.CREATE.{name}",
+            {"name": name, "subjects": [f"{p}.>"], "storage": "memory", "allow_direct": True},
+        )
+        for i in range(12):
+            await b.publish(f"{p}.{i}", bytes([i]) * 200_000)
+        first, pending = await b.direct_get_batch(name, f"{p}.*", 1, 1000)
+        assert 1 <= len(first) <= 5 and pending == 12 - len(first)
+        every = await b.direct_get_range(name, f"{p}.*")
+        assert [m.data[:1] for m in every] == [bytes([i]) for i in range(12)]
+        last = await b.direct_get_last_of(name, [f"{p}.*"], limit=1000)
+        assert 1 <= len(last) <= 5
+    finally:
+        await b.api(f"$JS.API.STREAM.DELETE.{name}")
+        await b.close()
