@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from sojourn.broker import BROKER_ERRORS
 from sojourn.broker.archive import ArchiveStore
 from sojourn.broker.connection import Broker, JetStreamError
 from sojourn.broker.delivery import StoredMessage
@@ -43,12 +44,12 @@ from sojourn.schemas.codec import (
     decode_singleton_record,
     decode_slots_record,
 )
-from sojourn.schemas.errors import PermissionDenied
+from sojourn.schemas.errors import PermissionDenied, SojournError
 from sojourn.schemas.flow import key_token
 
 from ..history.keyed import recorded_pending, singleton_run
 
-__all__ = ["KEYED_KINDS", "KeyedKind", "KeyedRecords"]
+__all__ = ["ERRORS_MAX", "KEYED_KINDS", "KeyedKind", "KeyedRecords"]
 
 log = logging.getLogger("sojourn.archive")
 
@@ -60,6 +61,9 @@ _SUBJECT_KIND: dict[KeyedKind, str] = {
     "fire": "fire",
     "slots": "slots",
 }
+ERRORS_MAX = 100
+"""Records left for errors after which a sweep stops (the broker is in trouble: the next pass
+goes on)."""
 _PAGE = 1000
 _CONCURRENCY = 16
 _STREAM_NOT_FOUND = 10059
@@ -104,16 +108,24 @@ class KeyedRecords:
                     denied.append(e)
                     return
                 except Exception as e:  # one record's trouble never stops the sweep
-                    errors[m.subject] = f"{type(e).__name__}: {e}"
-                    log.warning("retention: keyed record %r stays: %s", m.subject, e)
+                    if len(errors) < ERRORS_MAX:
+                        errors[m.subject] = f"{type(e).__name__}: {e}"
+                        log.warning("retention: keyed record %r stays: %s", m.subject, e)
                     return
             removed[kind] += 1
 
         for kind in KEYED_KINDS:
             pattern = f"{self.names.prefix}.schedule.flow.{_SUBJECT_KIND[kind]}.>"
             seq = 1
-            while True:
-                msgs, pending = await self.broker.direct_get_batch(self.stream, pattern, seq, _PAGE)
+            while len(errors) < ERRORS_MAX:
+                try:
+                    msgs, pending = await self.broker.direct_get_batch(
+                        self.stream, pattern, seq, _PAGE
+                    )
+                except (*BROKER_ERRORS, SojournError) as e:  # the next pass reads them again
+                    errors[pattern] = f"{type(e).__name__}: {e}"
+                    log.warning("retention: cannot read %r: %s", pattern, e)
+                    break
                 old = [m for m in msgs if m.time < cutoff]
                 await asyncio.gather(*(one(kind, m) for m in old))
                 if denied or not msgs or pending == 0:
