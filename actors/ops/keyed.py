@@ -64,6 +64,7 @@ _SUBJECT_KIND: dict[KeyedKind, str] = {
 ERRORS_MAX = 100
 """Records left for errors after which a sweep stops (the broker is in trouble: the next pass
 goes on)."""
+_READ_ERRORS: tuple[type[BaseException], ...] = (*BROKER_ERRORS, SojournError)
 _PAGE = 1000
 _CONCURRENCY = 16
 _STREAM_NOT_FOUND = 10059
@@ -122,7 +123,7 @@ class KeyedRecords:
                     msgs, pending = await self.broker.direct_get_batch(
                         self.stream, pattern, seq, _PAGE
                     )
-                except (*BROKER_ERRORS, SojournError) as e:  # the next pass reads them again
+                except _READ_ERRORS as e:  # the next pass reads them again
                     errors[pattern] = f"{type(e).__name__}: {e}"
                     log.warning("retention: cannot read %r: %s", pattern, e)
                     break
