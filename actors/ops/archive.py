@@ -215,10 +215,16 @@ class Archiver:
         return True
 
     async def run_pass(
-        self, *, now: float | None = None, limit: int | None = None, dry_run: bool = False
+        self,
+        *,
+        now: float | None = None,
+        limit: int | None = None,
+        dry_run: bool = False,
+        keyed: bool = True,
     ) -> ArchiveReport:
         """One pass over the runs due at ``now`` (default: the wall clock), at most ``limit``
-        of them, oldest end first. With ``dry_run`` nothing is written.
+        of them, oldest end first, then (with ``keyed``) over the keyed starts' records. With
+        ``dry_run`` nothing is written.
 
         Raises:
             RetentionUnavailable: the events stream denies purge.
@@ -256,9 +262,9 @@ class Archiver:
 
         await asyncio.gather(*(one(r) for r in due))
         report.bytes_after = await self._stream_bytes()
-        # Then the keyed starts' records that nothing needs any more (decision 0053).
-        keyed = KeyedRecords(self.broker, self.names, self.archive)
-        report.keyed, report.keyed_errors = await keyed.sweep(report.cutoff, dry_run=dry_run)
+        if keyed:  # then the keyed starts' records that nothing needs any more (0053)
+            sweep = KeyedRecords(self.broker, self.names, self.archive)
+            report.keyed, report.keyed_errors = await sweep.sweep(report.cutoff, dry_run=dry_run)
         return report
 
     async def due(self, now: float, limit: int | None = None) -> list[str]:

@@ -15,9 +15,10 @@ watchdog claims the action with a compare-and-set on ``<prefix>.watch.<run_id>``
 names the problem (state and the run's last event), so of several watchdogs that see the same
 problem exactly one acts, and the same problem is acted on again only after ``rewake_every``.
 
-With ``Settings.retain_ended`` set, the watchdog also runs retention (``actors._archive``) every
-``archive_every`` seconds: ended runs older than that leave the hot streams. Of several
-watchdogs, the one holding the archiver's leader record (``<prefix>.leader.archiver``) does.
+With ``Settings.retain_ended`` set, the watchdog also runs retention (``actors/ops/archive.py``)
+every ``archive_every`` seconds: ended runs older than that leave the hot streams, and once an
+hour the keyed starts' records nothing needs any more. Of several watchdogs, the one holding the
+archiver's leader record (``<prefix>.leader.archiver``) does.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ __all__ = ["REWAKE_STATES", "Watchdog"]
 log = logging.getLogger("sojourn.watchdog")
 
 REWAKE_STATES = ("stalled", "orphaned", "overdue")
+KEYED_SWEEP_EVERY = 3600.0
+"""Seconds between two sweeps of the keyed starts' records by the periodic retention pass
+(decision 0053): each judges every keyed record older than the cutoff, a few direct gets for
+each live one, so they come once an hour rather than with every pass of the runs."""
 
 
 class Watchdog:
@@ -110,6 +115,8 @@ class Watchdog:
         self.clock = clock
         self.archiver: Archiver | None = None
         self.archive_passes = 0
+        self.keyed_sweeps = 0
+        """Retention passes that swept the keyed starts' records too (``KEYED_SWEEP_EVERY``)."""
         self._archive_task: asyncio.Task[None] | None = None
 
     async def _open(self) -> None:
@@ -195,13 +202,19 @@ class Watchdog:
     async def _archive_loop(self, archiver: Archiver) -> None:
         """A retention pass every ``archive_every`` seconds while this watchdog leads the
         archivers (the record outlives two missed passes, and at least a minute, then another
-        watchdog takes over)."""
+        watchdog takes over); the keyed starts' records in one pass an hour
+        (``KEYED_SWEEP_EVERY``)."""
         me = asyncio.current_task()
+        swept = -KEYED_SWEEP_EVERY
         while not self._stopping and not (me is not None and me.cancelling()):
             try:
                 if await archiver.lead(max(3 * self.archive_every, 60.0)):
-                    report = await archiver.run_pass(now=self.clock())
+                    now = self.clock()
+                    sweep = now - swept >= KEYED_SWEEP_EVERY
+                    report = await archiver.run_pass(now=now, keyed=sweep)
+                    swept = now if sweep else swept
                     self.archive_passes += 1
+                    self.keyed_sweeps += 1 if sweep else 0
                     keyed = sum(report.keyed.values())
                     if report.moved or report.errors or keyed or report.keyed_errors:
                         log.info(

@@ -372,6 +372,9 @@ async def test_the_watchdog_archives_periodically_and_one_leads(
     store = EventStore(broker, names, settings)
     await put_view(broker, names, await append_run(store, "wd-old"))
     await put_view(broker, names, await append_run(store, "wd-live", end="waiting"))
+    dead = SingletonRecord(agent="a", key="k", run_id="gone", inbox_seq=10**12, at=time.time())
+    await FlowStore(broker, names).put_singleton(key_token("k"), dead, 0)
+    record = FlowStore.subject(names, "single", "a", key_token("k"))
     retained = Settings(prefix=settings.prefix, lease_ttl=settings.lease_ttl, retain_ended=MONTH)
     one = Watchdog(broker=broker, settings=retained, archive_every=0.2, clock=later)
     two = Watchdog(broker=broker, settings=retained, archive_every=0.2, clock=later)
@@ -387,6 +390,10 @@ async def test_the_watchdog_archives_periodically_and_one_leads(
             what="a few more passes",
         )
         assert (one.archive_passes == 0) != (two.archive_passes == 0)  # one leader
+        # The keyed starts' records: swept by the first pass, then once an hour, not with
+        # every pass of the runs.
+        assert await broker.direct_get_last(names.schedules_stream, record) is None
+        assert one.keyed_sweeps + two.keyed_sweeps == 1
     assert len(await store.load("wd-live")) == 4
 
 
