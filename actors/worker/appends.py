@@ -349,6 +349,7 @@ class Appender:
                 first += await self.values.externalize(batch)
                 if len(encode_events(first)) > self.store.max_decision:
                     first = [opening.started]
+            opening.sent.set()  # its publish is queued before this task next waits
             seq, earlier = await self.store.append_once(
                 self.run_id, first, expected_seq=0, writer=self.writer, msg_id=opening.msg_id
             )

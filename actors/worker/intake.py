@@ -21,6 +21,7 @@ makes of them. What it refuses, ``worker/refusals.py`` screens, dead-letters and
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -156,9 +157,16 @@ class Intake:
             return None, PRIORITY_DEFAULT, None
         return events[0].agent, events[0].priority, events[0].fairness
 
-    async def handle(self, msg: Delivery, screened: Screened | None = None) -> None:
+    async def handle(
+        self,
+        msg: Delivery,
+        screened: Screened | None = None,
+        progress: asyncio.Event | None = None,
+    ) -> None:
         """Process one inbox message and settle it (ack, or nak to retry later).
-        ``screened``: what ``Refusals.screen`` said of it, when the caller asked already."""
+        ``screened``: what ``Refusals.screen`` said of it, when the caller asked already.
+        ``progress`` (a start's): set once the run it opens has its first append handed to
+        the broker (``Opening.sent``); the caller sets it anyway when this returns."""
         screened = screened or self.refusals.screen(msg)
         if screened.rejected is not None:
             await self.refusals.refuse(msg, screened)
@@ -171,6 +179,8 @@ class Intake:
             if inbox.kind in ("start", "spawn"):
                 started = await self.starts.start(msg, inbox)
                 if isinstance(started, Opening):
+                    if progress is not None:
+                        started.sent = progress  # read by its activation's first append
                     started = await self._open(started, msg)
                 if started is None:
                     return

@@ -55,6 +55,10 @@ class Opening:
         self.look = look
         self.settled: asyncio.Future[OpenedAs] = asyncio.get_running_loop().create_future()
         """How the opening append ended (or the error it ended with)."""
+        self.sent = asyncio.Event()
+        """Set once the opening append is handed to the broker (the intake's loop fetches
+        again then: its next pull request goes out with the append, not before it). The
+        intake may give it its own event (``Intake.handle``'s ``progress``)."""
 
     @property
     def run_id(self) -> str:
