@@ -4,6 +4,7 @@ options (credentials, TLS files) that cannot be used."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -210,19 +211,32 @@ async def test_a_direct_get_nobody_answers_is_absent_only_when_the_stream_is(
         await b.close()
 
 
-async def test_the_last_of_several_filters_in_one_read(
-    nats_server: EmbeddedServer, settings: Settings
-) -> None:
-    """``direct_get_last_of``: the last message of each subject any filter matches, wildcards
-    included, at most ``limit``, in stream order; ``[]`` when none matches."""
+@contextlib.asynccontextmanager
+async def scratch_stream(
+    nats_server: EmbeddedServer, settings: Settings, tag: str
+) -> AsyncIterator[tuple[Broker, str, str]]:
+    """A connection and a memory stream of the test's own on ``<prefix>.<tag>.>`` with direct
+    gets (deleted at the end): ``(broker, stream name, subject prefix)``."""
     b = await Broker.connect(nats_server.url)
-    p = f"{settings.prefix}.lastof"
-    name = f"{settings.prefix.upper()}_LASTOF"
+    p = f"{settings.prefix}.{tag}"
+    name = f"{settings.prefix.upper()}_{tag.upper()}"
     try:
         await b.api(
             f"$JS.API.STREAM.CREATE.{name}",
             {"name": name, "subjects": [f"{p}.>"], "storage": "memory", "allow_direct": True},
         )
+        yield b, name, p
+    finally:
+        await b.api(f"$JS.API.STREAM.DELETE.{name}")
+        await b.close()
+
+
+async def test_the_last_of_several_filters_in_one_read(
+    nats_server: EmbeddedServer, settings: Settings
+) -> None:
+    """``direct_get_last_of``: the last message of each subject any filter matches, wildcards
+    included, at most ``limit``, in stream order; ``[]`` when none matches."""
+    async with scratch_stream(nats_server, settings, "lastof") as (b, name, p):
         for subject, data in [
             (f"{p}.cancel.r1", b"1"),
             (f"{p}.as.ann.cancel.r2", b"2"),
@@ -240,9 +254,6 @@ async def test_the_last_of_several_filters_in_one_read(
         assert [m.data for m in await b.direct_get_last_of(name, forms)] == [b"3"]
         assert await b.direct_get_last_of(name, [f"{p}.cancel.r9", f"{p}.as.*.cancel.r9"]) == []
         assert [m.data for m in await b.direct_get_last_of(name, [f"{p}.as.*.cancel.*"])] == [b"2"]
-    finally:
-        await b.api(f"$JS.API.STREAM.DELETE.{name}")
-        await b.close()
 
 
 async def test_a_batched_read_is_bounded_in_bytes_and_pages_on(
@@ -253,14 +264,7 @@ async def test_a_batched_read_is_bounded_in_bytes_and_pages_on(
     from sojourn.broker import direct
 
     monkeypatch.setattr(direct, "BATCH_MAX_BYTES", 1_000_000)
-    b = await Broker.connect(nats_server.url)
-    p = f"{settings.prefix}.big"
-    name = f"{settings.prefix.upper()}_BIG"
-    try:
-        await b.api(
-            f"$JS.API.STREAM.CREATE.{name}",
-            {"name": name, "subjects": [f"{p}.>"], "storage": "memory", "allow_direct": True},
-        )
+    async with scratch_stream(nats_server, settings, "big") as (b, name, p):
         for i in range(12):
             await b.publish(f"{p}.{i}", bytes([i]) * 200_000)
         first, pending = await b.direct_get_batch(name, f"{p}.*", 1, 1000)
@@ -269,6 +273,3 @@ async def test_a_batched_read_is_bounded_in_bytes_and_pages_on(
         assert [m.data[:1] for m in every] == [bytes([i]) for i in range(12)]
         last = await b.direct_get_last_of(name, [f"{p}.*"], limit=1000)
         assert 1 <= len(last) <= 5
-    finally:
-        await b.api(f"$JS.API.STREAM.DELETE.{name}")
-        await b.close()
