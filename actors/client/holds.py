@@ -46,7 +46,9 @@ class AgentHoldControls(ClientBase):
         self, agent: str, *, timeout: float = 30.0, by: str | None = None
     ) -> HoldAnswer:
         """Lift ``agent``'s hold: every run it suspended is resumed (``resumed`` counts them)
-        and goes on from its next step; runs paused one by one (``pause``) stay paused."""
+        and goes on from its next step; runs paused one by one (``pause``) stay paused. A run
+        suspending itself for the hold at this very moment is resumed by its own worker, which
+        finds the hold lifted, and is not counted."""
         return await self._hold_request(agent, "unpause", "", timeout, by)
 
     async def agent_holds(self) -> list[AgentHold]:

@@ -14,7 +14,8 @@ import pytest
 from sojourn.actors import Client
 from sojourn.broker import EmbeddedServer
 from sojourn.broker import headers as h
-from sojourn.schemas.codec import encode
+from sojourn.broker.follow import read_all
+from sojourn.schemas.codec import decode_held_run, encode
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import RunNotFound
 from sojourn.schemas.events import RunResumed, RunSuspended
@@ -38,14 +39,21 @@ def effects(path: Path) -> Counter[str]:
 
 
 async def held_by_agent(client: Client, run_id: str) -> bool:
+    """Suspended for agent ``held``'s hold and listed for its unpause: the listing is written
+    just after the suspension, and an unpause between the two leaves the run to its worker's
+    own resume (not counted in the answer's ``resumed``)."""
     try:
         st = await client.state(run_id)
     except RunNotFound:
         return False
+    listed = await read_all(
+        client.broker, client.names.agents_stream, client.names.held("held", run_id)
+    )
     return (
         st.status == "suspended"
         and st.suspended_reason == "manual"
         and "agent held paused by" in (st.suspended_detail or "")
+        and [decode_held_run(m.data).released for m in listed] == [False]
     )
 
 
