@@ -170,6 +170,10 @@ def main() -> None:
         stream=sys.stderr,
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
     )
+    # SOJOURN_CHAOS_LOG=DEBUG (or INFO): sojourn's own loggers say more in the workers' logs.
+    level = os.environ.get("SOJOURN_CHAOS_LOG", "").upper()
+    if level in ("DEBUG", "INFO"):
+        logging.getLogger("sojourn").setLevel(level)
     _trace_seams()
     asyncio.run(_serve(url, prefix, ttl, replicas))
 

@@ -2,7 +2,8 @@
 in order.
 
 Messages about the same run (a start, then its cancel; a burst of signals) are handled one at a
-time in the order they arrived, each waiting for the one before while kept alive; messages about
+time in the order the inbox stored them (a batch's redeliveries put back in that order), each
+waiting for the one before while kept alive; messages about
 different runs go at once, up to ``IN_FLIGHT`` (256) at a time. A message refused by its bytes alone
 (``Refusals.screen``) never waits behind the others. Trouble with one message is settled here:
 a message whose bytes no decoder could read is refused, broker trouble and bugs have it
@@ -84,17 +85,15 @@ class InboxLoop:
                 inflight.release()
                 msgs = await window.fetch(batch=max(1, room - self.busy), timeout=lane.poll)
                 starting: list[asyncio.Event] = []
-                for msg in msgs:
+                for msg, screened, key in self._in_run_order(msgs):
                     count_redelivery(msg, "intake")
                     await inflight.acquire()
-                    screened = self._screen(msg)
                     progress = None
                     if screened is None or screened.rejected is not None:
                         # Refused by its bytes alone: at once, never behind the messages about
                         # the same run (it changes nothing about it).
                         key, prev = f"refused:{id(msg)}", None
                     else:
-                        key = self._order_key(msg, screened.inbox)
                         prev = tails.get(key)
                         if screened.inbox is not None and screened.inbox.kind in STARTS:
                             _waited(lane, msg)
@@ -114,6 +113,31 @@ class InboxLoop:
             except Exception:
                 log.exception("intake loop error; continuing")
                 await asyncio.sleep(0.5)
+
+    def _in_run_order(self, msgs: list[Delivery]) -> list[tuple[Delivery, Screened | None, str]]:
+        """``msgs`` screened, with their order keys (``""`` for one refused by its bytes), each
+        run's messages in the order the inbox stored them, in the places the batch gave that
+        run (the interleaving between runs is the fetch's).
+
+        Redeliveries come back in the order their ack waits and pauses ran out, not the one
+        they were stored in: a signal handed back while its run's start was held by a worker
+        that then died may come in the same batch as that start, ahead of it. Handled first,
+        it would find no run and be handed back again for as long as its deliveries say
+        (``Intake._not_yet``: up to 30 s after many crashes) while its run waits for it."""
+        out: list[tuple[Delivery, Screened | None, str]] = []
+        places: dict[str, list[int]] = {}
+        for i, m in enumerate(msgs):
+            sc = self._screen(m)
+            key = "" if sc is None or sc.rejected is not None else self._order_key(m, sc.inbox)
+            out.append((m, sc, key))
+            if key:
+                places.setdefault(key, []).append(i)
+        for idx in places.values():
+            if len(idx) > 1:
+                ordered = sorted((out[i] for i in idx), key=lambda x: x[0].stream_seq)
+                for i, item in zip(idx, ordered, strict=True):
+                    out[i] = item
+        return out
 
     def _order_key(self, m: Delivery, inbox: InboxSubject | None) -> str:
         """Messages about one run are handled in order (a start before its cancel); ``inbox``
