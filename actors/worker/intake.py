@@ -22,6 +22,7 @@ makes of them. What it refuses, ``worker/refusals.py`` screens, dead-letters and
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -419,10 +420,14 @@ class Intake:
         its start may still come, else refuse it ``unknown_run``.
 
         Its start may be on its way (the first ``UNKNOWN_RUN_RETRIES`` deliveries, a second
-        apart), or stored in the inbox and not yet taken (the run is pending: no worker of its
-        agent is up). A pending run's messages are handed back with pauses growing like a
-        start's for another worker's agent, bounded by ``Settings.max_deliveries``; when a
-        worker creates the run they apply in order.
+        apart), or stored in the inbox and not yet taken. A start of an agent this worker
+        serves is taken soon (it waits for an ack wait or a hand-back at most): its run's
+        messages come back a second or two apart, so that they apply within a second or two of
+        the run's creation, however often they were delivered before (a worker that died with
+        them counts too). Otherwise the run is pending (no worker of its agent is up, or it is
+        served elsewhere): its messages are handed back with pauses growing like a start's for
+        another worker's agent, bounded by ``Settings.max_deliveries``; when a worker creates
+        the run they apply in order.
 
         Raises:
             Rejected: ``unknown_run``.
@@ -434,6 +439,9 @@ class Intake:
         pending = await find_pending(
             self.broker, self.names, run_id, max_payload=self.settings.max_payload
         )
+        if pending is not None and pending.agent in self.starts.agents:
+            await msg.nak(delay=1.0 + random.random())
+            return
         if pending is not None or (
             DEBOUNCED_RUN_ID.fullmatch(run_id)
             and not await ArchiveStore(self.broker, self.names).exists(run_id)
