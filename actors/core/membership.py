@@ -135,6 +135,14 @@ class Membership:
             self._holders = index
         return next((w for w in self._holders.get(run_id, ()) if w != besides), None)
 
+    def serving(self, agent: str, besides: str = "") -> bool:
+        """Whether a live worker other than ``besides`` serves ``agent`` (its last beat
+        names it)."""
+        return any(
+            not seen.dead and agent in seen.beat.agents and wid != besides
+            for wid, seen in self._seen.items()
+        )
+
     def may_hold(self, worker_id: str, run_id: str, since: float) -> bool | None:
         """Whether ``worker_id``, which began working on ``run_id`` at ``since`` (its clock),
         may still be executing it: alive, and its last beat lists the run or predates

@@ -31,7 +31,7 @@ from sojourn.schemas.wire import ForkBody, IntakeOk, StartTrigger
 from ..core.fork import ForkRefused, plan_fork
 from .faults import fault
 from .refusals import Rejected
-from .starts import Created, Starts, handback_delay
+from .starts import Created, Starts
 
 __all__ = ["create_fork", "fork_signal_id"]
 
@@ -60,7 +60,7 @@ async def create_fork(
     agent = starts.agents.get(agent_name)
     if agent is None:
         if await starts.registry.is_known(agent_name):
-            await msg.nak(delay=handback_delay(msg.num_delivered))
+            await starts.hand_back(msg, agent_name)
             return None
         raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
     if trigger.run_id is None:

@@ -250,6 +250,10 @@ class Heartbeats:
             await b.publish(self.names.wake(r.run_id, r.agent, r.priority), b"", wake)
         metrics.TAKEOVERS.inc(len(mine))
 
+    def served_elsewhere(self, agent: str) -> bool:
+        """Whether another live worker serves ``agent``."""
+        return self.membership.serving(agent, besides=self.worker_id)
+
     def holder(self, run_id: str) -> str | None:
         """The live other worker whose last beat lists ``run_id``, if any."""
         return self.membership.holder(run_id, besides=self.worker_id)

@@ -97,11 +97,13 @@ class Intake:
         opens: Callable[[str], bool] | None = None,
         clock: Clock | None = None,
         limits: Mapping[str, Limit] | None = None,
+        served_elsewhere: Callable[[str], bool] | None = None,
     ) -> None:
         """``opens``: whether the worker would execute a run created now at once (then it is
         opened in memory and stored with its first decision: ``worker/opening.py``).
         ``clock``: the runs' clock, which stamps what is recorded (``worker/clock.py``).
         ``limits``: the shared rate limits the worker declares, besides its agents'.
+        ``served_elsewhere``: whether another live worker serves an agent (its heartbeats say).
 
         Raises:
             ValueError: two declarations of one limit differ."""
@@ -116,7 +118,15 @@ class Intake:
         """Set by the worker: the handler of schedule requests."""
         self.refusals = Refusals(broker, names, settings)
         """Screens messages and refuses those not acted on."""
-        self.starts = Starts(store, registry, agents, writer, opens=opens, clock=self.clock)
+        self.starts = Starts(
+            store,
+            registry,
+            agents,
+            writer,
+            opens=opens,
+            clock=self.clock,
+            served_elsewhere=served_elsewhere,
+        )
         """Creates the runs starts, spawns and schedule fires ask for."""
         self.holds = AgentHolds(broker, names, store, writer, self.clock)
         """The agents' holds, and the requests that change them (``worker/holds.py``)."""
@@ -420,8 +430,9 @@ class Intake:
         its start may still come, else refuse it ``unknown_run``.
 
         Its start may be on its way (the first ``UNKNOWN_RUN_RETRIES`` deliveries, a second
-        apart), or stored in the inbox and not yet taken. A start of an agent this worker
-        serves is taken soon (it waits for an ack wait or a hand-back at most): its run's
+        apart), or stored in the inbox and not yet taken. A start of an agent this worker or
+        another live one serves is taken soon (it waits for an ack wait or a hand-back at
+        most): its run's
         messages come back a second or two apart, so that they apply within a second or two of
         the run's creation, however often they were delivered before (a worker that died with
         them counts too). Otherwise the run is pending (no worker of its agent is up, or it is
@@ -439,7 +450,7 @@ class Intake:
         pending = await find_pending(
             self.broker, self.names, run_id, max_payload=self.settings.max_payload
         )
-        if pending is not None and pending.agent in self.starts.agents:
+        if pending is not None and self.starts.soon_served(pending.agent):
             await msg.nak(delay=1.0 + random.random())
             return
         if pending is not None or (

@@ -37,7 +37,7 @@ from ..ops import metrics
 from .faults import fault
 from .opening import Opening
 from .refusals import Rejected
-from .starts import Created, Starts, _derived_run_id, handback_delay
+from .starts import Created, Starts, _derived_run_id
 
 __all__ = ["CAS_TRIES", "Singletons", "keyed_start", "served"]
 
@@ -84,7 +84,7 @@ async def served(starts: Starts, msg: Delivery, agent_name: str) -> Agent[object
     if agent is not None:
         return agent
     if await starts.registry.is_known(agent_name):
-        await msg.nak(delay=handback_delay(msg.num_delivered))
+        await starts.hand_back(msg, agent_name)
         return None
     raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
 

@@ -56,12 +56,38 @@ __all__ = [
     "Starts",
     "dismiss",
     "handback_delay",
+    "handoff_delay",
     "started_by",
 ]
 
 HANDBACK_MAX_DELAY = 30.0
 """Longest pause before a handed-back trigger (its agent is served elsewhere) is looked at
 again: the pause grows by a second per delivery up to this."""
+
+
+HANDOFF_FIRST = 0.01
+"""Seconds before a trigger handed back a second time for another live worker serving its
+agent is delivered again; each hand-back after it doubles the pause (at most
+``HANDBACK_MAX_DELAY``). The first hand-back has none."""
+
+
+def handoff_delay(delivered: int) -> float:
+    """The pause before a message handed back for another *live* worker that serves its
+    agent is delivered again: none the first time, then 10 ms doubling with each delivery (at
+    most ``HANDBACK_MAX_DELAY``), plus up to half of it at random.
+
+    Intakes share one consumer, and the server gives a message to the oldest pull request
+    waiting: a worker idle for another agent is the one waiting longest, so it takes nearly
+    every start of a busier agent first. A pause of a second (``handback_delay``) cost each such
+    start a second or two, and any pause at all some 10 ms (the server's timer); handed back at
+    once, it goes to the next waiting intake within a millisecond or two. The doubling bounds
+    what the hand-backs cost while every worker of the agent is busy (no pull of theirs
+    waiting): a few dozen over half a minute, not one per round trip.
+    """
+    if delivered <= 1:
+        return 0.0
+    pause = min(HANDBACK_MAX_DELAY, HANDOFF_FIRST * 2.0 ** min(delivered - 2, 16))
+    return pause * (1.0 + random.random() / 2)
 
 
 def handback_delay(delivered: int) -> float:
@@ -100,11 +126,14 @@ class Starts:
         writer: str,
         opens: Callable[[str], bool] | None = None,
         clock: Clock | None = None,
+        served_elsewhere: Callable[[str], bool] | None = None,
     ) -> None:
         """``opens``: whether this worker executes a run it creates now at once (then it is
         opened in memory and stored with its first decision, ``worker/opening.py``);
-        ``clock``: the runs' clock (``worker/clock.py``)."""
+        ``clock``: the runs' clock (``worker/clock.py``); ``served_elsewhere``: whether another
+        live worker serves an agent (its heartbeats say; ``None``: not known here)."""
         self.clock = clock or Clock()
+        self.served_elsewhere = served_elsewhere
         self.broker = store.broker
         self.store = store
         self.names = store.names
@@ -197,6 +226,24 @@ class Starts:
                 )
             raise
 
+    def soon_served(self, agent_name: str) -> bool:
+        """Whether a start of ``agent_name`` is taken soon: this worker or another live one
+        serves the agent."""
+        return agent_name in self.agents or (
+            self.served_elsewhere is not None and self.served_elsewhere(agent_name)
+        )
+
+    async def hand_back(self, msg: Delivery, agent_name: str) -> None:
+        """Hand ``msg`` (a trigger of an agent another worker serves) back for that worker: at
+        once when a live worker serves the agent (``handoff_delay``), else with pauses growing
+        by a second per delivery (``handback_delay``), so that a trigger waiting hours for its
+        agent's worker costs little; dead-lettered at ``max_deliveries`` either way."""
+        n = msg.num_delivered
+        if self.served_elsewhere is not None and self.served_elsewhere(agent_name):
+            await msg.nak(delay=handoff_delay(n))
+        else:
+            await msg.nak(delay=handback_delay(n))
+
     def _lane_of(self, msg: Delivery) -> Priority:
         """The priority of the lane ``msg`` came on (decision 0049): a start's or spawn's
         ``p<n>`` token; a schedule's fire and a debounced start come on the default lane."""
@@ -257,10 +304,7 @@ class Starts:
         agent = self.agents.get(agent_name)
         if agent is None:
             if await self.registry.is_known(agent_name):
-                # Another worker serves it. Pauses grow, so a trigger waiting hours for its
-                # agent's worker costs little, and is dead-lettered at max_deliveries.
-                n = msg.num_delivered
-                await msg.nak(delay=handback_delay(n))
+                await self.hand_back(msg, agent_name)
                 return None
             raise Rejected("unknown_agent", f"no worker serves an agent named '{agent_name}'")
         inbox_seq = msg.stream_seq if fire is None else 0

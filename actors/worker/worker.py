@@ -293,6 +293,7 @@ class Worker:
             opens=self._runs_new_now,
             clock=self.clock,
             limits=self._limits,
+            served_elsewhere=self.heartbeats.served_elsewhere,
         )
         self.scheduler = Scheduler(
             broker=b,

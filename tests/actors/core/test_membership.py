@@ -174,3 +174,18 @@ def test_asked_after_exactly_once_per_silence_longer_than_the_ask_delay(
         due = m.alive("w1") and not asked and now - changed_at > ASK
         assert len(late) == (1 if due else 0)
         asked = asked or due
+
+
+def test_an_agent_is_served_elsewhere_while_a_live_other_worker_names_it() -> None:
+    m = Membership(DEAD_AFTER)
+    assert not m.serving("a")
+    m.observe([(1, beat("w1", agents=("a", "b"))), (2, beat("w2", agents=("c",)))], now=0.0)
+    assert m.serving("a") and m.serving("c") and not m.serving("d")
+    assert not m.serving("a", besides="w1")  # a worker's own beat does not count for it
+    assert m.serving("c", besides="w1")
+    m.observe(
+        [(3, beat("w1", agents=("a", "b"), stopped=True)), (2, beat("w2", agents=("c",)))], now=0.1
+    )
+    assert not m.serving("a")  # stopped
+    assert m.serving("c")
+    assert m.condemn("w2") is not None and not m.serving("c")  # its connection is gone
