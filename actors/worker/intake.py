@@ -432,13 +432,12 @@ class Intake:
         Its start may be on its way (the first ``UNKNOWN_RUN_RETRIES`` deliveries, a second
         apart), or stored in the inbox and not yet taken. A start of an agent this worker or
         another live one serves is taken soon (it waits for an ack wait or a hand-back at
-        most): its run's
-        messages come back a second or two apart, so that they apply within a second or two of
-        the run's creation, however often they were delivered before (a worker that died with
-        them counts too). Otherwise the run is pending (no worker of its agent is up, or it is
-        served elsewhere): its messages are handed back with pauses growing like a start's for
-        another worker's agent, bounded by ``Settings.max_deliveries``; when a worker creates
-        the run they apply in order.
+        most): its run's messages come back a second or two apart, so that they apply within a
+        second or two of the run's creation, however often they were delivered before (a
+        worker that died with them counts too). Otherwise the run is pending (no live worker of
+        its agent is up): its messages are handed back with pauses growing like a start's for
+        an agent no live worker serves, bounded by ``Settings.max_deliveries``; when a worker
+        creates the run they apply in order.
 
         Raises:
             Rejected: ``unknown_run``.
