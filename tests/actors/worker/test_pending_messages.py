@@ -1,9 +1,9 @@
 """A message about a run whose start is still stored in the inbox (``Intake._not_yet``): when
-the worker serves the start's agent, the start is taken soon, and the message comes back a
-second or two later however often it was delivered before; when it does not (the run is
-pending for another worker's agent, or none is up), the pauses grow with the deliveries, so a
-run pending for hours costs little. Real server; the intake is built here, with no loop
-pulling the inbox, so the start stays stored."""
+this worker or another live one serves the start's agent, the start is taken soon, and the
+message comes back a second or two later however often it was delivered before; when none
+does (the run is pending), the pauses grow with the deliveries, so a run pending for hours
+costs little. Real server; the intakes are built here, with no loop pulling the inbox, so the
+start stays stored."""
 
 from __future__ import annotations
 
@@ -39,12 +39,13 @@ class _Msg:
 
 @pytest_asyncio.fixture
 async def intakes(client: Client, settings: Settings) -> AsyncIterator[dict[str, Intake]]:
-    """Two intakes on the client's deployment: one serving ``waits``, one serving nothing."""
+    """Intakes on the client's deployment: one serving ``waits``; two serving nothing, one
+    knowing a live worker that serves ``waits``, one knowing none."""
     await client._ensure()
     b = client.broker
     store = EventStore(b, client.names, settings)
 
-    def make(agents: dict[str, Any]) -> Intake:
+    def make(agents: dict[str, Any], live: bool = False) -> Intake:
         return Intake(
             broker=b,
             store=store,
@@ -53,9 +54,14 @@ async def intakes(client: Client, settings: Settings) -> AsyncIterator[dict[str,
             registry=AgentRegistry(b, client.names),
             agents=agents,
             writer="intake:test",
+            served_elsewhere=lambda agent: live and agent == "waits",
         )
 
-    yield {"serves": make({"waits": waits}), "elsewhere": make({})}
+    yield {
+        "serves": make({"waits": waits}),
+        "live_elsewhere": make({}, live=True),
+        "elsewhere": make({}),
+    }
 
 
 @pytest.mark.parametrize("delivered", [UNKNOWN_RUN_RETRIES, 12, 40])
@@ -63,12 +69,14 @@ async def test_a_message_for_a_run_whose_start_is_stored_comes_back_soon_where_i
     client: Client, intakes: dict[str, Intake], delivered: int
 ) -> None:
     run_id = await client.start("waits", None, run_id=f"pending-{delivered}")
-    served, elsewhere = _Msg(delivered), _Msg(delivered)
+    served, live, elsewhere = _Msg(delivered), _Msg(delivered), _Msg(delivered)
     await intakes["serves"]._not_yet(cast(Any, served), run_id)
+    await intakes["live_elsewhere"]._not_yet(cast(Any, live), run_id)
     await intakes["elsewhere"]._not_yet(cast(Any, elsewhere), run_id)
-    # Where the agent is served: a second or two, whatever the count.
+    # Where the agent is served, here or by a live worker: a second or two, whatever the count.
     assert len(served.naks) == 1 and 1.0 <= served.naks[0] <= 2.0
-    # Pending for another worker's agent: a second per delivery so far (at most 30), and jitter.
+    assert len(live.naks) == 1 and 1.0 <= live.naks[0] <= 2.0
+    # Pending (no live worker of its agent): a second per delivery so far (at most 30), jitter.
     assert len(elsewhere.naks) == 1
     assert min(30.0, delivered) <= elsewhere.naks[0] <= min(30.0, delivered) + 1.0
 
