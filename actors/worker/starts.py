@@ -90,6 +90,11 @@ def handoff_delay(delivered: int) -> float:
     return pause * (1.0 + random.random() / 2)
 
 
+def _nowhere(agent: str) -> bool:
+    """No other live worker is known to serve ``agent`` (a ``Starts`` without heartbeats)."""
+    return False
+
+
 def handback_delay(delivered: int) -> float:
     """The pause before a message handed back for another worker is delivered again: a second
     per delivery so far (at most ``HANDBACK_MAX_DELAY``), plus up to a second at random.
@@ -133,7 +138,7 @@ class Starts:
         ``clock``: the runs' clock (``worker/clock.py``); ``served_elsewhere``: whether another
         live worker serves an agent (its heartbeats say; ``None``: not known here)."""
         self.clock = clock or Clock()
-        self.served_elsewhere = served_elsewhere
+        self.served_elsewhere: Callable[[str], bool] = served_elsewhere or _nowhere
         self.broker = store.broker
         self.store = store
         self.names = store.names
@@ -229,9 +234,7 @@ class Starts:
     def soon_served(self, agent_name: str) -> bool:
         """Whether a start of ``agent_name`` is taken soon: this worker or another live one
         serves the agent."""
-        return agent_name in self.agents or (
-            self.served_elsewhere is not None and self.served_elsewhere(agent_name)
-        )
+        return agent_name in self.agents or self.served_elsewhere(agent_name)
 
     async def hand_back(self, msg: Delivery, agent_name: str) -> None:
         """Hand ``msg`` (a trigger of an agent another worker serves) back for that worker: at
@@ -239,7 +242,7 @@ class Starts:
         by a second per delivery (``handback_delay``), so that a trigger waiting hours for its
         agent's worker costs little; dead-lettered at ``max_deliveries`` either way."""
         n = msg.num_delivered
-        if self.served_elsewhere is not None and self.served_elsewhere(agent_name):
+        if self.served_elsewhere(agent_name):
             await msg.nak(delay=handoff_delay(n))
         else:
             await msg.nak(delay=handback_delay(n))
