@@ -204,9 +204,14 @@ async def test_eviction_unwinds_cleanly(
             await client.signal(run_id, "msg", "bye")
             assert await client.result(run_id, timeout=30) == ["1:hi"]
             writes_once(await client.history(run_id))
-        # The kept one went on (its spare wakes after its end fold an ended run: not counted
-        # here); the evicted one was activated from its history.
-        assert w.sticky.resumed == resumed + 1 and w.sticky.discarded == Counter(evicted=1)
+        # The kept one went on from its kept code, never discarded (its spare wakes after its
+        # end fold an ended run: not counted here); the evicted one was activated from its
+        # history. Each run's two signals are one resume or two, as the first one's wake comes
+        # before or after the second is recorded (on a loaded machine, often after); the
+        # evicted run, activated cold for its first signal, may be kept and resumed for its
+        # second.
+        assert resumed + 1 <= w.sticky.resumed <= resumed + 3, (resumed, w.sticky.resumed)
+        assert w.sticky.discarded == Counter(evicted=1)
         assert w.folds > folds
         history = await client.history(first)
         assert next(d for d in history if d.seq > seq).writer.startswith("intake:")
