@@ -120,7 +120,7 @@ class Delivery:
 
     def __init__(self, msg: Msg) -> None:
         self._msg = msg
-        self._counts: tuple[int, int, int, int] | None = None
+        self._counts: tuple[int, int, int, int, int] | None = None
 
     def __repr__(self) -> str:
         return f"<Delivery {self.subject!r} {len(self.data)} bytes>"
@@ -179,16 +179,16 @@ class Delivery:
         except Exception as e:
             raise NotADelivery(f"{self.subject!r} is not a consumer's delivery") from e
 
-    def _numbers(self) -> tuple[int, int, int, int]:
-        """``(num_delivered, stream_seq, consumer_seq, num_pending)`` from the ack subject, read
-        once: the same tokens nats-py's metadata reads, without its timestamp (a ``datetime``
-        each time, most of the cost of reading the metadata on every start and wake)."""
+    def _numbers(self) -> tuple[int, int, int, int, int]:
+        """``(num_delivered, stream_seq, consumer_seq, num_pending, stored_ns)`` from the ack
+        subject, read once: the same tokens nats-py's metadata reads, without building its
+        ``datetime`` (most of the cost of reading the metadata on every start and wake)."""
         counts = self._counts
         if counts is None:
             try:
                 t = Msg.Metadata._get_metadata_fields(self._msg.reply)
                 if len(t) == _V1_TOKENS:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...
-                    counts = (int(t[4]), int(t[5]), int(t[6]), int(t[8]))
+                    counts = (int(t[4]), int(t[5]), int(t[6]), int(t[8]), int(t[7]))
                 else:  # $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>...
                     a = Msg.Ack
                     counts = (
@@ -196,6 +196,7 @@ class Delivery:
                         int(t[a.StreamSeq]),
                         int(t[a.ConsumerSeq]),
                         int(t[a.NumPending]),
+                        int(t[a.Timestamp]),
                     )
             except Exception as e:
                 raise NotADelivery(f"{self.subject!r} is not a consumer's delivery") from e
@@ -226,6 +227,11 @@ class Delivery:
     def timestamp(self) -> datetime:
         """When the stream stored it (UTC)."""
         return self._meta().timestamp
+
+    @property
+    def stored_at(self) -> float:
+        """When the stream stored it, in Unix seconds (``timestamp`` without a ``datetime``)."""
+        return self._numbers()[4] / 1e9
 
     @property
     def stream(self) -> str:
@@ -321,5 +327,5 @@ class LocalWake(Delivery):
     def _meta(self) -> Msg.Metadata:
         raise NotADelivery(f"{self._subject!r} is a local wake, not a consumer's delivery")
 
-    def _numbers(self) -> tuple[int, int, int, int]:
+    def _numbers(self) -> tuple[int, int, int, int, int]:
         raise NotADelivery(f"{self._subject!r} is a local wake, not a consumer's delivery")

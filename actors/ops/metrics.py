@@ -342,7 +342,13 @@ LANE_WAIT = Histogram(
 
 def lane_waited(priority: int, kind: str, stored: float) -> None:
     """``LANE_WAIT`` for a message stored at ``stored`` (Unix seconds) and taken now."""
-    LANE_WAIT.labels(str(priority), kind).observe(max(0.0, time.time() - stored))
+    child = _LANE_WAIT_CHILDREN.get((priority, kind))
+    if child is None:  # a few (lanes x kinds): each labelled once, not on every start
+        child = _LANE_WAIT_CHILDREN[priority, kind] = LANE_WAIT.labels(str(priority), kind)
+    child.observe(max(0.0, time.time() - stored))
+
+
+_LANE_WAIT_CHILDREN: dict[tuple[int, str], Any] = {}
 
 
 SPEND_WINDOW = 3600.0

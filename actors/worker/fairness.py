@@ -124,7 +124,9 @@ class FairWindow:
         if self._keeper is None:
             self._keeper = asyncio.create_task(self._keep_held_alive())
         if not self._queue:
-            await self._top_up(timeout)
+            lone = await self._top_up(timeout)
+            if lone is not None:
+                return [lone]
         elif time.monotonic() >= self._quiet_until:
             await self._top_up(NO_WAIT)
         return [self._take() for _ in range(min(batch, len(self._queue)))]
@@ -149,10 +151,14 @@ class FairWindow:
             return 0
         return min(count, max(1, free // self._max_message))
 
-    async def _top_up(self, timeout: float) -> None:
+    async def _top_up(self, timeout: float) -> Delivery | None:
         """Take chunks while there is room and the server sends full ones: the first waiting
         up to ``timeout`` for a message, the others not waiting. An error is raised only when
-        nothing is held; otherwise logged, and the held messages are served."""
+        nothing is held; otherwise logged, and the held messages are served.
+
+        Returns the message of a lone delivery into an empty window, not held: one message
+        has nothing to be fair to (a quiet worker's every start), so it is handed out as it
+        came, without weighing its key."""
         while (room := self._room()) > 0:
             try:
                 got = await self._sub.fetch(batch=room, timeout=timeout)
@@ -161,13 +167,18 @@ class FairWindow:
                     raise
                 log.warning("fetch window: look-ahead failed (%s); serving what is held", e)
                 self._quiet_until = time.monotonic() + QUIET
-                return
-            for msg in got:
-                self._hold(msg)
+                return None
             if len(got) < room:  # the server had no more
                 self._quiet_until = time.monotonic() + QUIET
-                return
+                if len(got) == 1 and not self._queue:
+                    return got[0]
+                for msg in got:
+                    self._hold(msg)
+                return None
+            for msg in got:
+                self._hold(msg)
             timeout = NO_WAIT
+        return None
 
     def _hold(self, msg: Delivery) -> None:
         key, weight = self._key_of(msg)

@@ -245,4 +245,4 @@ STARTS = frozenset({"start", "spawn"})
 def _waited(lane: Lane, msg: Delivery) -> None:
     """How long the start waited on its lane (``sojourn_lane_wait_seconds``)."""
     with contextlib.suppress(Exception):  # metadata a hostile message cannot have: not counted
-        metrics.lane_waited(lane.priority, "start", msg.timestamp.timestamp())
+        metrics.lane_waited(lane.priority, "start", msg.stored_at)

@@ -214,7 +214,9 @@ class Starts:
 
             if limited(self.agents.get(inbox.target), trigger):
                 return await limited_start(self, msg, inbox, trigger)
-            return await self._create(msg, inbox.target, trigger, sender=inbox.sender)
+            return await self._create(
+                msg, inbox.target, trigger, sender=inbox.sender, lane=inbox.priority
+            )
         except Rejected as r:
             if parent is not None and trigger.run_id is not None:
                 # A parent awaits this child: tell it the child will never run.
@@ -301,7 +303,10 @@ class Starts:
         *,
         sender: str | None = None,
         concurrency: ConcurrencyInfo | None = None,
+        lane: Priority | None = None,
     ) -> Created | Opening | None:
+        """``lane``: the priority of the lane ``msg`` came on, when its subject is parsed
+        already (else parsed again: ``_lane_of``)."""
         if trigger.parent_run_id:
             await self._check_parent(trigger.parent_run_id)
         agent = self.agents.get(agent_name)
@@ -359,7 +364,7 @@ class Starts:
             tracestate=ts,
             attributes=attributes,
             concurrency=concurrency,
-            priority=self._lane_of(msg),
+            priority=self._lane_of(msg) if lane is None else lane,
             fairness=None if fairness == Fairness() else fairness,
             at=now,
         )

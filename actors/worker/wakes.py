@@ -178,7 +178,7 @@ class WakeLoops:
                 for msg in msgs:
                     count_redelivery(msg, consumer)
                     with contextlib.suppress(Exception):  # sojourn_lane_wait_seconds
-                        metrics.lane_waited(priority, "wake", msg.timestamp.timestamp())
+                        metrics.lane_waited(priority, "wake", msg.stored_at)
                     try:
                         routed, run_id = self.names.parse_wake(msg.subject)
                     except InvalidName as e:

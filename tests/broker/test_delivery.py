@@ -235,6 +235,7 @@ def test_a_deliverys_counts_are_read_from_its_ack_subject_as_nats_py_reads_them(
         meta.num_pending,
     )
     assert d.timestamp == meta.timestamp
+    assert d.stored_at == meta.timestamp.timestamp()
 
 
 @pytest.mark.parametrize(
@@ -244,6 +245,6 @@ def test_a_message_without_an_ack_subject_of_a_consumer_has_no_counts(reply: str
     from nats.aio.msg import Msg
 
     d = Delivery(Msg(_client=None, subject="s", reply=reply or "", data=b""))  # type: ignore[arg-type]
-    for read in ("num_delivered", "stream_seq", "consumer_seq", "num_pending"):
+    for read in ("num_delivered", "stream_seq", "consumer_seq", "num_pending", "stored_at"):
         with pytest.raises(NotADelivery):
             getattr(d, read)

@@ -251,3 +251,28 @@ async def test_a_classify_that_raises_puts_messages_on_the_default_key(
         assert [d.data for d in got] == [b"%d" % i for i in range(30)]  # one key: FIFO
     finally:
         await win.close()
+
+
+async def test_a_lone_message_into_an_empty_window_is_handed_out_unweighed(
+    broker: Broker, make: Make
+) -> None:
+    """A quiet worker's every start: one message, nothing to be fair to; the next chunk of
+    several is weighed as before."""
+    pc, name = await make(30.0)
+    weighed: list[str] = []
+
+    def counting(headers: Mapping[str, str]) -> Fairness:
+        weighed.append(headers.get(FAIRNESS_KEY, ""))
+        return Fairness(key=headers.get(FAIRNESS_KEY, ""), weight=1)
+
+    win = FairWindow(pc, keep_alive=10.0, classify=counting)
+    try:
+        await publish_all(broker, f"{name}.x", [(b"lone", keyed("A"))])
+        assert [d.data for d in await drain(win, 1)] == [b"lone"]
+        assert weighed == [] and win.held == 0 and win.held_bytes == 0
+        await publish_all(broker, f"{name}.x", [(b"%d" % i, keyed("B")) for i in range(5)])
+        got = await drain(win, 5)
+        assert sorted(d.data for d in got) == [b"%d" % i for i in range(5)]
+        assert win.held == 0 and win.held_bytes == 0
+    finally:
+        await win.close()

@@ -5,11 +5,14 @@ fairness headers are refused with a typed answer or never stored."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from prometheus_client import REGISTRY
 
 from sojourn.actors import Client, Worker
 from sojourn.broker import Broker, EmbeddedServer, Names
@@ -179,3 +182,32 @@ async def test_lanes_that_do_not_exist_are_stored_nowhere(
     await client.start("laned", 0.0, run_id="later", priority=4)
     pending = await client.pending("later")
     assert pending is not None and pending.priority == 4
+
+
+async def test_a_start_that_waited_on_its_lane_is_timed_from_when_the_broker_stored_it(
+    nats_server: EmbeddedServer, client: Client, settings: Settings
+) -> None:
+    """``sojourn_lane_wait_seconds{lane,kind="start"}``: stored -> taken by a worker, read from
+    the delivery's ack subject (the broker's own stamp), for each lane."""
+
+    def seen(lane: str) -> tuple[float, float]:
+        labels = {"lane": lane, "kind": "start"}
+        count = REGISTRY.get_sample_value("sojourn_lane_wait_seconds_count", labels) or 0.0
+        total = REGISTRY.get_sample_value("sojourn_lane_wait_seconds_sum", labels) or 0.0
+        return count, total
+
+    before = {lane: seen(lane) for lane in ("2", "4")}
+    # Stored while no worker runs: each waits at least a second on its lane.
+    await client.start("laned", 0.0, run_id="waited2", priority=2)
+    await client.start("laned", 0.0, run_id="waited4", priority=4)
+    stored = time.monotonic()
+    await asyncio.sleep(1.0)
+    async with Worker([app.laned], nats=nats_server.url, settings=settings):
+        for rid in ("waited2", "waited4"):
+            await client.result(rid, timeout=60)
+        waited = time.monotonic() - stored
+    for lane in ("2", "4"):
+        count, total = seen(lane)
+        assert count - before[lane][0] == 1, (lane, count, before[lane])
+        # At least the second it waited; at most the whole test's time since the start.
+        assert 0.9 <= total - before[lane][1] <= waited + 5.0, (lane, total, before[lane])
