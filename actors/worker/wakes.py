@@ -311,7 +311,7 @@ def resume_cause(st: RunState, wake: Delivery, cause: str, now: float) -> tuple[
             if sig.name in wanted:
                 return "signal", max(0.0, now - sig.at)
     try:
-        published = wake.timestamp.timestamp()
+        published = wake.stored_at
     except NotADelivery:
         return cause, 0.0
     return cause, max(0.0, now - published)
