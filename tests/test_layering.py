@@ -44,6 +44,8 @@ NATS_ALLOWED = {
     "stream and plain core subscribers, which the broker façade does not offer",
     "bench/pull.py": "nats-py's own fetch, the raw floor and what sojourn used before "
     "broker/pull.py, measured beside the façade's",
+    "bench/worker_path.py": "hooks nats-py's transport writes and message dispatch, the only "
+    "places that see an append leave and a message arrive, to time a worker's path",
 }
 
 # Folders whose every module does no I/O (checked on its own imports): schemas/ and the actors'
