@@ -66,7 +66,7 @@ from .client.runs import StartReceipt
 from .core.cron import ScheduleError
 from .core.retry import NOT_DONE, RetryPolicy, step
 from .core.state import RunState, evolve, fold
-from .ops.metrics import serve_metrics, stop_metrics
+from .ops.exposition import serve_metrics, stop_metrics
 from .ops.watchdog import Watchdog
 from .worker.app import load_app
 from .worker.worker import Worker

@@ -29,7 +29,7 @@ from ..client.client import Client, PendingRun
 from ..client.reports import lookup
 from ..core.state import RunState
 from ..ops.health import PROCESS_HEALTH, Phase
-from ..ops.metrics import serve_metrics, stop_metrics
+from ..ops.exposition import serve_metrics, stop_metrics
 from ..telemetry.logs import setup_logging
 from ._render import out
 

@@ -1,5 +1,5 @@
 """Prometheus metrics of workers and watchdogs (docs/operations.md lists them all), served
-with the health probes of ``ops/health.py`` on one port.
+with the health probes of ``ops/health.py`` on one port (``ops/exposition.py``).
 
 Labels are bounded: agent names and step names come from code, and even those are capped
 (``BoundedLabel``), because one agent that names its steps after its inputs must not take a
@@ -12,25 +12,20 @@ collectors that look at whatever is registered with them.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
-from wsgiref.simple_server import make_server
 
-from prometheus_client import REGISTRY, Counter, Histogram, make_wsgi_app
+from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sojourn.schemas.errors import SojournError
 from sojourn.schemas.events import Usage
 from sojourn.schemas.schedules import FireOutcome
 from sojourn.schemas.vocabulary import TerminalStatus
-
-from .health import PROCESS_HEALTH, Health, ProbeApp, ProbeRequestHandler, ProbeServer
 
 __all__ = [
     "ACTIVATIONS",
@@ -75,10 +70,8 @@ __all__ = [
     "schedule_fired",
     "schedule_label",
     "schedule_run_ended",
-    "serve_metrics",
     "step_label",
     "step_metrics",
-    "stop_metrics",
     "track_projector",
     "track_watchdog",
     "track_worker",
@@ -648,57 +641,3 @@ def track_watchdog(watchdog: _Gauges, on: bool = True) -> None:
 
 def track_projector(projector: Any, on: bool = True) -> None:
     (_projectors.add if on else _projectors.discard)(projector)
-
-
-def serve_metrics(port: int, host: str = "127.0.0.1", health: Health = PROCESS_HEALTH) -> Any:
-    """Serve ``/metrics``, and the probes ``/healthz`` and ``/readyz`` of ``health``
-    (``actors/ops/health.py``), on ``host:port`` in background threads; returns the server.
-
-    Called on the event loop (as the serving commands do), it starts ``health`` ticking there:
-    the probes judge what that loop last recorded.
-
-    Raises:
-        SojournError: the port is taken or the address is not ours, said plainly.
-    """
-
-    class Server(ProbeServer):
-        """A class per server: the address family is a class attribute."""
-
-    try:
-        Server.address_family, addr = _best_family(host, port)
-        server = make_server(
-            addr,
-            port,
-            ProbeApp(make_wsgi_app(REGISTRY), health),
-            Server,
-            handler_class=ProbeRequestHandler,
-        )
-    except OSError as e:
-        raise SojournError(
-            f"cannot serve metrics on {host}:{port}: {e.strerror or e}; choose another "
-            "--metrics-port"
-        ) from e
-    health.start()
-    _served[server] = health
-    threading.Thread(target=server.serve_forever, name="sojourn-metrics", daemon=True).start()
-    return server
-
-
-def _best_family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
-    """The address family of ``host`` (an IPv6 address needs AF_INET6), as prometheus-client
-    chooses it."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, sockaddr = infos[0]
-    return family, str(sockaddr[0])
-
-
-_served: weakref.WeakKeyDictionary[Any, Health] = weakref.WeakKeyDictionary()
-
-
-def stop_metrics(server: Any) -> None:
-    """Stop serving, close the listening socket and stop the health ticks it started."""
-    server.shutdown()
-    server.server_close()
-    health = _served.pop(server, None)
-    if health is not None:
-        health.stop()

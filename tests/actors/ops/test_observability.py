@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from sojourn.actors import Budget, Client, Context, Worker, agent, heartbeat
-from sojourn.actors.ops.metrics import serve_metrics, stop_metrics
+from sojourn.actors.ops.exposition import serve_metrics, stop_metrics
 from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import PayloadTooLarge, RunNotFound, SojournError
