@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from nats.aio import client as nats_client
@@ -266,8 +267,6 @@ if __name__ == "__main__":
     if ns.side is None:
         out = main(ns)
         if ns.json:
-            from pathlib import Path
-
             Path(ns.json).write_text(json.dumps(out, indent=1))
     else:
         run_bench(_child(ns), None)
