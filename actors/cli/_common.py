@@ -28,8 +28,8 @@ from .. import telemetry
 from ..client.client import Client, PendingRun
 from ..client.reports import lookup
 from ..core.state import RunState
-from ..ops.health import PROCESS_HEALTH, Phase
 from ..ops.exposition import serve_metrics, stop_metrics
+from ..ops.health import PROCESS_HEALTH, Phase
 from ..telemetry.logs import setup_logging
 from ._render import out
 

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sojourn.actors.ops.health import REQUEST_LINE_MAX, Health, Phase, ProbeApp
 from sojourn.actors.ops.exposition import serve_metrics, stop_metrics
+from sojourn.actors.ops.health import REQUEST_LINE_MAX, Health, Phase, ProbeApp
 from sojourn.broker.server import EmbeddedServer
 from sojourn.schemas.config import Settings
 from sojourn.schemas.errors import SojournError
