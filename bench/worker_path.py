@@ -9,8 +9,8 @@ Each side runs in a process of its own on a fresh embedded nats-server, its trig
 second process (so the sender's work is not on the measured event loop), one at a time,
 ``--gap`` seconds apart (untimed):
 
-- ``sojourn``: a worker serving a 1-step agent; the sender calls ``Client.start`` and
-  ``Client.result``.
+- ``sojourn``: a worker serving a 1-step agent whose step is async, as ``bench.foundation``'s
+  (a sync step runs in a thread); the sender calls ``Client.start`` and ``Client.result``.
 - ``raw``: what ``bench.foundation`` times as its inbox floor, with no sojourn code in between:
   a pull consumer on sojourn's inbox (``Broker.pull``, 64 at a time), two CAS appends through
   ``Broker.publish_raw``, the ack; the sender publishes the trigger and waits for the second
@@ -102,7 +102,8 @@ class Stamps:
         }
 
 
-def _step() -> int:
+async def _step() -> int:
+    """The step, async like ``bench.foundation``'s (a sync step runs in a thread)."""
     return 1
 
 

@@ -46,6 +46,14 @@ __all__ = ["RunCancelledError", "RunFailedError", "RunReading"]
 
 T = TypeVar("T")
 
+UNSTORED_FIRST_RELOOK = 5
+"""After a first look that finds nothing of the run stored, ``Client.result`` looks again
+in 2**5 ms (32 ms), then 64 ... 512 ms, rather than in 2 ms: the run is pending or starting
+(or archived, which that second look reads). Its end can be published only once its first
+append is stored, after that look, so the subscription hears it; the looks are a backstop (a
+replica that lags behind, the archive), and one 2 ms later would land in the middle of a
+starting run's first appends."""
+
 
 class RunFailedError(SojournError):
     """The awaited run failed; ``error`` is the recorded ``ErrorInfo``."""
@@ -220,8 +228,8 @@ class RunReading(ClientBase):
                 event = end_in(last.data) if last is not None else None
                 # A run not in the stream is archived (it ended long ago: its end is there) or
                 # not stored yet (just started). The archive is read once, at the second look
-                # (2 ms later) or when the time is up: a run started just before costs no
-                # archive read once it is stored by then.
+                # (32 ms later: ``UNSTORED_FIRST_RELOOK``) or when the time is up: a run started
+                # just before costs no archive read once it is stored by then.
                 remaining = None if deadline is None else deadline - time.monotonic()
                 due = remaining is not None and remaining <= 0
                 if last is None and not archive_looked and (looks > 1 or due):
@@ -229,6 +237,8 @@ class RunReading(ClientBase):
                     event = await self._archived_end(run_id)
                 if event is not None:
                     return event
+                if last is None and looks == 1:
+                    hinted = UNSTORED_FIRST_RELOOK  # its end is heard (see the constant)
                 if due:
                     raise TimeoutError(f"run {run_id} did not finish within {timeout}s")
                 # Re-read now and then too: a core subscription misses what is published

@@ -77,3 +77,39 @@ async def test_an_end_stored_while_result_subscribes_is_never_missed(
         slowest = max(slowest, time.monotonic() - t0)
         await writer
     assert slowest < 2.5, f"a result took {slowest:.2f}s: an end was missed until a re-read"
+
+
+async def test_a_run_not_stored_yet_is_not_polled_while_it_starts(
+    broker: Broker, client: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``result`` of a run nothing of which is stored yet (it is starting): its end can only be
+    published after that first look, so the subscription hears it. No look again 2, 4, 8 ms
+    later in the middle of the run's first appends, and no archive read, before the end."""
+    store = EventStore(broker, Names(settings.prefix), settings)
+    looks: list[str] = []
+    real_last = client.broker.direct_get_last
+
+    async def last(*args: Any, **kwargs: Any) -> Any:
+        looks.append("look")
+        return await real_last(*args, **kwargs)
+
+    async def archived(run_id: str) -> None:
+        looks.append("archive")
+
+    monkeypatch.setattr(client.broker, "direct_get_last", last)
+    monkeypatch.setattr(client, "_archived_end", archived)
+    for i in range(5):
+        run_id = f"starting-{i}"
+        looks.clear()
+
+        async def run(run_id: str = run_id) -> None:
+            await asyncio.sleep(0.02)  # the run's first append, well after the first look
+            await append_run(store, run_id)
+
+        writer = asyncio.create_task(run())
+        assert await client.result(run_id, timeout=30) == {"ok": run_id}
+        await writer
+        # The first look, the one the end's message asks for, and (when that message
+        # overtook the store) one more 2 ms later.
+        assert looks[0] == "look" and "archive" not in looks, looks
+        assert 2 <= len(looks) <= 3, looks
