@@ -1,0 +1,24 @@
+"""For ``python -m bench.paired``: A spends 100 µs more CPU as ``Client.result`` begins to wait
+(B is the code as it is). In ``bench.foundation``'s layout the client shares the worker's
+process and loop: how much of the client's CPU the 1-step latency pays."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sojourn.actors.client.reading import RunReading
+
+DESCRIPTION = "A: 100 µs of CPU more as Client.result begins to wait; B: as it is"
+_end_of = RunReading._end_of
+
+
+async def _busy_end_of(self: RunReading, *args: Any, **kwargs: Any) -> Any:
+    until = time.perf_counter() + 100e-6
+    while time.perf_counter() < until:
+        pass
+    return await _end_of(self, *args, **kwargs)
+
+
+def toggle(side: str) -> None:
+    RunReading._end_of = _busy_end_of if side == "A" else _end_of  # type: ignore[method-assign]

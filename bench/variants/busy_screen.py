@@ -1,0 +1,24 @@
+"""For ``python -m bench.paired``: A spends 100 µs more CPU in ``Refusals.screen``, as a start
+arrives (B is the code as it is). How much of a worker's CPU before a run's first append the
+1-step latency pays, at that point of the path."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sojourn.actors.worker.refusals import Refusals
+
+DESCRIPTION = "A: 100 µs of CPU more in Refusals.screen; B: as it is"
+_screen = Refusals.screen
+
+
+def _busy_screen(self: Refusals, msg: Any) -> Any:
+    until = time.perf_counter() + 100e-6
+    while time.perf_counter() < until:
+        pass
+    return _screen(self, msg)
+
+
+def toggle(side: str) -> None:
+    Refusals.screen = _busy_screen if side == "A" else _screen  # type: ignore[method-assign]
