@@ -137,13 +137,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     variants = load(args.variants)
     if args.runs <= WARMUP:
         raise SystemExit(f"--runs must be more than {WARMUP}")
-    out: dict[str, Any] = {}
-
-    async def run() -> dict[str, Any]:
-        out.update(await measure(variants, args.runs, args.gap))
-        return out
-
-    run_bench(run(), args.json)
+    out: dict[str, Any] = run_bench(measure(variants, args.runs, args.gap), args.json)
     what = getattr(variants, "DESCRIPTION", args.variants)
     print(f"sojourn {git_state(ROOT)}: {what}")
     print(f"{args.runs} 1-step runs of each variant, alternating, {args.gap * 1e3:g} ms apart\n")

@@ -218,8 +218,9 @@ def fmt_rate(per_s: float, unit: str) -> str:
     return "—" if per_s != per_s else f"{per_s:,.0f} {unit}/s"
 
 
-def run_bench(coro: Any, json_out: str | None) -> None:
-    """Run a bench's main coroutine under uvloop when installed; write its JSON if asked."""
+def run_bench(coro: Any, json_out: str | None) -> Any:
+    """Run a bench's main coroutine under uvloop when installed; write its JSON if asked.
+    Returns what the coroutine returned."""
     import asyncio
     import json
 
@@ -234,3 +235,4 @@ def run_bench(coro: Any, json_out: str | None) -> None:
         out = asyncio.run(coro)
     if json_out:
         Path(json_out).write_text(json.dumps(out, indent=1, default=str))
+    return out

@@ -4,21 +4,13 @@ run's first append the 1-step latency pays, at that point of the path."""
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
+from bench.variants import busier
 from sojourn.actors.worker.worker import Worker
 
 DESCRIPTION = "A: 100 µs of CPU more in Worker._prepare; B: as it is"
 _prepare = Worker._prepare
-
-
-async def _busy_prepare(self: Worker, *args: Any, **kwargs: Any) -> Any:
-    until = time.perf_counter() + 100e-6
-    while time.perf_counter() < until:
-        pass
-    return await _prepare(self, *args, **kwargs)
+_busy = busier(_prepare)
 
 
 def toggle(side: str) -> None:
-    Worker._prepare = _busy_prepare if side == "A" else _prepare  # type: ignore[method-assign]
+    Worker._prepare = _busy if side == "A" else _prepare  # type: ignore[method-assign]

@@ -4,21 +4,13 @@ process and loop: how much of the client's CPU the 1-step latency pays."""
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
+from bench.variants import busier
 from sojourn.actors.client.reading import RunReading
 
 DESCRIPTION = "A: 100 µs of CPU more as Client.result begins to wait; B: as it is"
 _end_of = RunReading._end_of
-
-
-async def _busy_end_of(self: RunReading, *args: Any, **kwargs: Any) -> Any:
-    until = time.perf_counter() + 100e-6
-    while time.perf_counter() < until:
-        pass
-    return await _end_of(self, *args, **kwargs)
+_busy = busier(_end_of)
 
 
 def toggle(side: str) -> None:
-    RunReading._end_of = _busy_end_of if side == "A" else _end_of  # type: ignore[method-assign]
+    RunReading._end_of = _busy if side == "A" else _end_of  # type: ignore[method-assign]

@@ -4,21 +4,13 @@ arrives (B is the code as it is). How much of a worker's CPU before a run's firs
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
+from bench.variants import busier
 from sojourn.actors.worker.refusals import Refusals
 
 DESCRIPTION = "A: 100 µs of CPU more in Refusals.screen; B: as it is"
 _screen = Refusals.screen
-
-
-def _busy_screen(self: Refusals, msg: Any) -> Any:
-    until = time.perf_counter() + 100e-6
-    while time.perf_counter() < until:
-        pass
-    return _screen(self, msg)
+_busy = busier(_screen)
 
 
 def toggle(side: str) -> None:
-    Refusals.screen = _busy_screen if side == "A" else _screen  # type: ignore[method-assign]
+    Refusals.screen = _busy if side == "A" else _screen  # type: ignore[method-assign]
