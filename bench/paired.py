@@ -4,6 +4,7 @@ Run from the repository root::
 
     python -m bench.paired bench/variants/busy_prepare.py            # ~20 s
     python -m bench.paired bench/variants/busy_screen.py --runs 600
+    python -m bench.paired bench/variants/busy_step.py --steps 200 --runs 40   # sequential
 
 Runs measured apart (``bench.foundation`` at one commit, then at another) differ by more than
 most changes to the hot path make: on a shared 2-core VM the same code's 1-step run moves by
@@ -16,9 +17,11 @@ A variants module is a Python file with a function ``toggle(side)``, called with
 method to one of two functions), and ``DESCRIPTION``, a line saying what A and B are. The
 layout is ``bench.foundation``'s 1-step measurement: worker, client and an observer in one
 process; the client calls ``Client.start`` then ``Client.result`` for the ``single`` agent,
-``--gap`` seconds apart (untimed).
+``--gap`` seconds apart (untimed). With ``--steps N`` the runs are ``bench.foundation``'s
+sequential ``chain`` of N steps instead, and the figure is its per-step time (the first
+``StepStarted`` to ``RunCompleted``, from the stored history, divided by N).
 
-Prints, per variant, the p50 of **publish -> ``RunCompleted`` seen** (an observer's
+Prints, per variant (1-step runs), the p50 of **publish -> ``RunCompleted`` seen** (an observer's
 subscription, the figure ``bench.foundation`` judges against its inbox floor) and of
 **``start`` -> ``result`` returned**, and the median of the pairs' differences, A - B (the
 first 50 runs of each are left out).
@@ -43,12 +46,15 @@ from sojourn.actors import Client, Worker
 from sojourn.broker import Broker, EmbeddedServer
 from sojourn.broker.delivery import Delivery
 from sojourn.schemas.config import Settings
+from sojourn.schemas.events import RunCompleted, StepStarted
 
-from .foundation import single
+from .foundation import chain, single
 from .util import ROOT, git_state, run_bench
 
 WARMUP = 50
-"""Runs of each variant left out of the figures."""
+"""1-step runs of each variant left out of the figures."""
+SEQ_WARMUP = 2
+"""Chains (``--steps``) of each variant left out of the figures."""
 
 
 def load(path: str) -> ModuleType:
@@ -67,8 +73,11 @@ def load(path: str) -> ModuleType:
     return module
 
 
-async def measure(variants: ModuleType, runs: int, gap: float) -> dict[str, Any]:
-    """``runs`` 1-step runs of each variant, alternating; the figures per variant."""
+async def measure(
+    variants: ModuleType, runs: int, gap: float, steps: int = 0, warmup: int = WARMUP
+) -> dict[str, Any]:
+    """``runs`` 1-step runs (or ``steps``-step chains) of each variant, alternating; the
+    figures per variant."""
     settings = Settings(prefix="paired")
     seen: dict[str, float] = {}
 
@@ -81,7 +90,7 @@ async def measure(variants: ModuleType, runs: int, gap: float) -> dict[str, Any]
     with tempfile.TemporaryDirectory() as store:
         server = EmbeddedServer(store_dir=store)
         await server.start()
-        worker = Worker([single], nats=server.url, settings=settings)
+        worker = Worker([single, chain], nats=server.url, settings=settings)
         client: Client | None = None
         watcher: Broker | None = None
         try:
@@ -95,6 +104,17 @@ async def measure(variants: ModuleType, runs: int, gap: float) -> dict[str, Any]
                     variants.toggle(side)
                     await asyncio.sleep(gap)
                     run_id = f"{side}{i}"
+                    if steps:
+                        done = worker.activations_completed + 1
+                        await client.start("chain", steps, run_id=run_id)
+                        # as bench.foundation waits: no subscription to the run's events
+                        # (it would hear every step) until the worker is done
+                        while worker.activations_completed < done:  # noqa: ASYNC110
+                            await asyncio.sleep(0.002)
+                        per_step = await _per_step(client, run_id, steps)
+                        e2e[side].append(per_step)
+                        observed[side].append(per_step)
+                        continue
                     w0, t0 = time.time(), time.perf_counter()
                     await client.start("single", run_id=run_id)
                     await client.result(run_id, timeout=30)
@@ -109,18 +129,26 @@ async def measure(variants: ModuleType, runs: int, gap: float) -> dict[str, Any]
             await server.stop()
     return {
         side: {
-            "observed": statistics.median(observed[side][WARMUP:]),
-            "e2e": statistics.median(e2e[side][WARMUP:]),
+            "observed": statistics.median(observed[side][warmup:]),
+            "e2e": statistics.median(e2e[side][warmup:]),
         }
         for side in ("A", "B")
     } | {
         "difference": {
             key: statistics.median(
-                a - b for a, b in zip(lists["A"][WARMUP:], lists["B"][WARMUP:], strict=True)
+                a - b for a, b in zip(lists["A"][warmup:], lists["B"][warmup:], strict=True)
             )
             for key, lists in (("observed", observed), ("e2e", e2e))
         }
     }
+
+
+async def _per_step(client: Client, run_id: str, steps: int) -> float:
+    """A chain's time per step: its first ``StepStarted`` to its ``RunCompleted``, as stored."""
+    events = [e for d in await client.history(run_id) for e in d.events]
+    first = next(e.at for e in events if isinstance(e, StepStarted))
+    end = next(e.at for e in events if isinstance(e, RunCompleted))
+    return (end - first) / steps
 
 
 async def _seen(seen: dict[str, float], run_id: str) -> float:
@@ -135,11 +163,22 @@ async def _seen(seen: dict[str, float], run_id: str) -> float:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     variants = load(args.variants)
-    if args.runs <= WARMUP:
-        raise SystemExit(f"--runs must be more than {WARMUP}")
-    out: dict[str, Any] = run_bench(measure(variants, args.runs, args.gap), args.json)
+    warmup = SEQ_WARMUP if args.steps else WARMUP
+    if args.runs <= warmup:
+        raise SystemExit(f"--runs must be more than {warmup}")
+    out: dict[str, Any] = run_bench(
+        measure(variants, args.runs, args.gap, args.steps, warmup), args.json
+    )
     what = getattr(variants, "DESCRIPTION", args.variants)
     print(f"sojourn {git_state(ROOT)}: {what}")
+    if args.steps:
+        print(f"{args.runs} runs of {args.steps} sequential steps of each variant, alternating\n")
+        print("| variant | time per step, median of the runs |")
+        print("|---|---|")
+        for side in ("A", "B"):
+            print(f"| {side} | {out[side]['e2e'] * 1e6:.1f} µs |")
+        print(f"| A - B, median of the pairs | {out['difference']['e2e'] * 1e6:+.1f} µs |")
+        return out
     print(f"{args.runs} 1-step runs of each variant, alternating, {args.gap * 1e3:g} ms apart\n")
     print("| variant | publish -> RunCompleted seen, p50 | start -> result returned, p50 |")
     print("|---|---|---|")
@@ -158,6 +197,9 @@ if __name__ == "__main__":
     parser.add_argument("variants", help="a variants module (a .py file defining toggle(side))")
     parser.add_argument("--runs", type=int, default=300, help="runs of each variant")
     parser.add_argument("--gap", type=float, default=0.005, help="untimed pause between runs")
+    parser.add_argument(
+        "--steps", type=int, default=0, help="runs of this many sequential steps instead"
+    )
     parser.add_argument("--json", default=None, help="also write the figures here")
     ns = parser.parse_args()
     if not Path(ns.variants).is_file():

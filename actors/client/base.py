@@ -9,6 +9,7 @@ no worker is up; the intake answers on an inbox of the sender's when asked to.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
@@ -28,6 +29,10 @@ from sojourn.schemas.names import validate_token
 from sojourn.schemas.wire import BudgetBody, IntakeError, IntakeOk
 
 __all__ = ["ClientBase", "TriggerRejected", "budget_body", "refuse_unknown", "rejected"]
+
+
+FRESH_KEPT = 1024
+"""Starts a client remembers for ``Client.result`` (the oldest is forgotten first)."""
 
 
 class TriggerRejected(SojournError):
@@ -90,6 +95,22 @@ class ClientBase:
         name it would refuse into a ``ValueError`` before anything is published."""
         self._owns = owns_broker
         self._ready = False
+        self._fresh: dict[str, float] = {}
+        """Runs this client started itself (a trigger the inbox stored as new, not a
+        duplicate), by id: when (``time.monotonic()``). ``Client.result`` reads it once."""
+
+    def _started(self, run_id: str) -> None:
+        """The inbox stored this client's new trigger for ``run_id`` (see ``_fresh``)."""
+        fresh = self._fresh
+        fresh[run_id] = time.monotonic()
+        if len(fresh) > FRESH_KEPT:  # the oldest goes: a start nobody waits on is forgotten
+            del fresh[next(iter(fresh))]
+
+    def _just_started(self, run_id: str, within: float) -> bool:
+        """Whether this client started ``run_id`` less than ``within`` seconds ago (forgotten
+        once asked)."""
+        at = self._fresh.pop(run_id, None)
+        return at is not None and time.monotonic() - at < within
 
     async def _ensure(self) -> None:
         """Make sure the streams exist before the first publish: create the missing ones

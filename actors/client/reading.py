@@ -54,6 +54,16 @@ append is stored, after that look, so the subscription hears it; the looks are a
 replica that lags behind, the archive), and one 2 ms later would land in the middle of a
 starting run's first appends."""
 
+FRESH_FOR = 1.0
+FRESH_FIRST_LOOK = 0.010
+"""``Client.result`` of a run this client started itself less than ``FRESH_FOR`` seconds
+before (a trigger the inbox stored as new) looks at its last stored message only once its
+end is heard or ``FRESH_FIRST_LOOK`` seconds have passed, not at once: such a run's end is
+almost always published after the subscription, which hears it, and the look's round trip
+would otherwise run while the run itself is starting. The look stays, a backstop for an end
+stored before the subscription (a client slowed down between the two calls); then the
+answer comes that much later."""
+
 
 class RunFailedError(SojournError):
     """The awaited run failed; ``error`` is the recorded ``ErrorInfo``."""
@@ -220,6 +230,13 @@ class RunReading(ClientBase):
         looks = 0
         archive_looked = False
         try:
+            if self._just_started(run_id, FRESH_FOR):
+                # Its end comes after the subscription (see FRESH_FIRST_LOOK): heard, then read.
+                wait = FRESH_FIRST_LOOK
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), wait)
             while True:
                 last = await self.broker.direct_get_last(
                     self.names.events_stream, self.names.events(run_id)

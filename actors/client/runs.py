@@ -198,7 +198,8 @@ class RunControl(ClientBase):
         if debounce is not None:
             run_id = ""  # the burst's run, named by the intake's answer
         if not wait:
-            await self._publish(subject, body, headers)
+            if not await self._publish(subject, body, headers) and not keyed:
+                self._started(run_id)
             return StartReceipt(
                 run_id=run_id, created=None, queued=True, debounced=debounce is not None
             )
@@ -216,6 +217,8 @@ class RunControl(ClientBase):
             )
         if isinstance(reply, IntakeError):
             raise rejected(reply, run_id)
+        if reply.created and not keyed:
+            self._started(run_id)
         return StartReceipt(
             run_id=reply.run_id,
             created=reply.created,
