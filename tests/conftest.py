@@ -164,15 +164,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """How many xdist workers ``-n auto`` (pyproject's addopts) starts. The fast lane
     (``-m "not server"``) computes: one worker per CPU, as more only add collection (seconds
     each) and contention. A run with the server tests mostly waits on servers, leases and
-    timers: two workers per CPU, at most 16. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N``
-    overrides it."""
+    timers: three workers per CPU, at most 16 (on 2 CPUs the whole suite took 460 s with 6
+    workers against 526 s with 4, the same CPU time packed tighter).
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N`` overrides it."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist reads it
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cpus = cpus or 1
     if "not server" in (config.option.markexpr or ""):
         return cpus
-    return min(2 * cpus, 16)
+    return min(3 * cpus, 16)
 
 
 @pytest.fixture(scope="session")  # session: module- and session-scoped fixtures may request it
