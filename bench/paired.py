@@ -20,7 +20,7 @@ process; the client calls ``Client.start`` then ``Client.result`` for the ``sing
 ``--gap`` seconds apart (untimed). With ``--steps N`` the runs are ``bench.foundation``'s
 sequential ``chain`` of N steps instead, and the figure is its per-step time (the first
 ``StepStarted`` to ``RunCompleted``, from the stored history, divided by N). Its noise here,
-A and B the same code: about ±5 µs with 200 chains of 100 steps, ±35 µs with 40 of 200 (a
+A and B the same code: about ±5-13 µs with 200 chains of 100 steps, ±35 µs with 40 of 200 (a
 chain's figure drifts with the machine; many short chains average it out).
 
 Prints, per variant (1-step runs), the p50 of **publish -> ``RunCompleted`` seen** (an observer's
@@ -98,9 +98,10 @@ async def measure(
         try:
             await worker.start()
             client = await Client.connect(server.url, settings=settings)
-            watcher = await Broker.connect(server.url, name="paired-watcher")
-            await watcher.subscribe(client.names.events_all, cb=on_event)
-            await watcher.flush()
+            if not steps:  # the observer of 1-step runs; a chain's steps go unheard
+                watcher = await Broker.connect(server.url, name="paired-watcher")
+                await watcher.subscribe(client.names.events_all, cb=on_event)
+                await watcher.flush()
             for i in range(runs):
                 for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
                     variants.toggle(side)
